@@ -1,0 +1,191 @@
+"""The ``corral`` command line: parse, build a RunSpec, run, report.
+
+Thin by design: parsing and validation (exit 125 on anything malformed,
+before the command starts), then the supervisor does the work, then one
+summary line and the exit code. This module never touches /proc.
+"""
+
+import enum
+import os
+import sys
+from typing import List, Optional
+
+import click
+import typer
+
+from . import __version__
+from .errors import CorralError, UsageError
+
+
+class CgroupMode(str, enum.Enum):
+    auto = "auto"
+    enforced = "enforced"
+    fallback = "fallback"
+
+
+class StdinMode(str, enum.Enum):
+    null = "null"
+    inherit = "inherit"
+
+
+class Manager(str, enum.Enum):
+    auto = "auto"
+    user = "user"
+    system = "system"
+
+
+class UnitType(str, enum.Enum):
+    scope = "scope"
+    service = "service"
+
+
+def _version(value: bool):
+    if value:
+        print(f"corral {__version__}")
+        raise typer.Exit(0)
+
+
+app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["--help", "-h"]})
+
+#: Set by the corral-enforced entry point.
+_DEFAULT_MODE = CgroupMode.auto
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False})
+def corral(
+    command: List[str] = typer.Argument(..., metavar="-- COMMAND [ARG...]", help="The command to run and its arguments."),
+    wall: Optional[str] = typer.Option(None, metavar="DURATION", help="Wall-clock limit (e.g. 30s, 5m). Default: none."),
+    grace: str = typer.Option("2s", metavar="DURATION", help="Time between SIGTERM and SIGKILL when stopping."),
+    verify_timeout: str = typer.Option("2s", metavar="DURATION", help="Bound on proving every process gone; past it, exit 120."),
+    mem: Optional[str] = typer.Option(None, metavar="SIZE", help="Memory limit (bytes, K/M/G); exceeding it exits 121."),
+    pids: Optional[str] = typer.Option(None, metavar="COUNT", help="Process/thread count limit (kernel-enforced modes only)."),
+    max_output: Optional[str] = typer.Option(None, metavar="SIZE", help="Cap on stdout+stderr bytes together; exceeding it exits 122."),
+    cgroup_mode: Optional[CgroupMode] = typer.Option(None, help="auto: systemd when reachable, else fallback. [default: auto]"),
+    cgroup_parent: Optional[str] = typer.Option(None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."),
+    stdin: StdinMode = typer.Option(StdinMode.null, help="The command's stdin: /dev/null or corral's own."),
+    manager: Manager = typer.Option(Manager.auto, help="Which systemd manager to use in enforced mode."),
+    unit_type: UnitType = typer.Option(UnitType.scope, help="Transient unit type in enforced mode."),
+    slice_: str = typer.Option("corral.slice", "--slice", metavar="SLICE", help="Slice for the run's unit."),
+    json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Write the run record (JSON, mode 0600) here."),
+    quiet: bool = typer.Option(False, "--quiet", help="No summary line on stderr."),
+    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+):
+    """Run COMMAND under limits; when corral returns, every process it started is gone."""
+    from .units import parse_count, parse_duration, parse_size
+    from .spec import RunSpec
+
+    try:
+        spec = RunSpec(
+            argv=list(command),
+            wall=None if wall is None else parse_duration(wall, what="--wall"),
+            grace=parse_duration(grace, what="--grace"),
+            verify_timeout=parse_duration(verify_timeout, what="--verify-timeout"),
+            mem=None if mem is None else parse_size(mem, what="--mem"),
+            pids=None if pids is None else parse_count(pids, what="--pids"),
+            max_output=None if max_output is None else parse_size(max_output, what="--max-output"),
+            cgroup_mode=(cgroup_mode or _DEFAULT_MODE).value,
+            cgroup_parent=cgroup_parent,
+            stdin=stdin.value,
+            manager=manager.value,
+            unit_type=unit_type.value,
+            slice=slice_,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not spec.argv or not spec.argv[0]:
+        raise UsageError("no command given (usage: corral [OPTIONS] -- COMMAND [ARG...])")
+    if not spec.slice.endswith(".slice"):
+        raise UsageError(f"invalid --slice {spec.slice!r}: must end in .slice")
+    if json_path is not None:
+        _check_json_path(json_path)
+    raise typer.Exit(_run(spec, json_path, quiet))
+
+
+def _check_json_path(path: str) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"--json {path!r} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--json {path!r}: directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--json {path!r}: directory {parent!r} is not writable")
+
+
+def _run(spec, json_path: str | None, quiet: bool) -> int:
+    from .supervisor import SignalWatch, Supervisor
+    from .engines import open_engine
+
+    with SignalWatch() as signals:
+        engine = open_engine(spec)  # SetupError -> 125, nothing started
+        result = Supervisor(spec, engine, signals=signals).run()
+    if not quiet:
+        for warning in result.warnings:
+            print(f"corral: warning: {warning}", file=sys.stderr)
+    if json_path is not None:
+        from .record import write_record
+
+        try:
+            write_record(result, json_path)
+        except OSError as exc:
+            print(f"corral: cannot write --json record: {exc}", file=sys.stderr)
+    if not quiet:
+        print(summary_line(result), file=sys.stderr)
+    return result.exit_code
+
+
+def summary_line(result) -> str:
+    from .units import format_duration
+
+    mode = result.mode
+    unit = result.engine.get("unit")
+    if unit:
+        mode = f"{mode} {unit}"
+    if result.reason == "exited":
+        if result.command_signal is not None:
+            what = f"command killed by signal {result.command_signal}"
+        else:
+            what = f"command exited {result.command_exit_status}"
+    else:
+        what = {"timeout": "wall limit reached", "memory": "memory limit exceeded",
+                "output": "output limit exceeded", "interrupted": f"interrupted by signal {result.corral_signal}",
+                "spawn_failed": result.detail, "setup_failed": result.detail}.get(result.reason, result.reason)
+    line = (f"corral: {mode}: {what}; exit {result.exit_code}; {format_duration(result.wall_time)}; "
+            f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped")
+    if result.remaining_pids:
+        line += f"; NOT VERIFIED, still present: {' '.join(map(str, result.remaining_pids))}"
+    return line
+
+
+def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
+    """Entry point: maps every failure to a one-line message and exit 125."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=sys.argv[1:] if argv is None else argv, prog_name=prog, standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except CorralError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except click.ClickException as exc:  # usage errors: unknown option, bad choice...
+        print(f"{prog}: {exc.format_message()}", file=sys.stderr)
+        return 125
+    except click.Abort:
+        print(f"{prog}: aborted", file=sys.stderr)
+        return 130
+
+
+def main_enforced() -> int:
+    """``corral-enforced`` = ``corral --cgroup-mode enforced``."""
+    global _DEFAULT_MODE
+    _DEFAULT_MODE = CgroupMode.enforced
+    return main(prog="corral-enforced")
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+def entry_enforced() -> None:
+    sys.exit(main_enforced())

@@ -1,0 +1,68 @@
+"""Engines: how a run's processes are contained, signalled and proven gone.
+
+The supervisor drives every engine through the interface documented in
+``base.Engine``; engine modules are imported only when chosen, so the
+fallback path never loads dbus-fast.
+"""
+
+import os
+
+from ..errors import SetupError, UsageError
+
+
+def session_bus_candidates(env=os.environ) -> str | None:
+    """The user manager's bus address, as clients find it, or None.
+
+    dbus-fast does not look at $XDG_RUNTIME_DIR/bus itself; we do, because
+    that is where a systemd user session puts the bus.
+    """
+    address = env.get("DBUS_SESSION_BUS_ADDRESS")
+    if address:
+        return address
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.exists(os.path.join(runtime, "bus")):
+        return f"unix:path={runtime}/bus"
+    return None
+
+
+def open_engine(spec):
+    """The engine for this run, per --cgroup-mode / --cgroup-parent.
+
+    auto: systemd when a manager answers, else the fallback engine (the
+    reason is kept in the record). enforced: systemd or --cgroup-parent, or
+    SetupError naming what is missing.
+    """
+    if spec.cgroup_parent is not None:
+        if spec.cgroup_mode == "fallback":
+            raise UsageError("--cgroup-parent cannot be combined with --cgroup-mode fallback")
+        from .cgroupv2 import CgroupEngine
+
+        return CgroupEngine(spec)
+    if spec.cgroup_mode == "fallback":
+        from .fallback import FallbackEngine
+
+        return FallbackEngine(spec)
+    if spec.cgroup_mode == "enforced":
+        from .systemd import SystemdEngine
+
+        return SystemdEngine(spec)
+    # auto
+    if spec.manager != "system" and session_bus_candidates() is None and not _system_manager_possible(spec):
+        reason = "no user bus (DBUS_SESSION_BUS_ADDRESS unset, no $XDG_RUNTIME_DIR/bus)"
+    else:
+        from .systemd import SystemdEngine
+
+        try:
+            return SystemdEngine(spec)
+        except SetupError as exc:
+            reason = str(exc)
+    from .fallback import FallbackEngine
+
+    engine = FallbackEngine(spec)
+    engine.auto_fallback_reason = reason
+    return engine
+
+
+def _system_manager_possible(spec) -> bool:
+    return spec.manager != "user" and os.geteuid() == 0 and os.path.isdir("/run/systemd/system") \
+        and os.path.exists("/run/dbus/system_bus_socket")

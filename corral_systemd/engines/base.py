@@ -1,0 +1,78 @@
+"""The contract between the supervisor and an engine.
+
+An engine owns the run's processes: it starts the command, tells the
+supervisor when the main process has exited, signals and kills every
+process of the run, and proves (from what the kernel reports) that none is
+left. It never prints and never decides exit codes; it raises
+``SetupError`` when it cannot do its job at all (the supervisor maps that
+to 125) and lets ``ExecError`` from spawning through (126/127).
+"""
+
+from ..errors import SetupError  # noqa: F401  (re-exported for engines)
+
+
+class Engine:
+    #: "fallback", "systemd" or "cgroup" — recorded as the run's mode.
+    mode = "?"
+
+    def __init__(self):
+        #: Per limit: "kernel" (enforced by the kernel), "watch" (corral
+        #: polls usage and stops the run), "none" (not enforced).
+        self.limits_enforced: dict[str, str] = {}
+        #: Every pid ever seen in the run, for the record.
+        self.seen: set[int] = set()
+        #: Warnings for the user (the CLI prints them; engines never print).
+        self.warnings: list[str] = []
+
+    def start(self, argv, *, stdin: int, stdout: int, stderr: int, env, cwd) -> None:
+        """Start the command; return once it has exec'd."""
+        raise NotImplementedError
+
+    @property
+    def main_pid(self) -> int | None:
+        raise NotImplementedError
+
+    def wait_fds(self) -> list[int]:
+        """File descriptors whose readiness means "call ``poll_events()``"."""
+        return []
+
+    def poll_events(self) -> None:
+        """Consume whatever made a ``wait_fds()`` descriptor ready."""
+
+    def main_status(self) -> int | None:
+        """The main process's wait status once it has exited, else None."""
+        raise NotImplementedError
+
+    def watch_interval(self) -> float | None:
+        """How often the supervisor must call ``check_limits()`` (None: never)."""
+        return None
+
+    def check_limits(self) -> str | None:
+        """``"memory"`` if the run is over its memory limit, else None."""
+        return None
+
+    def signal_all(self, sig: int) -> int:
+        """Send ``sig`` to every live process of the run; return how many."""
+        raise NotImplementedError
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the run, by the fastest correct means."""
+        raise NotImplementedError
+
+    def reap(self) -> None:
+        """Collect exited children so they stop counting as processes."""
+
+    def remaining(self) -> list[int]:
+        """Pids of the run still present (cheap; for the stop loop)."""
+        raise NotImplementedError
+
+    def verify_empty(self) -> list[int]:
+        """Kernel proof that the run is gone: [] if proven, else what remains."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources (cgroups, units, fds). Safe to call twice."""
+
+    def describe(self) -> dict:
+        """Engine-specific facts for the record (unit, cgroup, resources)."""
+        return {}

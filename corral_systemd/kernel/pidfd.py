@@ -1,0 +1,37 @@
+"""Signalling processes that are not our children, without pid-reuse races.
+
+A pid from a /proc scan may be recycled by the time we signal it. We open a
+pidfd first (which pins that exact process), then re-read its stat: if the
+start time still matches the scan and the caller's membership test still
+holds, the pidfd is known to name the process we meant, and only then is
+the signal sent through it.
+"""
+
+import os
+import signal
+from typing import Callable
+
+from .procfs import ProcInfo, read_stat
+
+
+def signal_process(info: ProcInfo, sig: int, belongs: Callable[[ProcInfo], bool]) -> bool:
+    """Send ``sig`` to the process ``info`` describes, if it is still that process.
+
+    Returns True when the signal was delivered, False when the process is
+    gone or no longer belongs. PermissionError propagates: a process we may
+    not signal is one we cannot prove stopped.
+    """
+    try:
+        fd = os.pidfd_open(info.pid)
+    except ProcessLookupError:
+        return False
+    try:
+        current = read_stat(info.pid)
+        if current is None or current.starttime != info.starttime or not belongs(current):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)

@@ -1,0 +1,142 @@
+"""The versioned run record written by ``--json``: a pydantic model.
+
+Imported only when a record is asked for (pydantic costs ~60 ms to load).
+Environment values are never part of a record; only names may appear.
+Written atomically: a temp file in the target's directory, mode 0600,
+fsync, rename — a reader sees the old file or the whole new one.
+"""
+
+import os
+import tempfile
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+RECORD_VERSION = 1
+STEP_ORDER = ("spawned", "command_exited", "deadline", "limit_exceeded", "signal_received",
+              "term_sent", "kill_sent", "verified")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Limits(_Strict):
+    wall: Optional[float] = None
+    grace: float
+    verify_timeout: float
+    mem: Optional[int] = None
+    pids: Optional[int] = None
+    max_output: Optional[int] = None
+
+
+class Steps(_Strict):
+    """Seconds since the run started (monotonic clock)."""
+
+    spawned: Optional[float] = None
+    command_exited: Optional[float] = None
+    deadline: Optional[float] = None
+    limit_exceeded: Optional[float] = None
+    signal_received: Optional[float] = None
+    term_sent: Optional[float] = None
+    kill_sent: Optional[float] = None
+    verified: Optional[float] = None
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        # spawned comes first; TERM precedes KILL precedes verification;
+        # whatever ended the watch precedes the stop.
+        last = self.spawned or 0.0
+        for name in ("term_sent", "kill_sent", "verified"):
+            value = getattr(self, name)
+            if value is not None:
+                if value < last:
+                    raise ValueError(f"step {name} ({value}) precedes an earlier step ({last})")
+                last = value
+        for name in ("command_exited", "deadline", "limit_exceeded", "signal_received"):
+            value = getattr(self, name)
+            if value is not None and self.spawned is not None and value < self.spawned:
+                raise ValueError(f"step {name} precedes spawned")
+            if value is not None and self.term_sent is not None and value > self.term_sent and name != "command_exited":
+                raise ValueError(f"step {name} follows term_sent")
+        return self
+
+
+class EngineInfo(BaseModel):
+    """What the engine knows: unit and cgroup facts, resource use."""
+
+    model_config = ConfigDict(extra="allow")
+    manager: Optional[Literal["user", "system"]] = None
+    unit: Optional[str] = None
+    unit_type: Optional[Literal["scope", "service"]] = None
+    invocation_id: Optional[str] = None
+    control_group: Optional[str] = None
+    unit_result: Optional[str] = None
+    memory_peak: Optional[int] = None
+    cpu_usage_nsec: Optional[int] = None
+    tasks_peak: Optional[int] = None
+    auto_fallback_reason: Optional[str] = None
+
+
+class RunRecord(_Strict):
+    version: Literal[1] = RECORD_VERSION
+    run_id: str
+    mode: Literal["fallback", "systemd", "cgroup"]
+    argv: list[str]
+    cwd: str
+    limits: Limits
+    limits_enforced: dict[str, Literal["kernel", "watch", "none"]]
+    started_at: float
+    started_monotonic: float
+    ended_at: float
+    ended_monotonic: float
+    wall_time: float
+    outcome: Literal["exited", "timeout", "memory", "output", "interrupted", "spawn_failed", "setup_failed"]
+    detail: str = ""
+    exit_code: int
+    command_exit_status: Optional[int] = None
+    command_signal: Optional[int] = None
+    corral_signal: Optional[int] = None
+    steps: Steps
+    processes_seen: int
+    processes_stopped: int
+    remaining_pids: list[int]
+    verified: bool
+    output_bytes: Optional[int] = None
+    engine: EngineInfo
+    warnings: list[str] = []
+
+
+def from_result(result) -> RunRecord:
+    return RunRecord(
+        run_id=result.run_id, mode=result.mode, argv=result.argv, cwd=result.cwd,
+        limits=Limits(**result.limits), limits_enforced=result.limits_enforced,
+        started_at=result.started_at, started_monotonic=result.started_monotonic,
+        ended_at=result.ended_at, ended_monotonic=result.ended_monotonic, wall_time=result.wall_time,
+        outcome=result.reason, detail=result.detail, exit_code=result.exit_code,
+        command_exit_status=result.command_exit_status, command_signal=result.command_signal,
+        corral_signal=result.corral_signal, steps=Steps(**result.steps),
+        processes_seen=result.processes_seen, processes_stopped=result.processes_stopped,
+        remaining_pids=result.remaining_pids, verified=result.verified, output_bytes=result.output_bytes,
+        engine=EngineInfo(**result.engine), warnings=result.warnings,
+    )
+
+
+def write_record(result, path: str) -> RunRecord:
+    record = from_result(result)
+    data = record.model_dump_json(indent=2).encode() + b"\n"
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".corral-record-", dir=directory)  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return record

@@ -1,0 +1,69 @@
+"""The outcome of a run, and how it maps to corral's exit code.
+
+``RunResult`` is a plain object filled in by the supervisor; the pydantic
+record (``record.py``) is built from it only when someone asks for JSON.
+"""
+
+from dataclasses import dataclass, field
+
+# Why the run ended, in the order the supervisor may decide it.
+EXITED = "exited"  # the command's main process exited (or died of a signal) on its own
+TIMEOUT = "timeout"  # --wall passed
+MEMORY = "memory"  # --mem exceeded
+OUTPUT = "output"  # --max-output exceeded
+INTERRUPTED = "interrupted"  # corral received SIGINT/SIGTERM/SIGHUP
+SPAWN_FAILED = "spawn_failed"  # the command could not be executed (126/127)
+SETUP_FAILED = "setup_failed"  # corral could not set the run up (125)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    mode: str
+    argv: list[str]
+    cwd: str
+    limits: dict
+    limits_enforced: dict = field(default_factory=dict)
+    started_at: float = 0.0  # wall clock, seconds since the epoch
+    started_monotonic: float = 0.0
+    ended_at: float = 0.0
+    ended_monotonic: float = 0.0
+    reason: str = EXITED
+    detail: str = ""  # human explanation (e.g. the setup error)
+    exit_code: int = 0
+    command_exit_status: int | None = None
+    command_signal: int | None = None
+    corral_signal: int | None = None  # signal corral itself received
+    steps: dict = field(default_factory=dict)  # step -> seconds since start
+    processes_seen: int = 0
+    processes_stopped: int = 0
+    remaining_pids: list[int] = field(default_factory=list)
+    verified: bool = False
+    output_bytes: int | None = None  # counted only when output passes through corral
+    engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def wall_time(self) -> float:
+        return self.ended_monotonic - self.started_monotonic
+
+
+def exit_code_for(result: RunResult, spawn_exit: int | None = None) -> int:
+    """corral's exit code. 120 (unproven stop) overrides everything."""
+    if result.remaining_pids or (not result.verified and result.reason not in (SETUP_FAILED, SPAWN_FAILED)):
+        return 120
+    if result.reason == SETUP_FAILED:
+        return 125
+    if result.reason == SPAWN_FAILED:
+        return spawn_exit if spawn_exit is not None else 127
+    if result.reason == INTERRUPTED:
+        return 128 + (result.corral_signal or 0)
+    if result.reason == TIMEOUT:
+        return 124
+    if result.reason == MEMORY:
+        return 121
+    if result.reason == OUTPUT:
+        return 122
+    if result.command_signal is not None:
+        return 128 + result.command_signal
+    return result.command_exit_status or 0

@@ -1,0 +1,351 @@
+"""The run loop, the same for every engine.
+
+    start -> watch (main exit | deadline | limit | output cap | signal)
+          -> stop (TERM+CONT, grace, KILL) -> verify -> result
+
+Guarantees:
+- The run ends when the command's main process exits, not when its output
+  pipes close: a descendant holding stdout cannot make corral hang.
+- Whatever ended the watch, the stop sequence runs: leftovers get SIGTERM
+  (and SIGCONT, so stopped processes act on it), then SIGKILL after
+  ``grace``, then corral keeps killing, reaping and re-checking until the
+  engine proves the run empty or ``verify_timeout`` passes. In the latter
+  case the result lists the remaining pids and the exit code is 120.
+- A second SIGINT/SIGTERM/SIGHUP during the grace period skips to SIGKILL.
+
+The loop is synchronous (select.poll) so the fallback path never imports
+asyncio; engines that talk to systemd hand their bus socket to the loop
+through ``wait_fds()``.
+"""
+
+import os
+import select
+import signal
+import time
+
+from . import result as R
+from .errors import SetupError
+from .kernel.spawn import ExecError
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_READ_CHUNK = 65536
+# The stop and verify loops re-check at growing intervals: fast for the
+# common case (everything died at once), cheap for a slow shutdown.
+_FIRST_RECHECK = 0.0005
+_MAX_RECHECK = 0.05
+# After the run is proven empty, output still buffered in pipes is drained
+# for at most this long (a descriptor passed to an outside process could
+# keep a pipe open forever).
+_DRAIN_LIMIT = 0.5
+
+
+class SignalWatch:
+    """Turns SIGINT/SIGTERM/SIGHUP/SIGCHLD into bytes on a pipe the loop polls.
+
+    Only usable from the main thread (Python's signal rules). Restores the
+    previous handlers and wakeup fd on exit.
+    """
+
+    def __enter__(self):
+        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._old = {sig: signal.signal(sig, _ignore) for sig in (*_STOP_SIGNALS, signal.SIGCHLD)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
+    def drain(self) -> list[int]:
+        try:
+            return list(os.read(self.read_fd, 512))
+        except BlockingIOError:
+            return []
+
+
+def _ignore(signum, frame):
+    pass
+
+
+class OutputPump:
+    """Copies the command's stdout/stderr pipes to corral's, under a byte cap.
+
+    Output beyond the cap is read and dropped (so writers never block on a
+    full pipe) and ``exceeded`` is set.
+    """
+
+    def __init__(self, routes: dict[int, int], cap: int | None):
+        self.routes = dict(routes)  # read fd -> destination fd
+        self.cap = cap
+        self.total = 0
+        self.exceeded = False
+
+    def fds(self) -> list[int]:
+        return list(self.routes)
+
+    def pump(self, fd: int) -> None:
+        try:
+            data = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not data:
+            os.close(fd)
+            del self.routes[fd]
+            return
+        allowed = len(data)
+        if self.cap is not None and self.total + len(data) > self.cap:
+            allowed = max(0, self.cap - self.total)
+            self.exceeded = True
+        self.total += len(data)
+        if allowed:
+            _write_all(self.routes[fd], data[:allowed])
+
+    def drain(self, limit: float) -> None:
+        end = time.monotonic() + limit
+        while self.routes:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            poller = select.poll()
+            for fd in self.routes:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll(left * 1000):
+                self.pump(fd)
+        self.close()
+
+    def close(self) -> None:
+        for fd in self.routes:
+            os.close(fd)
+        self.routes.clear()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            return  # our reader went away; keep draining the command
+        except InterruptedError:
+            continue
+
+
+class Supervisor:
+    """Runs one RunSpec on one engine and returns a RunResult.
+
+    ``signals``: a SignalWatch (CLI, main thread) or None. ``cancel_fd``: a
+    descriptor whose readability asks the run to stop (library use).
+    """
+
+    def __init__(self, spec, engine, *, signals: SignalWatch | None = None, cancel_fd: int | None = None,
+                 stdout_fd: int = 1, stderr_fd: int = 2, stdin_fd: int = 0):
+        self.spec = spec
+        self.engine = engine
+        self.signals = signals
+        self.cancel_fd = cancel_fd
+        self._stdout_fd = stdout_fd
+        self._stderr_fd = stderr_fd
+        self._stdin_fd = stdin_fd
+        self._t0 = 0.0
+        self.result = R.RunResult(
+            run_id=spec.run_id, mode=engine.mode, argv=list(spec.argv),
+            cwd=spec.cwd or os.getcwd(), limits=spec.limits(),
+        )
+
+    # -- helpers -------------------------------------------------------
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _step(self, name: str) -> None:
+        self.result.steps.setdefault(name, round(self._now(), 6))
+
+    # -- the run -------------------------------------------------------
+    def run(self) -> R.RunResult:
+        res = self.result
+        res.started_at = time.time()
+        res.started_monotonic = self._t0 = time.monotonic()
+        pump = None
+        try:
+            try:
+                pump = self._start()
+            except ExecError as exc:
+                res.reason, res.detail = R.SPAWN_FAILED, str(exc)
+                res.verified = True  # nothing ran
+                return self._finish(spawn_exit=exc.exit_code)
+            except SetupError as exc:
+                res.reason, res.detail = R.SETUP_FAILED, str(exc)
+                self._stop_and_verify(pump)  # nothing should exist; prove it anyway
+                return self._finish()
+            self._watch(pump)
+            self._stop_and_verify(pump)
+            if pump is not None:
+                pump.drain(_DRAIN_LIMIT)
+                res.output_bytes = pump.total
+            return self._finish()
+        finally:
+            if pump is not None:
+                pump.close()
+            self.engine.close()
+
+    def _start(self) -> OutputPump | None:
+        spec = self.spec
+        if spec.stdin == "null":
+            stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            stdin = self._stdin_fd
+        out_w = err_w = None
+        pump = None
+        try:
+            if spec.max_output is not None:
+                out_r, out_w = os.pipe2(os.O_CLOEXEC)
+                err_r, err_w = os.pipe2(os.O_CLOEXEC)
+                os.set_blocking(out_r, False)
+                os.set_blocking(err_r, False)
+                pump = OutputPump({out_r: self._stdout_fd, err_r: self._stderr_fd}, spec.max_output)
+            self.engine.start(
+                spec.argv, stdin=stdin,
+                stdout=out_w if out_w is not None else self._stdout_fd,
+                stderr=err_w if err_w is not None else self._stderr_fd,
+                env=spec.env, cwd=spec.cwd,
+            )
+        except BaseException:
+            if pump is not None:
+                pump.close()
+            raise
+        finally:
+            if stdin != self._stdin_fd:
+                os.close(stdin)
+            for fd in (out_w, err_w):
+                if fd is not None:
+                    os.close(fd)
+        self._step("spawned")
+        return pump
+
+    def _watch(self, pump: OutputPump | None) -> None:
+        """Wait until something ends the run; record why."""
+        spec, res, engine = self.spec, self.result, self.engine
+        deadline = spec.wall
+        watch_every = engine.watch_interval()
+        next_watch = self._now() + watch_every if watch_every else None
+        while True:
+            if engine.main_status() is not None:
+                self._step("command_exited")
+                res.reason = R.EXITED
+                return
+            now = self._now()
+            if deadline is not None and now >= deadline:
+                self._step("deadline")
+                res.reason = R.TIMEOUT
+                return
+            if next_watch is not None and now >= next_watch:
+                if engine.check_limits() == "memory":
+                    self._step("limit_exceeded")
+                    res.reason = R.MEMORY
+                    return
+                next_watch = now + watch_every
+            if pump is not None and pump.exceeded:
+                self._step("limit_exceeded")
+                res.reason = R.OUTPUT
+                return
+            timeout = None
+            for t in (deadline, next_watch):
+                if t is not None:
+                    timeout = t - now if timeout is None else min(timeout, t - now)
+            sig = self._wait(pump, timeout)
+            if sig is not None:
+                self._step("signal_received")
+                res.reason, res.corral_signal = R.INTERRUPTED, sig
+                return
+
+    def _wait(self, pump, timeout: float | None) -> int | None:
+        """One poll round: pump output, feed the engine; return a stop signal if one came."""
+        poller = select.poll()
+        engine_fds = self.engine.wait_fds()
+        for fd in engine_fds:
+            poller.register(fd, select.POLLIN)
+        if pump is not None:
+            for fd in pump.fds():
+                poller.register(fd, select.POLLIN)
+        if self.signals is not None:
+            poller.register(self.signals.read_fd, select.POLLIN)
+        if self.cancel_fd is not None:
+            poller.register(self.cancel_fd, select.POLLIN)
+        ms = None if timeout is None else max(0, timeout * 1000)
+        try:
+            events = poller.poll(ms)
+        except InterruptedError:
+            events = []
+        stop_sig = None
+        for fd, _ in events:
+            if self.signals is not None and fd == self.signals.read_fd:
+                for num in self.signals.drain():
+                    if num in _STOP_SIGNALS and stop_sig is None:
+                        stop_sig = num
+            elif fd == self.cancel_fd:
+                stop_sig = stop_sig or signal.SIGTERM
+            elif pump is not None and fd in pump.routes:
+                pump.pump(fd)
+        if any(fd in engine_fds for fd, _ in events) or self.signals is not None:
+            self.engine.poll_events()
+        return stop_sig
+
+    def _stop_and_verify(self, pump: OutputPump | None) -> None:
+        res, engine, spec = self.result, self.engine, self.spec
+        if engine.remaining():
+            self._step("term_sent")
+            engine.signal_all(signal.SIGTERM, signal.SIGCONT)
+            grace_end = self._now() + spec.grace
+            recheck = _FIRST_RECHECK
+            while engine.remaining():
+                left = grace_end - self._now()
+                if left <= 0:
+                    break
+                if self._wait(pump, min(recheck, left)) is not None:
+                    break  # asked again: do not wait out the grace period
+                recheck = min(recheck * 2, _MAX_RECHECK)
+            if engine.remaining():
+                self._step("kill_sent")
+                engine.kill_all()
+        # Verification: keep killing what appears (fork chains) and reaping
+        # until the engine proves the run empty, within verify_timeout.
+        verify_end = self._now() + spec.verify_timeout
+        recheck = _FIRST_RECHECK
+        while True:
+            left = engine.verify_empty()
+            if not left:
+                res.verified = True
+                res.remaining_pids = []
+                self._step("verified")
+                break
+            if self._now() >= verify_end:
+                res.remaining_pids = sorted(left)
+                break
+            engine.kill_all()
+            self._wait(pump, min(recheck, max(0.0, verify_end - self._now())))
+            recheck = min(recheck * 2, _MAX_RECHECK)
+        # The main process's status, if it died during the stop.
+        engine.poll_events()
+
+    def _finish(self, spawn_exit: int | None = None) -> R.RunResult:
+        res, engine = self.result, self.engine
+        status = engine.main_status()
+        if status is not None:
+            if os.WIFSIGNALED(status):
+                res.command_signal = os.WTERMSIG(status)
+            else:
+                res.command_exit_status = os.waitstatus_to_exitcode(status)
+        res.processes_seen = len(engine.seen)
+        res.processes_stopped = getattr(engine, "processes_stopped", 0)
+        res.limits_enforced = dict(engine.limits_enforced)
+        res.warnings = list(engine.warnings)
+        res.engine = engine.describe()
+        res.ended_at = time.time()
+        res.ended_monotonic = time.monotonic()
+        res.exit_code = R.exit_code_for(res, spawn_exit)
+        return res
+
+
+__all__ = ["Supervisor", "SignalWatch", "OutputPump"]

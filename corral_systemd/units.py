@@ -1,0 +1,51 @@
+"""Parsing of the CLI's DURATION and SIZE values.
+
+Both parsers raise ``ValueError`` with a message fit for a one-line error;
+they never accept a value that would be silently misread (negative, NaN,
+infinite, empty, or with an unknown suffix).
+"""
+
+import math
+import re
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h)")
+_DURATION_SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZE = re.compile(r"(\d+)([KMG]?)")
+_SIZE_SCALE = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_duration(text: str, *, what: str = "duration") -> float:
+    """``"1.5s"`` -> 1.5. A unit (ms, s, m, h) is required."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"invalid {what} {text!r}: expected a number with ms, s, m or h (e.g. 500ms, 2s)")
+    value = float(match.group(1)) * _DURATION_SCALE[match.group(2)]
+    if not math.isfinite(value):
+        raise ValueError(f"invalid {what} {text!r}: out of range")
+    return value
+
+
+def parse_size(text: str, *, what: str = "size") -> int:
+    """``"64M"`` -> 67108864. Powers of 1024; a bare number is bytes."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"invalid {what} {text!r}: expected bytes with an optional K, M or G suffix (e.g. 64M)")
+    value = int(match.group(1)) * _SIZE_SCALE[match.group(2)]
+    if value <= 0:
+        raise ValueError(f"invalid {what} {text!r}: must be greater than zero")
+    return value
+
+
+def parse_count(text: str, *, what: str = "count") -> int:
+    """A positive whole number."""
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise ValueError(f"invalid {what} {text!r}: expected a whole number greater than zero")
+    return int(text)
+
+
+def format_duration(seconds: float) -> str:
+    """Human form for the summary line: ``0.012s`` or ``1m03s``."""
+    if seconds < 60:
+        return f"{seconds:.3f}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:04.1f}s"

@@ -1,0 +1,83 @@
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "faults"
+MANIFEST = json.loads((FAULTS / "manifest.json").read_text())
+CORRAL = [sys.executable, "-m", "corral_systemd"]
+# How many times each fault runs per mode (CI sets 5).
+REPEAT = int(os.environ.get("CORRAL_TEST_REPEAT", "2"))
+
+
+class Run:
+    def __init__(self, proc, elapsed, marker, record):
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.elapsed = elapsed
+        self.marker = marker
+        self.record = record
+        # Survivors are counted right after corral returned, before cleanup.
+        self.survivors = marked_pids(marker)
+
+
+@pytest.fixture
+def corral(tmp_path):
+    """Run corral with a fresh marker; returns a Run; kills survivors after."""
+    markers = []
+
+    def run(args, *, env=None, timeout=60, input=None, record=True, check_stdin=True):
+        marker = new_marker()
+        markers.append(marker)
+        full_env = dict(os.environ if env is None else env)
+        full_env[MARKER_ENV] = marker
+        json_path = tmp_path / f"record-{marker}.json"
+        argv = list(CORRAL)
+        if record:
+            argv += ["--json", str(json_path)]
+        argv += args
+        start = time.monotonic()
+        proc = subprocess.run(argv, env=full_env, capture_output=True, timeout=timeout, input=input,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+        elapsed = time.monotonic() - start
+        data = json.loads(json_path.read_text()) if record and json_path.exists() else None
+        return Run(proc, elapsed, marker, data)
+
+    yield run
+    for marker in markers:
+        kill_marked(marker)
+
+
+def fault_cases():
+    cases = []
+    for fault in MANIFEST["faults"]:
+        variants = [(fault["args"], fault["expected_exit"])]
+        for variant in fault.get("variants", []):
+            pair = (variant["args"], variant["expected_exit"])
+            if pair not in variants:
+                variants.append(pair)
+        for args, expected in variants:
+            label = fault["id"] + ("-" + "-".join(f"{k}{v}" for k, v in args.items()))
+            cases.append(pytest.param(fault, args, expected, id=label))
+    return cases
+
+
+def fault_argv(fault, args):
+    out = []
+    for key, value in args.items():
+        out += [f"--{key.replace('_', '-')}", str(value)]
+    return out + ["--", str(FAULTS / fault["file"])]
+
+
+def requires_met(fault) -> bool:
+    from shutil import which
+
+    return all(which(tool) for tool in fault.get("requires", []))

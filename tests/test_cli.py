@@ -1,0 +1,245 @@
+"""Command-line behaviour: errors, exit codes, signals, the record."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import CORRAL, FAULTS
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+FB = ["--cgroup-mode", "fallback"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--wall", "5", "--", "true"],
+    ["--wall", "-1s", "--", "true"],
+    ["--grace", "abc", "--", "true"],
+    ["--verify-timeout", "1x", "--", "true"],
+    ["--mem", "12Q", "--", "true"],
+    ["--mem", "0", "--", "true"],
+    ["--pids", "-4", "--", "true"],
+    ["--max-output", "1.5M", "--", "true"],
+    ["--cgroup-mode", "sometimes", "--", "true"],
+    ["--stdin", "zero", "--", "true"],
+    ["--unit-type", "socket", "--", "true"],
+    ["--slice", "foo", "--", "true"],
+    ["--bogus", "--", "true"],
+    ["--json", "/nonexistent-dir/x.json", "--", "true"],
+    ["--json", "/tmp", "--", "true"],
+    ["--cgroup-mode", "fallback", "--cgroup-parent", "/sys/fs/cgroup", "--", "true"],
+    [],
+    ["--wall", "1s"],
+])
+def test_bad_input_is_125_one_line_command_not_started(args, tmp_path):
+    witness = tmp_path / "ran"
+    argv = [*CORRAL, *args]
+    if argv[-1] == "true":
+        argv[-1:] = ["sh", "-c", f"touch {witness}"]
+    proc = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 125, proc.stderr
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], proc.stderr
+    assert not witness.exists()
+
+
+def test_not_found_127(corral):
+    run = corral(FB + ["--", "/nonexistent/command"])
+    assert run.returncode == 127
+    assert run.record["outcome"] == "spawn_failed"
+
+
+def test_not_in_path_127(corral):
+    run = corral(FB + ["--", "no-such-command-corral-test"])
+    assert run.returncode == 127
+
+
+def test_not_executable_126(corral, tmp_path):
+    script = tmp_path / "script"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    run = corral(FB + ["--", str(script)])
+    assert run.returncode == 126
+
+
+def test_exit_code_passes_through(corral):
+    run = corral(FB + ["--", "sh", "-c", "exit 7"])
+    assert run.returncode == 7
+    assert run.record["command_exit_status"] == 7
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM, signal.SIGUSR1])
+def test_signal_death_is_128_plus_n(corral, sig):
+    run = corral(FB + ["--", "sh", "-c", f"kill -{int(sig)} $$"])
+    assert run.returncode == 128 + sig
+    assert run.record["command_signal"] == sig
+
+
+def test_output_is_byte_exact(corral):
+    payload = bytes(range(256)) * 1000
+    run = corral(FB + ["--", sys.executable, "-c",
+                       "import sys; sys.stdout.buffer.write(bytes(range(256)) * 1000); sys.stderr.buffer.write(b'\\x00\\xff')"])
+    assert run.stdout == payload
+    assert run.stderr.startswith(b"\x00\xff")
+
+
+def test_stdin_null_and_inherit(corral):
+    run = corral(FB + ["--", "cat"], input=b"fed")
+    assert run.stdout == b""
+    run = corral(FB + ["--stdin", "inherit", "--", "cat"], input=b"fed")
+    assert run.stdout == b"fed"
+
+
+@pytest.mark.parametrize("cap", [1, 1000, 65536])
+def test_max_output_caps_and_exits_122(corral, cap):
+    run = corral(FB + ["--max-output", str(cap), "--", "sh", "-c", "while :; do echo xxxxxxxxxxxxxxx; done"])
+    assert run.returncode == 122
+    assert len(run.stdout) == cap
+    assert run.survivors == []
+
+
+def test_max_output_counts_both_streams(corral):
+    run = corral(FB + ["--quiet", "--max-output", "10", "--", "sh", "-c", "printf 123456 >&2; printf abcdef; sleep 5"])
+    assert run.returncode == 122
+    assert len(run.stdout) + len(run.stderr) == 10
+
+
+def test_under_cap_output_is_complete(corral):
+    run = corral(FB + ["--quiet", "--max-output", "1M", "--", "sh", "-c", "printf abc; printf def >&2"])
+    assert run.returncode == 0 and run.stdout == b"abc" and run.stderr == b"def"
+
+
+def test_child_holding_stdout_does_not_hang_capture(corral):
+    run = corral(FB + ["--max-output", "1M", "--", str(FAULTS / "F08-holds-stdout")])
+    assert run.returncode == 0 and run.survivors == [] and run.elapsed < 5
+
+
+def test_quiet_and_summary(corral):
+    run = corral(FB + ["--", "true"])
+    assert run.stderr.decode().startswith("corral: fallback: command exited 0; exit 0;")
+    run = corral(FB + ["--quiet", "--", "true"])
+    assert run.stderr == b""
+
+
+def test_version_and_help():
+    out = subprocess.run([*CORRAL, "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("corral ")
+    out = subprocess.run([*CORRAL, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--wall" in out.stdout
+
+
+def test_pids_in_fallback_is_announced(corral):
+    run = corral(FB + ["--pids", "16", "--", "true"])
+    assert b"--pids is not enforced" in run.stderr
+    assert run.record["limits_enforced"]["pids"] == "none"
+
+
+def test_stopped_processes_still_end(corral):
+    run = corral(FB + ["--grace", "5s", "--", "sh", "-c", "sleep 100 & kill -STOP $!; sh -c 'kill -STOP $$' & exit 0"])
+    assert run.returncode == 0 and run.survivors == []
+
+
+def test_fork_chain_does_not_slip_through(corral):
+    # Each process forks its successor and exits at once: no process lives
+    # long, yet the chain must be stopped.
+    chain = "import os,time\nwhile True:\n    if os.fork(): os._exit(0)\n"
+    run = corral(FB + ["--grace", "100ms", "--", sys.executable, "-c", chain])
+    assert run.returncode == 0  # the main process exited at once, cleanly
+    assert run.survivors == []
+    assert run.record["verified"] and run.record["processes_seen"] > 1
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_corral_signalled_stops_everything(sig, code, tmp_path):
+    marker = new_marker()
+    env = dict(os.environ, **{MARKER_ENV: marker})
+    proc = subprocess.Popen([*CORRAL, *FB, "--", str(FAULTS / "F05-daemon-stays")], env=env,
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(marked_pids(marker)) >= 2, "daemon never started"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == code
+        assert marked_pids(marker) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked(marker)
+
+
+def test_signal_to_command_group_does_not_reach_corral(corral):
+    # The command kills its own process group; corral is in another session.
+    run = corral(FB + ["--", "sh", "-c", "sleep 100 & kill -TERM 0; sleep 1"])
+    assert run.returncode == 143
+    assert run.record["corral_signal"] is None
+
+
+def test_bystander_with_same_name_survives(corral, tmp_path):
+    # A process named like the run's daemon, outside the run, must survive.
+    bystander = subprocess.Popen(["sleep", "3600"])
+    try:
+        run = corral(FB + ["--wall", "1s", "--", "sh", "-c", "setsid sleep 3600 & sleep 3600"])
+        assert run.returncode == 124 and run.survivors == []
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_existing_children_of_corral_are_not_touched(tmp_path):
+    # `sleep & exec corral`: the sleep becomes corral's child but is not the run's.
+    marker = new_marker()
+    script = f"sleep 3600 & echo $! > {tmp_path}/pid; exec {' '.join(CORRAL)} {' '.join(FB)} --quiet -- true"
+    proc = subprocess.run(["sh", "-c", script], env=dict(os.environ, **{MARKER_ENV: marker}), timeout=30)
+    pid = int((tmp_path / "pid").read_text())
+    try:
+        assert proc.returncode == 0
+        os.kill(pid, 0)  # still alive
+    finally:
+        kill_marked(marker)
+
+
+def test_record_is_atomic_0600_and_ordered(corral, tmp_path):
+    from corral_systemd.record import RunRecord
+
+    run = corral(FB + ["--wall", "1s", "--", str(FAULTS / "F05-daemon-stays")])
+    record = RunRecord.model_validate(run.record)
+    assert record.outcome == "timeout" and record.exit_code == 124
+    s = record.steps
+    assert s.spawned <= s.deadline <= s.term_sent <= s.verified
+    assert record.ended_monotonic >= record.started_monotonic
+    assert record.processes_stopped >= 2
+    files = list(tmp_path.glob("record-*.json"))
+    assert files and all((f.stat().st_mode & 0o777) == 0o600 for f in files)
+    assert not list(tmp_path.glob(".corral-record-*"))
+
+
+def test_record_has_no_environment_values(corral):
+    run = corral(FB + ["--", "true"], env=dict(os.environ, CORRAL_SECRET_TOKEN="s3cr3t-value"))
+    assert "s3cr3t-value" not in str(run.record)
+
+
+def test_twenty_concurrent_runs_with_daemons():
+    markers = [new_marker() for _ in range(20)]
+    procs = []
+    try:
+        for m in markers:
+            procs.append(subprocess.Popen([*CORRAL, *FB, "--quiet", "--wall", "3s", "--", str(FAULTS / "F05-daemon-stays")],
+                                          env=dict(os.environ, **{MARKER_ENV: m}), stdin=subprocess.DEVNULL))
+        time.sleep(1.0)
+        # While running, each run has its own processes.
+        for m in markers:
+            assert marked_pids(m), "a run's processes vanished early: another run touched them?"
+        codes = [p.wait(timeout=30) for p in procs]
+        assert codes == [124] * 20
+        assert all(marked_pids(m) == [] for m in markers)
+    finally:
+        for p in procs:
+            p.kill()
+        for m in markers:
+            kill_marked(m)

@@ -1,0 +1,29 @@
+"""Every fault program, every mode: expected exit code, zero survivors, on time.
+
+Survivors are found by the run's environment marker in /proc right after
+corral returns. The time bound is wall + grace + 1 s (grace is 2 s).
+"""
+
+import pytest
+
+from conftest import REPEAT, fault_argv, fault_cases, requires_met
+from modes import all_modes, mode_flags
+
+GRACE = 2.0
+
+
+@pytest.mark.parametrize("rep", range(REPEAT))
+@pytest.mark.parametrize("fault,args,expected", fault_cases())
+@pytest.mark.parametrize("mode", all_modes())
+def test_fault(corral, mode, fault, args, expected, rep):
+    if not requires_met(fault):
+        pytest.skip(f"needs {fault['requires']}")
+    run = corral(mode_flags(mode) + fault_argv(fault, args))
+    detail = f"stderr: {run.stderr.decode(errors='replace')[-800:]}"
+    assert run.survivors == [], f"{fault['id']} left processes: {run.survivors}; {detail}"
+    assert run.returncode == expected, detail
+    assert run.elapsed <= 2.0 + GRACE + 1.0 + 0.5, f"took {run.elapsed:.2f}s; {detail}"  # + interpreter start-up
+    assert run.record is not None and run.record["verified"] is True
+    assert run.record["remaining_pids"] == []
+    if "mem" in args:
+        assert run.record["outcome"] == "memory"
