@@ -91,7 +91,8 @@ class RunRecord(_Strict):
     ended_at: float
     ended_monotonic: float
     wall_time: float
-    outcome: Literal["exited", "timeout", "memory", "output", "interrupted", "spawn_failed", "setup_failed"]
+    outcome: Literal["exited", "timeout", "memory", "output", "interrupted", "spawn_failed", "setup_failed",
+                     "internal_error"]
     detail: str = ""
     exit_code: int
     command_exit_status: Optional[int] = None

@@ -14,6 +14,7 @@ OUTPUT = "output"  # --max-output exceeded
 INTERRUPTED = "interrupted"  # corral received SIGINT/SIGTERM/SIGHUP
 SPAWN_FAILED = "spawn_failed"  # the command could not be executed (126/127)
 SETUP_FAILED = "setup_failed"  # corral could not set the run up (125)
+INTERNAL_ERROR = "internal_error"  # corral failed mid-run; never verified, so 120
 
 
 @dataclass
@@ -50,7 +51,9 @@ class RunResult:
 
 def exit_code_for(result: RunResult, spawn_exit: int | None = None) -> int:
     """corral's exit code. 120 (unproven stop) overrides everything."""
-    if result.remaining_pids or (not result.verified and result.reason not in (SETUP_FAILED, SPAWN_FAILED)):
+    if result.remaining_pids or result.reason == INTERNAL_ERROR or (
+        not result.verified and result.reason not in (SETUP_FAILED, SPAWN_FAILED)
+    ):
         return 120
     if result.reason == SETUP_FAILED:
         return 125

@@ -179,8 +179,19 @@ class Supervisor:
                 res.reason, res.detail = R.SETUP_FAILED, str(exc)
                 self._stop_and_verify(pump)  # nothing should exist; prove it anyway
                 return self._finish()
-            self._watch(pump)
-            self._stop_and_verify(pump)
+            try:
+                self._watch(pump)
+            except Exception as exc:  # a bug or a lost manager must not skip the stop
+                res.reason, res.detail = R.INTERNAL_ERROR, f"while watching: {exc!r}"
+            try:
+                self._stop_and_verify(pump)
+            except Exception as exc:
+                res.reason, res.detail = R.INTERNAL_ERROR, f"while stopping: {exc!r}"
+                res.verified = False
+                try:
+                    self.engine.kill_all()
+                except Exception:
+                    pass
             if pump is not None:
                 pump.drain(_DRAIN_LIMIT)
                 res.output_bytes = pump.total
@@ -233,7 +244,8 @@ class Supervisor:
         while True:
             if engine.main_status() is not None:
                 self._step("command_exited")
-                res.reason = R.EXITED
+                # An OOM kill ends the main process like any SIGKILL: ask.
+                res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
                 return
             now = self._now()
             if deadline is not None and now >= deadline:

@@ -51,8 +51,12 @@ class Engine:
         """``"memory"`` if the run is over its memory limit, else None."""
         return None
 
-    def signal_all(self, sig: int) -> int:
-        """Send ``sig`` to every live process of the run; return how many."""
+    def oom_killed(self) -> bool:
+        """True if the kernel OOM-killed something of the run (kernel limits)."""
+        return False
+
+    def signal_all(self, *sigs: int) -> int:
+        """Send each of ``sigs`` to every live process of the run; return how many."""
         raise NotImplementedError
 
     def kill_all(self) -> None:

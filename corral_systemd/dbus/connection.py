@@ -1,0 +1,178 @@
+"""Blocking D-Bus connection: connect, authenticate (EXTERNAL), call, receive.
+
+Failure modes, all raised as ``BusError`` with a one-line reason: no such
+socket, connection refused, authentication rejected, timeout, error reply
+(``BusError.name`` holds the D-Bus error name).
+"""
+
+import array
+import os
+import select
+import socket
+import time
+from collections import deque
+
+from dbus_fast import Message, MessageType
+from dbus_fast._private.unmarshaller import Unmarshaller
+
+_BUS = "org.freedesktop.DBus"
+
+
+class BusError(Exception):
+    def __init__(self, message: str, name: str | None = None):
+        super().__init__(message)
+        self.name = name
+
+
+def _unix_address(address: str) -> str:
+    """The socket path (abstract ones start with NUL) of the first unix address."""
+    for part in address.split(";"):
+        kind, _, params = part.partition(":")
+        if kind != "unix":
+            continue
+        fields = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+        if "path" in fields:
+            return _unescape(fields["path"])
+        if "abstract" in fields:
+            return "\0" + _unescape(fields["abstract"])
+    raise BusError(f"unsupported bus address {address!r} (need unix:path= or unix:abstract=)")
+
+
+def _unescape(value: str) -> str:
+    out, i = bytearray(), 0
+    while i < len(value):
+        if value[i] == "%":
+            out.append(int(value[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out += value[i].encode()
+            i += 1
+    return out.decode()
+
+
+class Connection:
+    """One connection to a bus (or a peer-to-peer manager socket)."""
+
+    def __init__(self, address: str, *, timeout: float = 5.0, bus: bool = True):
+        path = _unix_address(address)
+        self.address = address
+        self.timeout = timeout
+        self._serial = 0
+        self.signals: deque[Message] = deque()
+        self._replies: dict[int, Message] = {}
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self.sock.settimeout(timeout)
+            try:
+                self.sock.connect(path)
+            except FileNotFoundError:
+                raise BusError(f"no bus socket at {path.lstrip(chr(0))}") from None
+            except ConnectionRefusedError:
+                raise BusError(f"connection refused at {path.lstrip(chr(0))} (bus not running)") from None
+            except socket.timeout:
+                raise BusError(f"timed out connecting to {path.lstrip(chr(0))}") from None
+            except OSError as exc:
+                raise BusError(f"cannot connect to {path.lstrip(chr(0))}: {exc.strerror}") from None
+            self._authenticate()
+            self.sock.setblocking(False)
+            self._unmarshaller = Unmarshaller(None, self.sock, True)
+            self.unique_name = None
+            if bus:
+                self.unique_name = self.call(_BUS, "/org/freedesktop/DBus", _BUS, "Hello").body[0]
+        except BaseException:
+            self.sock.close()
+            raise
+
+    # -- handshake -----------------------------------------------------
+    def _authenticate(self) -> None:
+        uid = str(os.geteuid()).encode().hex()
+        try:
+            self.sock.sendall(b"\0AUTH EXTERNAL " + uid.encode() + b"\r\n")
+            reply = self._auth_line()
+            if not reply.startswith(b"OK "):
+                raise BusError(f"bus refused authentication: {reply.decode(errors='replace')}")
+            self.sock.sendall(b"NEGOTIATE_UNIX_FD\r\n")
+            reply = self._auth_line()
+            if not reply.startswith(b"AGREE_UNIX_FD"):
+                raise BusError("bus does not pass file descriptors")
+            self.sock.sendall(b"BEGIN\r\n")
+        except socket.timeout:
+            raise BusError("timed out authenticating to the bus") from None
+        except OSError as exc:
+            raise BusError(f"bus connection failed during authentication: {exc.strerror}") from None
+
+    def _auth_line(self) -> bytes:
+        line = b""
+        while not line.endswith(b"\r\n"):
+            chunk = self.sock.recv(1)  # byte by byte: nothing past the line may be consumed
+            if not chunk:
+                raise BusError("bus closed the connection during authentication")
+            line += chunk
+        return line[:-2]
+
+    # -- sending -------------------------------------------------------
+    def send(self, msg: Message) -> int:
+        self._serial += 1
+        msg.serial = self._serial
+        data = bytes(msg._marshall(True))
+        fds = msg.unix_fds
+        self.sock.setblocking(True)
+        self.sock.settimeout(self.timeout)
+        try:
+            if fds:
+                sent = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                if sent < len(data):
+                    self.sock.sendall(data[sent:])
+            else:
+                self.sock.sendall(data)
+        except OSError as exc:
+            raise BusError(f"bus connection lost while sending: {exc}") from None
+        finally:
+            self.sock.setblocking(False)
+        return msg.serial
+
+    def call(self, destination, path, interface, member, signature="", body=(), *, fds=(), timeout=None) -> Message:
+        """Call a method and wait for its reply. Raises BusError on an error reply."""
+        msg = Message(destination=destination, path=path, interface=interface, member=member,
+                      signature=signature, body=list(body), unix_fds=list(fds))
+        serial = self.send(msg)
+        reply = self.wait_reply(serial, self.timeout if timeout is None else timeout)
+        if reply.message_type == MessageType.ERROR:
+            text = reply.body[0] if reply.body else reply.error_name
+            raise BusError(f"{member}: {text}", reply.error_name)
+        return reply
+
+    def wait_reply(self, serial: int, timeout: float) -> Message:
+        end = time.monotonic() + timeout
+        while serial not in self._replies:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise BusError(f"no reply from the bus within {timeout:g}s")
+            if not select.select([self.sock], [], [], left)[0]:
+                continue
+            self.read_pending()
+        return self._replies.pop(serial)
+
+    # -- receiving -----------------------------------------------------
+    def read_pending(self) -> None:
+        """Read whatever the socket holds; queue signals, file replies."""
+        while True:
+            try:
+                msg = self._unmarshaller.unmarshall()
+            except EOFError:
+                raise BusError("the bus closed the connection") from None
+            except OSError as exc:
+                raise BusError(f"bus connection lost: {exc}") from None
+            if msg is None:
+                return
+            if msg.message_type == MessageType.SIGNAL:
+                self.signals.append(msg)
+            elif msg.message_type in (MessageType.METHOD_RETURN, MessageType.ERROR):
+                self._replies[msg.reply_serial] = msg
+            # Method calls to us (none expected) are ignored.
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()

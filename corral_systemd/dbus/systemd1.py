@@ -1,0 +1,66 @@
+"""The parts of org.freedesktop.systemd1 corral uses, as plain calls.
+
+Names follow systemd's D-Bus API (see org.freedesktop.systemd1(5)).
+"""
+
+from dbus_fast import Variant
+
+DEST = "org.freedesktop.systemd1"
+PATH = "/org/freedesktop/systemd1"
+MANAGER = "org.freedesktop.systemd1.Manager"
+UNIT = "org.freedesktop.systemd1.Unit"
+PROPS = "org.freedesktop.DBus.Properties"
+NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
+
+
+def unit_path(name: str) -> str:
+    """systemd's bus label escaping: every byte not [A-Za-z0-9] becomes _xx."""
+    out = []
+    for byte in name.encode():
+        ch = chr(byte)
+        out.append(ch if ch.isascii() and ch.isalnum() else f"_{byte:02x}")
+    return f"{PATH}/unit/{''.join(out)}"
+
+
+def interface_for(unit_name: str) -> str:
+    return "org.freedesktop.systemd1." + {"scope": "Scope", "service": "Service", "slice": "Slice"}[
+        unit_name.rsplit(".", 1)[1]
+    ]
+
+
+class Manager:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def add_match(self, rule: str) -> None:
+        if self.conn.unique_name is not None:  # peer-to-peer connections need no matches
+            self.conn.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                           "AddMatch", "s", [rule])
+
+    def subscribe(self) -> None:
+        self.conn.call(DEST, PATH, MANAGER, "Subscribe")
+
+    def start_transient_unit(self, name: str, properties: list, aux: list = (), *, fds=()) -> str:
+        reply = self.conn.call(DEST, PATH, MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
+                               [name, "fail", properties, list(aux)], fds=fds)
+        return reply.body[0]
+
+    def kill_unit(self, name: str, whom: str, signo: int) -> None:
+        self.conn.call(DEST, PATH, MANAGER, "KillUnit", "ssi", [name, whom, signo])
+
+    def stop_unit(self, name: str) -> str:
+        return self.conn.call(DEST, PATH, MANAGER, "StopUnit", "ss", [name, "replace"]).body[0]
+
+    def unref_unit(self, name: str) -> None:
+        self.conn.call(DEST, PATH, MANAGER, "UnrefUnit", "s", [name])
+
+    def get_all(self, name: str, interface: str) -> dict:
+        reply = self.conn.call(DEST, unit_path(name), PROPS, "GetAll", "s", [interface])
+        return {k: v.value for k, v in reply.body[0].items()}
+
+    def get(self, name: str, interface: str, prop: str):
+        return self.conn.call(DEST, unit_path(name), PROPS, "Get", "ss", [interface, prop]).body[0].value
+
+
+def prop(name: str, signature: str, value) -> tuple:
+    return (name, Variant(signature, value))

@@ -1,0 +1,571 @@
+"""systemd engine: every run is a transient unit, stopped and proven empty.
+
+The flow, as in systemd-run (run.c):
+
+1. connect to the manager's bus (user: session bus; system: system bus);
+2. AddMatch + Subscribe, so no JobRemoved / PropertiesChanged is missed;
+3. fork the *tether* (a tiny child of corral that dies with corral) and,
+   for a scope, fork the command held at a gate before exec;
+4. StartTransientUnit: the run unit (limits, BindsTo+After the tether's
+   scope) plus the tether scope as an auxiliary unit, in one call;
+5. wait for the start job's JobRemoved; only then open the gate, so
+   nothing the command runs can start outside the unit;
+6. watch: the main process (scope: our child, via pidfd; service:
+   PropertiesChanged on the unit), OOM counters;
+7. stop: KillUnit(all, SIGTERM+SIGCONT), SIGKILL after grace through
+   cgroup.kill where the unified hierarchy offers it, else KillUnit;
+8. verify: the kernel reports the unit's cgroup empty and the unit is
+   inactive or gone; read results; UnrefUnit; end the tether.
+
+If corral is SIGKILLed, the tether dies (PR_SET_PDEATHSIG), its scope
+empties and stops, and BindsTo= makes the manager stop the run within
+TimeoutStopSec (= grace). RuntimeMaxSec is a further backstop.
+"""
+
+import errno
+import os
+import signal
+import time
+
+from ..dbus.connection import BusError, Connection
+from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
+from ..errors import SetupError
+from ..kernel import cgroupfs, procfs
+from ..kernel.prctl import set_parent_death_signal
+from ..kernel.spawn import ExecError, fork_command
+from .base import Engine
+
+LIMIT_WATCH_INTERVAL = 0.025
+START_TIMEOUT = 10.0
+_USEC = 1_000_000
+
+
+def _bus_address(manager: str) -> tuple[str, str]:
+    """(manager kind, bus address) or SetupError saying what is missing."""
+    from . import session_bus_candidates
+
+    if manager in ("auto", "user"):
+        address = session_bus_candidates()
+        if address is not None:
+            return "user", address
+        if manager == "user":
+            raise SetupError("no user manager bus: DBUS_SESSION_BUS_ADDRESS is unset and $XDG_RUNTIME_DIR/bus does not exist")
+    if os.geteuid() != 0 and manager == "auto":
+        raise SetupError("no user manager bus (DBUS_SESSION_BUS_ADDRESS unset, no $XDG_RUNTIME_DIR/bus)")
+    if not os.path.isdir("/run/systemd/system"):
+        raise SetupError("no system manager: this machine was not booted with systemd (/run/systemd/system missing)")
+    return "system", os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
+
+
+class SystemdEngine(Engine):
+    mode = "systemd"
+    #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
+    kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.manager_kind, address = _bus_address(spec.manager)
+        try:
+            self.conn = Connection(address, timeout=START_TIMEOUT)
+        except BusError as exc:
+            raise SetupError(f"{self.manager_kind} manager unreachable: {exc}") from None
+        self.manager = Manager(self.conn)
+        self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
+        self.tether_unit = f"corral-{spec.run_id}-tether.scope"
+        self._unit_path = unit_path(self.unit)
+        try:
+            self.manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
+                                   f"interface='{MANAGER}',member='JobRemoved'")
+            self.manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
+                                   f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'")
+            self.manager.subscribe()
+        except BusError as exc:
+            self.conn.close()
+            raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
+        self._child = None  # scope: the command, our child
+        self._tether_pid = None
+        self._tether_fd = None
+        self._status: int | None = None
+        self._cgroup: str | None = None
+        self._mounts = None
+        self._oom_eventfd = None
+        self._unit_gone = False
+        self._started = False
+        self._stopped_count = 0
+        self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type}
+        self._peaks = {}
+
+    # -- start ---------------------------------------------------------
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd):
+        spec = self.spec
+        self._fork_tether()
+        props = self._common_properties(argv)
+        fds = []
+        if spec.unit_type == "scope":
+            self._child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True)
+            props.append(prop("PIDs", "au", [self._child.pid]))
+        else:
+            props += self._service_properties(argv, env, cwd)
+            props += [prop("StandardInputFileDescriptor", "h", 0), prop("StandardOutputFileDescriptor", "h", 1),
+                      prop("StandardErrorFileDescriptor", "h", 2)]
+            fds = [stdin, stdout, stderr]
+        aux = [(self.tether_unit, [
+            prop("Description", "s", f"corral tether for {self.unit}"),
+            prop("PIDs", "au", [self._tether_pid]),
+            prop("Slice", "s", spec.slice),
+            prop("CollectMode", "s", "inactive-or-failed"),
+        ])]
+        try:
+            job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+            result = self._wait_job(job)
+            if result != "done":
+                raise SetupError(f"systemd could not start {self.unit}: job {result}")
+            self._started = True
+            self._locate_cgroup()
+        except BusError as exc:
+            self._abandon()
+            raise SetupError(f"StartTransientUnit failed: {_why(exc)}") from None
+        except BaseException:
+            self._abandon()
+            raise
+        if self._child is not None:
+            self.seen.add(self._child.pid)
+            self._child.release()  # ExecError propagates; the scope empties and stops
+        else:
+            self._refresh_service_status()
+
+    def _common_properties(self, argv):
+        spec = self.spec
+        props = [
+            prop("Description", "s", "corral: " + " ".join(argv)[:200]),
+            prop("Slice", "s", spec.slice),
+            prop("CollectMode", "s", "inactive-or-failed"),
+            prop("AddRef", "b", True),
+            prop("SendSIGKILL", "b", True),
+            prop("TimeoutStopUSec", "t", int(spec.grace * _USEC)),
+            prop("BindsTo", "as", [self.tether_unit]),
+            prop("After", "as", [self.tether_unit]),
+            prop("CPUAccounting", "b", True),
+            prop("TasksAccounting", "b", True),
+            prop("MemoryAccounting", "b", True),
+        ]
+        if spec.wall is not None:
+            backstop = spec.wall + spec.grace + spec.verify_timeout
+            props.append(prop("RuntimeMaxUSec", "t", int(backstop * _USEC)))
+        if spec.mem is not None:
+            props += [prop("MemoryMax", "t", spec.mem), prop("MemorySwapMax", "t", 0)]
+        if spec.pids is not None:
+            props.append(prop("TasksMax", "t", spec.pids))
+        return props
+
+    def _service_properties(self, argv, env, cwd):
+        env = dict(os.environ if env is None else env)
+        path = _resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+        assignments = []
+        for key, value in env.items():
+            if _valid_env(key, value):
+                assignments.append(f"{key}={value}")
+            else:
+                self.warnings.append(f"environment variable {key!r} not passed to the service (systemd rejects it)")
+        return [
+            prop("Type", "s", "exec"),
+            prop("ExecStart", "a(sasb)", [(path, list(argv), False)]),
+            prop("Environment", "as", assignments),
+            prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),
+            prop("RemainAfterExit", "b", False),
+        ]
+
+    def _fork_tether(self):
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                set_parent_death_signal(signal.SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(0)  # corral died before prctl took effect
+                signal.set_wakeup_fd(-1)
+                os.setsid()  # terminal signals are for corral, not the tether
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
+                    signal.signal(sig, signal.SIG_IGN)
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, 65536)
+                while True:
+                    signal.pause()
+            finally:
+                os._exit(0)
+        self._tether_pid = pid
+        self._tether_fd = os.pidfd_open(pid)
+
+    def _wait_job(self, job: str) -> str:
+        end = time.monotonic() + START_TIMEOUT
+        while True:
+            while self.conn.signals:
+                msg = self.conn.signals.popleft()
+                if msg.member == "JobRemoved" and msg.body[1] == job:
+                    return msg.body[3]
+                self._handle_signal(msg)
+            left = end - time.monotonic()
+            if left <= 0:
+                raise SetupError(f"systemd did not start {self.unit} within {START_TIMEOUT:g}s")
+            import select
+
+            if select.select([self.conn.sock], [], [], left)[0]:
+                self.conn.read_pending()
+
+    def _locate_cgroup(self):
+        iface = interface_for(self.unit)
+        try:
+            cg = self.manager.get(self.unit, iface, "ControlGroup")
+            inv = self.manager.get(self.unit, UNIT, "InvocationID")
+        except BusError as exc:
+            if exc.name == NO_SUCH_UNIT:  # already ran and was collected (service exiting at once)
+                cg, inv = "", b""
+            else:
+                raise
+        self.facts["invocation_id"] = bytes(inv).hex() or None
+        self._mounts = cgroupfs.Mounts()
+        if cg:
+            self._cgroup = cg
+            self.facts["control_group"] = cg
+        self._check_limits_enforced()
+        self._arm_oom_eventfd()
+
+    def _abandon(self):
+        if self._child is not None:
+            self._child.abandon()
+            self._child = None
+        self._end_tether()
+
+    # -- the unit's directories -----------------------------------------
+    def _dir(self, hierarchy: str) -> str | None:
+        if self._cgroup is None or self._mounts is None:
+            return None
+        if hierarchy == "unified":
+            d = cgroupfs.unified_dir(self._mounts, self._cgroup)
+        else:
+            d = cgroupfs.v1_dir(self._mounts, hierarchy, self._cgroup)
+        return d
+
+    def _check_limits_enforced(self):
+        spec = self.spec
+        unified = self._dir("unified")
+        v2_ctrls = cgroupfs.controllers(unified) if unified else set()
+        if spec.mem is not None:
+            mem_v1 = self._dir("memory")
+            kernel = ("memory" in v2_ctrls and cgroupfs.read_int(os.path.join(unified, "memory.max")) == spec.mem) or (
+                mem_v1 is not None and cgroupfs.read_int(os.path.join(mem_v1, "memory.limit_in_bytes")) == spec.mem)
+            self.limits_enforced["mem"] = "kernel" if kernel else "watch"
+            if not kernel:
+                self.warnings.append("--mem: no memory controller for the unit; memory is watched by corral instead")
+        if spec.pids is not None:
+            pids_v1 = self._dir("pids")
+            kernel = ("pids" in v2_ctrls and cgroupfs.read_int(os.path.join(unified, "pids.max")) == spec.pids) or (
+                pids_v1 is not None and cgroupfs.read_int(os.path.join(pids_v1, "pids.max")) == spec.pids)
+            self.limits_enforced["pids"] = "kernel" if kernel else "none"
+            if not kernel:
+                self.warnings.append("--pids: no pids controller for the unit; the limit is not enforced")
+
+    def _arm_oom_eventfd(self):
+        # cgroup v1: an eventfd registered on memory.oom_control fires on OOM
+        # even if the cgroup is removed right after, so a fast collection
+        # cannot hide an OOM kill from us.
+        mem_v1 = self._dir("memory")
+        if self.spec.mem is None or mem_v1 is None or not os.path.isdir(mem_v1):
+            return
+        try:
+            efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            ofd = os.open(os.path.join(mem_v1, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                with open(os.path.join(mem_v1, "cgroup.event_control"), "w") as f:
+                    f.write(f"{efd} {ofd}")
+            finally:
+                os.close(ofd)
+            self._oom_eventfd = efd
+        except OSError:
+            pass
+        self._oom_seen = False
+
+    # -- watching ------------------------------------------------------
+    @property
+    def main_pid(self):
+        return self._child.pid if self._child else None
+
+    def wait_fds(self):
+        fds = [self.conn.fileno()]
+        if self._child is not None and self._status is None:
+            fds.append(self._child.pidfd)
+        if self._oom_eventfd is not None:
+            fds.append(self._oom_eventfd)
+        return fds
+
+    def poll_events(self):
+        try:
+            self.conn.read_pending()
+        except BusError:
+            pass  # manager gone: verification will tell what we can prove
+        while self.conn.signals:
+            self._handle_signal(self.conn.signals.popleft())
+        if self._child is not None and self._status is None:
+            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
+            if pid:
+                self._status = status
+        self._oom_event()
+
+    def _handle_signal(self, msg):
+        if msg.member == "PropertiesChanged" and msg.path == self._unit_path and self._child is None:
+            self._refresh_service_status()
+
+    def _refresh_service_status(self):
+        if self._status is not None:
+            return
+        try:
+            props = self.manager.get_all(self.unit, "org.freedesktop.systemd1.Service")
+        except BusError:
+            return
+        self._sample(props)
+        code = props.get("ExecMainCode", 0)
+        if code:  # CLD_EXITED=1, CLD_KILLED=2, CLD_DUMPED=3
+            status = props.get("ExecMainStatus", 0)
+            self._status = (status & 0xFF) << 8 if code == 1 else (status & 0x7F) | (0x80 if code == 3 else 0)
+        self.facts["unit_result"] = props.get("Result")
+
+    def main_status(self):
+        return self._status
+
+    def _oom_event(self) -> bool:
+        if self._oom_eventfd is not None:
+            try:
+                if os.eventfd_read(self._oom_eventfd):
+                    self._oom_seen = True
+            except BlockingIOError:
+                pass
+        return getattr(self, "_oom_seen", False)
+
+    def watch_interval(self):
+        return LIMIT_WATCH_INTERVAL if self.spec.mem is not None else None
+
+    def check_limits(self):
+        if self.spec.mem is None:
+            return None
+        if self.oom_killed():
+            return "memory"
+        if self.limits_enforced.get("mem") == "watch":
+            total = sum(procfs.resident_bytes(pid) for pid in self._pids())
+            if total > self.spec.mem:
+                return "memory"
+        return None
+
+    def oom_killed(self):
+        if self.spec.mem is None:
+            return False
+        if self._oom_event():
+            return True
+        unified = self._dir("unified")
+        if unified:
+            try:
+                if cgroupfs.read_keyed(os.path.join(unified, "memory.events")).get("oom_kill", 0) > 0:
+                    return True
+            except OSError:
+                pass
+        mem_v1 = self._dir("memory")
+        if mem_v1:
+            try:
+                if cgroupfs.read_keyed(os.path.join(mem_v1, "memory.oom_control")).get("oom_kill", 0) > 0:
+                    return True
+            except OSError:
+                pass
+        return self.facts.get("unit_result") == "oom-kill"
+
+    def _sample(self, props=None):
+        """Keep the largest resource figures seen (the cgroup may vanish later)."""
+        peaks = self._peaks
+        mem_v1 = self._dir("memory")
+        unified = self._dir("unified")
+        for path in ((os.path.join(unified, "memory.peak") if unified else None),
+                     (os.path.join(mem_v1, "memory.max_usage_in_bytes") if mem_v1 else None)):
+            if path:
+                value = cgroupfs.read_int(path)
+                if value is not None:
+                    peaks["memory_peak"] = max(peaks.get("memory_peak", 0), value)
+        if props:
+            cpu = props.get("CPUUsageNSec")
+            if cpu is not None and cpu < 2**63:
+                peaks["cpu_usage_nsec"] = cpu
+            tasks = props.get("TasksCurrent")
+            if tasks is not None and tasks < 2**63:
+                peaks["tasks_peak"] = max(peaks.get("tasks_peak", 0), tasks)
+
+    # -- stopping ------------------------------------------------------
+    def _pids(self) -> list[int]:
+        for hierarchy in ("unified", "name=systemd"):
+            d = self._dir(hierarchy)
+            if d and os.path.isdir(d):
+                return cgroupfs.procs_below(d)
+        return []
+
+    def signal_all(self, *sigs):
+        self._sample_unit()
+        pids = self._pids()
+        self.seen.update(pids)
+        self._stopped_count = max(self._stopped_count, len(pids))
+        for sig in sigs:
+            self._kill_unit(sig)
+        return len(pids)
+
+    def _kill_unit(self, sig):
+        try:
+            self.manager.kill_unit(self.unit, "all", sig)
+        except BusError as exc:
+            if exc.name not in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
+                pass  # verification decides whether it mattered
+
+    def kill_all(self):
+        pids = self._pids()
+        self.seen.update(pids)
+        self._stopped_count = max(self._stopped_count, len(pids))
+        unified = self._dir("unified")
+        if self.kill_method == "cgroup.kill" and unified and cgroupfs.kill(unified):
+            return
+        self._kill_unit(signal.SIGKILL)
+
+    def reap(self):
+        if self._child is not None and self._status is None:
+            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
+            if pid:
+                self._status = status
+
+    def remaining(self):
+        self.reap()
+        return self._pids()
+
+    def verify_empty(self):
+        self.reap()
+        left = []
+        unified = self._dir("unified")
+        if unified and cgroupfs.populated(unified):
+            left = cgroupfs.procs_below(unified) or [-1]
+        systemd_v1 = self._dir("name=systemd")
+        if systemd_v1 and os.path.isdir(systemd_v1):
+            left = sorted(set(left) | set(cgroupfs.procs_below(systemd_v1)))
+        if self._cgroup is None and self._started and self.spec.unit_type == "service" and not self._unit_inactive():
+            return [-1]
+        if left:
+            return [p for p in left if p != -1] or left
+        # The kernel says empty; the unit must also be inactive or gone.
+        if not self._unit_inactive():
+            self.poll_events()
+            return [-1] if not self._unit_inactive() else []
+        return []
+
+    def _unit_inactive(self) -> bool:
+        if self._unit_gone:
+            return True
+        try:
+            state = self.manager.get(self.unit, UNIT, "ActiveState")
+        except BusError as exc:
+            if exc.name in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
+                self._unit_gone = True
+                return True
+            raise_unverifiable = True
+            return not raise_unverifiable
+        if state in ("inactive", "failed"):
+            return True
+        if state == "active" and self.spec.unit_type == "scope" and self._cgroup and self._started:
+            # An empty scope is stopped by the manager once it notices; ask
+            # for it now rather than wait for the inotify round trip.
+            try:
+                self.manager.stop_unit(self.unit)
+            except BusError:
+                pass
+        return False
+
+    def _sample_unit(self):
+        try:
+            props = self.manager.get_all(self.unit, interface_for(self.unit))
+        except BusError:
+            return
+        self._sample(props)
+        if props.get("Result"):
+            self.facts["unit_result"] = props["Result"]
+
+    # -- cleanup -------------------------------------------------------
+    def _end_tether(self):
+        if self._tether_fd is not None:
+            try:
+                signal.pidfd_send_signal(self._tether_fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self._tether_pid, 0)
+            os.close(self._tether_fd)
+            self._tether_fd = None
+
+    def close(self):
+        if self.conn is None:
+            return
+        if self._started:
+            try:
+                result = self.manager.get(self.unit, UNIT, "ActiveState")
+                self.facts.setdefault("unit_result", None)
+                res = self.manager.get(self.unit, interface_for(self.unit), "Result")
+                self.facts["unit_result"] = res or self.facts.get("unit_result")
+                del result
+            except BusError:
+                pass
+            try:
+                self.manager.unref_unit(self.unit)
+            except BusError:
+                pass
+        self._end_tether()
+        if self._child is not None and self._child.pidfd >= 0:
+            os.close(self._child.pidfd)
+            self._child.pidfd = -1
+        if self._oom_eventfd is not None:
+            os.close(self._oom_eventfd)
+            self._oom_eventfd = None
+        self.conn.close()
+        self.conn = None
+
+    def describe(self):
+        info = dict(self.facts)
+        info.update(self._peaks)
+        return info
+
+    @property
+    def processes_stopped(self) -> int:
+        return self._stopped_count
+
+
+def _why(exc: BusError) -> str:
+    names = {
+        "org.freedesktop.DBus.Error.ServiceUnknown": "manager not running on this bus",
+        "org.freedesktop.DBus.Error.NameHasNoOwner": "manager not running on this bus",
+        "org.freedesktop.DBus.Error.AccessDenied": "permission denied",
+        "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired": "permission denied (needs authorization)",
+    }
+    return names.get(exc.name, str(exc))
+
+
+def _resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
+    """PATH lookup as execvp does it; ExecError(ENOENT/EACCES) when it fails."""
+    if "/" in name:
+        candidates = [os.path.join(cwd or os.getcwd(), name)]
+    else:
+        candidates = [os.path.join(d or ".", name) for d in path_env.split(":")]
+    denied = False
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            if os.access(candidate, os.X_OK):
+                return os.path.abspath(candidate)
+            denied = True
+        elif os.path.isdir(candidate) and "/" in name:
+            denied = True
+    raise ExecError(errno.EACCES if denied else errno.ENOENT, name)
+
+
+def _valid_env(key: str, value: str) -> bool:
+    if not key or key[0].isdigit() or not all(c.isalnum() or c == "_" for c in key) or not key.isascii():
+        return False
+    return all(c in "\t\n" or ord(c) >= 32 for c in value) and ord(max(value, default="a")) != 0x7F

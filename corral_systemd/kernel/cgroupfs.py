@@ -1,0 +1,111 @@
+"""Where the cgroup hierarchies are mounted, and what they say about a group.
+
+Handles both layouts corral meets: pure cgroup v2 (/sys/fs/cgroup is
+cgroup2) and hybrid (v1 controllers, cgroup2 at /sys/fs/cgroup/unified).
+Paths given to these functions are cgroup paths as systemd reports them
+(``/user.slice/.../corral-x.scope``), relative to the hierarchy roots of
+the caller's cgroup namespace.
+"""
+
+import errno
+import os
+
+
+class Mounts:
+    """Mount points of cgroup2 and of the v1 hierarchies we use."""
+
+    def __init__(self):
+        self.unified: str | None = None
+        self.v1: dict[str, str] = {}  # controller or "name=systemd" -> mount point
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                _, point, fstype, options, *_ = line.split()
+                if fstype == "cgroup2" and self.unified is None:
+                    self.unified = point
+                elif fstype == "cgroup":
+                    for opt in options.split(","):
+                        if opt in ("memory", "pids", "name=systemd") and opt not in self.v1:
+                            self.v1[opt] = point
+
+    @property
+    def pure_v2(self) -> bool:
+        return self.unified is not None and not self.v1
+
+
+def unified_dir(mounts: Mounts, path: str) -> str | None:
+    return None if mounts.unified is None else mounts.unified + path
+
+
+def v1_dir(mounts: Mounts, controller: str, path: str) -> str | None:
+    point = mounts.v1.get(controller)
+    return None if point is None else point + path
+
+
+def read_keyed(path: str) -> dict[str, int]:
+    """A flat keyed file (cgroup.events, memory.events, oom_control)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            key, _, value = line.partition(" ")
+            try:
+                out[key] = int(value)
+            except ValueError:
+                pass
+    return out
+
+
+def read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)
+
+
+def procs_below(directory: str) -> list[int]:
+    """Every pid in cgroup.procs of ``directory`` and its descendants."""
+    pids = []
+    for root, _dirs, files in os.walk(directory):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(root, "cgroup.procs")) as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except OSError:
+                pass  # removed while walking: it is empty now
+    return pids
+
+
+def populated(directory: str) -> bool | None:
+    """cgroup v2 ``populated`` flag; None if the group no longer exists.
+
+    A group removed while we read gives ENODEV: that is "gone" too.
+    """
+    try:
+        return read_keyed(os.path.join(directory, "cgroup.events")).get("populated", 0) == 1
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return None
+        raise
+
+
+def kill(directory: str) -> bool:
+    """Write cgroup.kill (v2, Linux >= 5.14). False if unavailable."""
+    try:
+        with open(os.path.join(directory, "cgroup.kill"), "w") as f:
+            f.write("1")
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return False
+
+
+def controllers(directory: str) -> set[str]:
+    try:
+        with open(os.path.join(directory, "cgroup.controllers")) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
