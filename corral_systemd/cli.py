@@ -103,8 +103,17 @@ def corral(
 
 
 def _check_json_path(path: str) -> None:
-    if os.path.isdir(path):
-        raise UsageError(f"--json {path!r} is a directory")
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    # The record replaces the file by rename: anything but a regular file
+    # (a directory, a symlink such as /dev/stdout, a device, a fifo) would
+    # be destroyed, so refuse it.
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(f"--json {path!r} exists and is not a regular file")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"--json {path!r}: directory {parent!r} does not exist")

@@ -126,6 +126,8 @@ def from_result(result) -> RunRecord:
 def write_record(result, path: str) -> RunRecord:
     record = from_result(result)
     data = record.model_dump_json(indent=2).encode() + b"\n"
+    if os.path.lexists(path) and not os.path.isfile(path) or os.path.islink(path):
+        raise OSError(f"{path} is not a regular file; not replacing it")
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".corral-record-", dir=directory)  # mode 0600
     try:

@@ -56,5 +56,11 @@ def _unavailable(why: str):
     pytest.skip(why)
 
 
-def all_modes() -> list[str]:
-    return ["fallback", "scope", "service", "cgroup-parent"]
+def all_modes() -> list:
+    """Modes as pytest params, marked so a run can select them (-m)."""
+    return [
+        "fallback",
+        pytest.param("scope", marks=pytest.mark.systemd),
+        pytest.param("service", marks=pytest.mark.systemd),
+        pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
+    ]

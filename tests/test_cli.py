@@ -30,6 +30,8 @@ FB = ["--cgroup-mode", "fallback"]
     ["--bogus", "--", "true"],
     ["--json", "/nonexistent-dir/x.json", "--", "true"],
     ["--json", "/tmp", "--", "true"],
+    ["--json", "/dev/stdout", "--", "true"],
+    ["--json", "/dev/null", "--", "true"],
     ["--cgroup-mode", "fallback", "--cgroup-parent", "/sys/fs/cgroup", "--", "true"],
     [],
     ["--wall", "1s"],
@@ -172,11 +174,22 @@ def test_corral_signalled_stops_everything(sig, code, tmp_path):
         kill_marked(marker)
 
 
-def test_signal_to_command_group_does_not_reach_corral(corral):
+def test_signal_to_command_group_does_not_reach_corral(tmp_path):
     # The command kills its own process group; corral is in another session.
-    run = corral(FB + ["--", "sh", "-c", "sleep 100 & kill -TERM 0; sleep 1"])
-    assert run.returncode == 143
-    assert run.record["corral_signal"] is None
+    # corral itself runs in a new session here, so a broken corral hits only itself.
+    marker = new_marker()
+    record = tmp_path / "r.json"
+    proc = subprocess.run([*CORRAL, *FB, "--json", str(record), "--", "sh", "-c", "sleep 100 & kill -TERM 0; sleep 1"],
+                          env=dict(os.environ, **{MARKER_ENV: marker}), capture_output=True, start_new_session=True,
+                          stdin=subprocess.DEVNULL, timeout=30)
+    try:
+        import json
+
+        assert proc.returncode == 143
+        assert json.loads(record.read_text())["corral_signal"] is None
+        assert json.loads(record.read_text())["command_signal"] == 15
+    finally:
+        kill_marked(marker)
 
 
 def test_bystander_with_same_name_survives(corral, tmp_path):

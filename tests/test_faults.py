@@ -22,8 +22,11 @@ def test_fault(corral, mode, fault, args, expected, rep):
     detail = f"stderr: {run.stderr.decode(errors='replace')[-800:]}"
     assert run.survivors == [], f"{fault['id']} left processes: {run.survivors}; {detail}"
     assert run.returncode == expected, detail
-    assert run.elapsed <= 2.0 + GRACE + 1.0 + 0.5, f"took {run.elapsed:.2f}s; {detail}"  # + interpreter start-up
     assert run.record is not None and run.record["verified"] is True
+    # The run (start to verified end, corral's own clock) within wall + grace + 1 s;
+    # the process as a whole gets slack for interpreter start-up on a loaded machine.
+    assert run.record["wall_time"] <= 2.0 + GRACE + 1.0, f"run took {run.record['wall_time']:.2f}s; {detail}"
+    assert run.elapsed <= 2.0 + GRACE + 1.0 + 3.0, f"corral took {run.elapsed:.2f}s; {detail}"
     assert run.record["remaining_pids"] == []
     if "mem" in args:
         assert run.record["outcome"] == "memory"

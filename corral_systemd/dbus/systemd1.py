@@ -5,6 +5,8 @@ Names follow systemd's D-Bus API (see org.freedesktop.systemd1(5)).
 
 from dbus_fast import Variant
 
+from .connection import BusError
+
 DEST = "org.freedesktop.systemd1"
 PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
@@ -28,38 +30,58 @@ def interface_for(unit_name: str) -> str:
     ]
 
 
+#: Errors after which the manager is taken to be gone for the rest of the run.
+LOST_ERRORS = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",
+               "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Disconnected", None)
+MANAGER_LOST = "corral.Error.ManagerLost"
+
+
 class Manager:
+    """Calls on the manager. Once it stops answering, every later call fails
+    at once with MANAGER_LOST instead of waiting out a timeout each time."""
+
     def __init__(self, conn):
         self.conn = conn
+        self.lost: str | None = None  # why the manager is considered gone
+
+    def _call(self, *args, **kw):
+        if self.lost is not None:
+            raise BusError(f"manager lost: {self.lost}", MANAGER_LOST)
+        try:
+            return self.conn.call(*args, **kw)
+        except BusError as exc:
+            if exc.name in LOST_ERRORS:
+                self.lost = str(exc)
+            raise
 
     def add_match(self, rule: str) -> None:
         if self.conn.unique_name is not None:  # peer-to-peer connections need no matches
-            self.conn.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+            self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
                            "AddMatch", "s", [rule])
 
     def subscribe(self) -> None:
-        self.conn.call(DEST, PATH, MANAGER, "Subscribe")
+        self._call(DEST, PATH, MANAGER, "Subscribe")
 
     def start_transient_unit(self, name: str, properties: list, aux: list = (), *, fds=()) -> str:
-        reply = self.conn.call(DEST, PATH, MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
+        reply = self._call(DEST, PATH, MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
                                [name, "fail", properties, list(aux)], fds=fds)
         return reply.body[0]
 
     def kill_unit(self, name: str, whom: str, signo: int) -> None:
-        self.conn.call(DEST, PATH, MANAGER, "KillUnit", "ssi", [name, whom, signo])
+        self._call(DEST, PATH, MANAGER, "KillUnit", "ssi", [name, whom, signo])
 
     def stop_unit(self, name: str) -> str:
-        return self.conn.call(DEST, PATH, MANAGER, "StopUnit", "ss", [name, "replace"]).body[0]
+        return self._call(DEST, PATH, MANAGER, "StopUnit", "ss", [name, "replace"]).body[0]
 
     def unref_unit(self, name: str) -> None:
-        self.conn.call(DEST, PATH, MANAGER, "UnrefUnit", "s", [name])
+        self._call(DEST, PATH, MANAGER, "UnrefUnit", "s", [name])
 
     def get_all(self, name: str, interface: str) -> dict:
-        reply = self.conn.call(DEST, unit_path(name), PROPS, "GetAll", "s", [interface])
+        reply = self._call(DEST, unit_path(name), PROPS, "GetAll", "s", [interface])
         return {k: v.value for k, v in reply.body[0].items()}
 
     def get(self, name: str, interface: str, prop: str):
-        return self.conn.call(DEST, unit_path(name), PROPS, "Get", "ss", [interface, prop]).body[0].value
+        return self._call(DEST, unit_path(name), PROPS, "Get", "ss", [interface, prop]).body[0].value
 
 
 def prop(name: str, signature: str, value) -> tuple:

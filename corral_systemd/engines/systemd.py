@@ -38,6 +38,8 @@ from .base import Engine
 LIMIT_WATCH_INTERVAL = 0.025
 START_TIMEOUT = 10.0
 _USEC = 1_000_000
+#: Once the unit runs, a call that gets no answer within this is a lost manager.
+RUNTIME_CALL_TIMEOUT = 1.0
 
 
 def _bus_address(manager: str) -> tuple[str, str]:
@@ -90,6 +92,7 @@ class SystemdEngine(Engine):
         self._cgroup: str | None = None
         self._mounts = None
         self._oom_eventfd = None
+        self._oom_seen = False
         self._unit_gone = False
         self._started = False
         self._stopped_count = 0
@@ -122,6 +125,7 @@ class SystemdEngine(Engine):
             if result != "done":
                 raise SetupError(f"systemd could not start {self.unit}: job {result}")
             self._started = True
+            self.conn.timeout = RUNTIME_CALL_TIMEOUT
             self._locate_cgroup()
         except BusError as exc:
             self._abandon()
@@ -286,7 +290,6 @@ class SystemdEngine(Engine):
             self._oom_eventfd = efd
         except OSError:
             pass
-        self._oom_seen = False
 
     # -- watching ------------------------------------------------------
     @property
@@ -342,7 +345,7 @@ class SystemdEngine(Engine):
                     self._oom_seen = True
             except BlockingIOError:
                 pass
-        return getattr(self, "_oom_seen", False)
+        return self._oom_seen
 
     def watch_interval(self):
         return LIMIT_WATCH_INTERVAL if self.spec.mem is not None else None
@@ -418,9 +421,8 @@ class SystemdEngine(Engine):
     def _kill_unit(self, sig):
         try:
             self.manager.kill_unit(self.unit, "all", sig)
-        except BusError as exc:
-            if exc.name not in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
-                pass  # verification decides whether it mattered
+        except BusError:
+            pass  # unit or manager gone: verification decides whether it mattered
 
     def kill_all(self):
         pids = self._pids()
@@ -461,6 +463,7 @@ class SystemdEngine(Engine):
         return []
 
     def _unit_inactive(self) -> bool:
+        """The unit is inactive, failed or gone (a vanished manager has no units)."""
         if self._unit_gone:
             return True
         try:
@@ -469,8 +472,13 @@ class SystemdEngine(Engine):
             if exc.name in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
                 self._unit_gone = True
                 return True
-            raise_unverifiable = True
-            return not raise_unverifiable
+            if self.manager.lost is not None:
+                # No manager, no unit: the kernel's word on the cgroup decides.
+                self._unit_gone = True
+                self.warnings.append(f"systemd manager lost during the run ({self.manager.lost}); "
+                                     "emptiness proven from the cgroup alone")
+                return True
+            return False
         if state in ("inactive", "failed"):
             return True
         if state == "active" and self.spec.unit_type == "scope" and self._cgroup and self._started:
@@ -505,13 +513,9 @@ class SystemdEngine(Engine):
     def close(self):
         if self.conn is None:
             return
-        if self._started:
+        if self._started and not self._unit_gone and self.manager.lost is None:
             try:
-                result = self.manager.get(self.unit, UNIT, "ActiveState")
-                self.facts.setdefault("unit_result", None)
-                res = self.manager.get(self.unit, interface_for(self.unit), "Result")
-                self.facts["unit_result"] = res or self.facts.get("unit_result")
-                del result
+                self.facts["unit_result"] = self.manager.get(self.unit, interface_for(self.unit), "Result")
             except BusError:
                 pass
             try:

@@ -12,24 +12,36 @@ import os
 
 
 class Mounts:
-    """Mount points of cgroup2 and of the v1 hierarchies we use."""
+    """Mount points of cgroup2 and of the v1 hierarchies we use.
+
+    /proc/self/mounts can list mounts that a later mount over the same or a
+    parent directory hides (a namespace remounting /sys/fs/cgroup does
+    that), so the last entry wins and a point counts only if it shows a
+    cgroup.procs file.
+    """
 
     def __init__(self):
-        self.unified: str | None = None
-        self.v1: dict[str, str] = {}  # controller or "name=systemd" -> mount point
+        unified: str | None = None
+        v1: dict[str, str] = {}  # controller or "name=systemd" -> mount point
         with open("/proc/self/mounts") as f:
             for line in f:
                 _, point, fstype, options, *_ = line.split()
-                if fstype == "cgroup2" and self.unified is None:
-                    self.unified = point
+                if fstype == "cgroup2":
+                    unified = point
                 elif fstype == "cgroup":
                     for opt in options.split(","):
-                        if opt in ("memory", "pids", "name=systemd") and opt not in self.v1:
-                            self.v1[opt] = point
+                        if opt in ("memory", "pids", "name=systemd"):
+                            v1[opt] = point
+        self.unified = unified if unified and _is_cgroup_root(unified) else None
+        self.v1 = {key: point for key, point in v1.items() if _is_cgroup_root(point)}
 
     @property
     def pure_v2(self) -> bool:
         return self.unified is not None and not self.v1
+
+
+def _is_cgroup_root(point: str) -> bool:
+    return os.path.exists(os.path.join(point, "cgroup.procs"))
 
 
 def unified_dir(mounts: Mounts, path: str) -> str | None:

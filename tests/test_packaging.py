@@ -1,0 +1,269 @@
+"""The Debian package (packaging/build-deb) and the shell completions.
+
+The slow tests build the .deb (about 45 s: pip fetches the dependencies from
+PyPI) -- or reuse the one named by $CORRAL_DEB -- install it on this machine
+with ``dpkg -i``, run the installed ``corral``, and remove it with
+``dpkg -r`` at the end (unless corral-systemd was installed before the tests
+started: then it is left installed, upgraded to this build).
+
+Without root or the build tools (dpkg-dev, debhelper, python3-venv) they
+skip, unless $CI is set: in CI that is a failure.
+"""
+
+import glob
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import corral_systemd
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "corral-systemd"
+MODES = {"auto", "enforced", "fallback"}
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (required when $CI is set)")
+    pytest.skip(reason)
+
+
+def _dpkg_installed() -> bool:
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", PKG], capture_output=True, text=True)
+    return proc.returncode == 0 and "ok installed" in proc.stdout
+
+
+def _complete(script: Path, prog: str, words: list[str], path: str) -> list[str]:
+    """Source a bash completion script, call its function as bash would, return COMPREPLY."""
+    func = "_" + prog.replace("-", "_") + "_completion"
+    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)
+    code = (f"source {str(script)!r} || exit 3\n"
+            f"complete -p {prog} >/dev/null || exit 4\n"
+            f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}\n"
+            f"{func} {prog} || exit 5\n"
+            'printf "%s\\n" "${COMPREPLY[@]}"\n')
+    env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", code], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stdout.splitlines() if line]
+
+
+# --- completions generated from the source tree (fast) ----------------------------------------
+
+
+@pytest.mark.parametrize("prog,fn", [("corral", "entry"), ("corral-enforced", "entry_enforced")])
+def test_bash_completion_from_source_completes_cgroup_mode(tmp_path, prog, fn):
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    launcher = f"from corral_systemd.cli import {fn}; {fn}()"
+    shim = tmp_path / prog  # what the completion function runs: `$1` found on PATH
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{launcher}' \"$@\"\n")
+    shim.chmod(0o755)
+    var = "_" + prog.replace("-", "_").upper() + "_COMPLETE"
+    script = subprocess.run([str(shim)], env=dict(os.environ, **{var: "source_bash"}),
+                            capture_output=True, text=True, check=True).stdout
+    assert f"complete -o default -F _{prog.replace('-', '_')}_completion {prog}" in script
+    (tmp_path / "completion.bash").write_text(script)
+    path = f"{tmp_path}:/usr/bin:/bin"
+    assert set(_complete(tmp_path / "completion.bash", prog, [prog, "--cgroup-mode", ""], path)) == MODES
+    assert set(_complete(tmp_path / "completion.bash", prog, [prog, "--cgroup-m"], path)) == {"--cgroup-mode"}
+
+
+# --- the Debian package (slow) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory) -> Path:
+    given = os.environ.get("CORRAL_DEB")
+    if given:
+        assert Path(given).is_file(), f"$CORRAL_DEB={given} does not exist"
+        return Path(given)
+    for tool in ("dpkg-buildpackage", "dh", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            _unavailable(f"{tool} is not installed (Debian: dpkg-dev, debhelper)")
+    if subprocess.run(["/usr/bin/python3", "-c", "import ensurepip, venv"], capture_output=True).returncode:
+        _unavailable("/usr/bin/python3 cannot make venvs (Debian: python3-venv)")
+    out = tmp_path_factory.mktemp("deb")
+    proc = subprocess.run([str(ROOT / "packaging" / "build-deb"), str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path.is_file() and path.parent == out
+    return path
+
+
+@pytest.fixture(scope="module")
+def installed(deb):
+    if os.geteuid() != 0:
+        _unavailable("installing the .deb needs root")
+    was_installed = _dpkg_installed()
+    try:
+        proc = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield deb
+    finally:
+        if not was_installed and _dpkg_installed():
+            subprocess.run(["dpkg", "-r", PKG], capture_output=True, timeout=300)
+
+
+def _man_excluded() -> bool:
+    """Whether dpkg is configured (as in slim Docker images) not to install man pages."""
+    for cfg in glob.glob("/etc/dpkg/dpkg.cfg.d/*") + ["/etc/dpkg/dpkg.cfg"]:
+        try:
+            lines = Path(cfg).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("path-exclude") and fnmatch.fnmatch("/usr/share/man/man1/corral.1.gz",
+                                                                    line.split("=", 1)[-1].strip()):
+                return True
+    return False
+
+
+@pytest.mark.slow
+def test_deb_metadata(deb):
+    fields = subprocess.run(["dpkg-deb", "-f", str(deb), "Package", "Version", "Depends"],
+                            capture_output=True, text=True, check=True).stdout
+    assert f"Package: {PKG}" in fields
+    assert f"Version: {corral_systemd.__version__}-1" in fields
+    assert "python3." in fields  # the interpreter the venv was built for
+    files = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
+    for path in ("./usr/bin/corral", "./usr/bin/corral-enforced", "./usr/lib/corral-systemd/pyvenv.cfg",
+                 "./usr/share/man/man1/corral.1.gz", "./usr/share/man/man1/corral-enforced.1.gz",
+                 "./usr/share/bash-completion/completions/corral",
+                 "./usr/share/bash-completion/completions/corral-enforced",
+                 "./usr/share/zsh/vendor-completions/_corral", "./usr/share/fish/vendor_completions.d/corral.fish",
+                 "./usr/lib/systemd/system/corral.slice", "./usr/lib/systemd/user/corral.slice"):
+        assert f" {path}" in files, f"{path} not in the package"
+    # Nothing for the system Python: no dist-packages, no /usr/local.
+    assert "dist-packages" not in files and "./usr/local" not in files
+
+
+@pytest.mark.slow
+def test_installed_version(installed):
+    for prog in ("corral", "corral-enforced"):
+        proc = subprocess.run([f"/usr/bin/{prog}", "--version"], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == f"corral {corral_systemd.__version__}"
+
+
+@pytest.mark.slow
+def test_installed_runs_a_command(installed, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing from the test venv
+    proc = subprocess.run(["/usr/bin/corral", "--cgroup-mode", "fallback", "--wall", "1s", "--", "true"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "exit 0" in proc.stderr
+    proc = subprocess.run(["/usr/bin/corral", "--cgroup-mode", "fallback", "--wall", "300ms", "--grace", "200ms",
+                           "--", "sh", "-c", "sleep 30 & sleep 30"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 124, proc.stderr
+    proc = subprocess.run(["/usr/bin/corral", "--bogus", "--", "true"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert proc.returncode == 125
+
+
+@pytest.mark.slow
+def test_installed_is_isolated_from_system_python(installed, tmp_path):
+    # The system interpreter does not see the package ...
+    proc = subprocess.run(["/usr/bin/python3", "-I", "-c", "import corral_systemd"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+    # ... and PYTHONPATH cannot shadow what the wrapper runs.
+    fake = tmp_path / "corral_systemd"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise SystemExit('shadowed')\n")
+    proc = subprocess.run(["/usr/bin/corral", "--version"], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=30)
+    assert proc.returncode == 0 and "shadowed" not in proc.stderr, proc.stderr
+    listed = subprocess.run(["dpkg", "-L", PKG], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert not [p for p in listed if p.startswith(("/usr/lib/python3/", "/usr/local/"))]
+
+
+@pytest.mark.slow
+def test_installed_man_pages(installed, tmp_path):
+    subprocess.run(["dpkg-deb", "-x", str(installed), str(tmp_path)], check=True)
+    for page in ("corral", "corral-enforced"):
+        path = tmp_path / "usr/share/man/man1" / f"{page}.1.gz"
+        proc = subprocess.run(["man", "--warnings", "-l", str(path)], capture_output=True, text=True,
+                              env=dict(os.environ, MANPAGER="cat", PAGER="cat", MANWIDTH="80"), timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert "EXIT STATUS" in proc.stdout
+    if _man_excluded():
+        pytest.skip("dpkg here excludes /usr/share/man (path-exclude): man -w cannot find installed pages")
+    for page in ("corral", "corral-enforced"):
+        proc = subprocess.run(["man", "-w", page], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == f"/usr/share/man/man1/{page}.1.gz"
+
+
+@pytest.mark.slow
+def test_installed_bash_completion(installed):
+    for prog in ("corral", "corral-enforced"):
+        script = Path("/usr/share/bash-completion/completions") / prog
+        assert set(_complete(script, prog, [prog, "--cgroup-mode", ""], "/usr/bin:/bin")) == MODES
+        assert set(_complete(script, prog, [prog, "--stdin", ""], "/usr/bin:/bin")) == {"null", "inherit"}
+        assert set(_complete(script, prog, [prog, "--cgroup-"], "/usr/bin:/bin")) == \
+            {"--cgroup-mode", "--cgroup-parent"}
+
+
+@pytest.mark.slow
+def test_installed_zsh_and_fish_completions(installed):
+    for prog in ("corral", "corral-enforced"):
+        zsh = Path("/usr/share/zsh/vendor-completions") / f"_{prog}"
+        fish = Path("/usr/share/fish/vendor_completions.d") / f"{prog}.fish"
+        assert zsh.read_text().startswith(f"#compdef {prog}\n")  # autoloadable from fpath
+        assert "complete_zsh" in zsh.read_text()
+        assert f"--command {prog} " in fish.read_text()
+        for shell, path in (("zsh", zsh), ("fish", fish)):
+            if shutil.which(shell):
+                proc = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True, timeout=30)
+                assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+def test_installed_slices(installed, tmp_path):
+    for manager in ("system", "user"):
+        text = Path(f"/usr/lib/systemd/{manager}/corral.slice").read_text()
+        assert "[Slice]" in text
+        active = [line for line in text.splitlines()
+                  if line.strip() and not line.startswith("#") and "=" in line and not line.startswith("[")]
+        # Only [Unit] metadata is active; every limit is a commented example.
+        assert {line.split("=")[0] for line in active} <= {"Description", "Documentation", "Before"}
+        for limit in ("MemoryMax", "TasksMax", "CPUQuota"):
+            assert f"#{limit}=" in text
+        verify = shutil.which("systemd-analyze")
+        if verify:
+            # With every example uncommented, systemd accepts every key and value.
+            examples = tmp_path / manager / "corral.slice"
+            examples.parent.mkdir()
+            examples.write_text(re.sub(r"^#([A-Z][A-Za-z]+=)", r"\1", text, flags=re.M))
+            assert "\nMemoryMax=" in examples.read_text()
+            proc = subprocess.run([verify, "verify", "--man=no", str(examples)],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0 and "corral.slice" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_remove_leaves_nothing(installed):
+    if not _dpkg_installed():
+        pytest.skip("not installed")
+    # Runs above must not have written files dpkg does not know (e.g. byte-code).
+    listed = set(subprocess.run(["dpkg", "-L", PKG], capture_output=True, text=True, check=True).stdout.split("\n"))
+    extra = [os.path.join(d, f) for d, dirs, files in os.walk("/usr/lib/corral-systemd") for f in files + dirs
+             if os.path.join(d, f) not in listed]
+    assert not extra, f"files not owned by the package: {extra[:10]}"
+    if os.environ.get("CORRAL_KEEP_INSTALLED"):
+        return
+    proc = subprocess.run(["dpkg", "-r", PKG], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for path in ("/usr/bin/corral", "/usr/bin/corral-enforced", "/usr/lib/corral-systemd",
+                 "/usr/lib/systemd/system/corral.slice", "/usr/share/bash-completion/completions/corral"):
+        assert not os.path.lexists(path), f"{path} left after dpkg -r"

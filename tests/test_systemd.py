@@ -1,0 +1,171 @@
+"""The systemd engine against a real manager (run under tests/harness/with-user-manager)."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CORRAL, FAULTS
+from modes import mode_flags
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+pytestmark = pytest.mark.systemd
+LAYOUT = os.environ.get("CORRAL_HARNESS_LAYOUT")
+UNIT_TYPES = ["scope", "service"]
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_memory_limit_is_121_and_recorded(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--wall", "5s", "--mem", "64M", "--", str(FAULTS / "F09-mem")])
+    assert run.returncode == 121, run.stderr
+    assert run.survivors == []
+    enforced = run.record["limits_enforced"]["mem"]
+    if LAYOUT == "hybrid":
+        assert enforced == "kernel"
+    elif LAYOUT == "unified":
+        # No memory controller reaches the manager there: corral must say so.
+        assert enforced == "watch" and b"memory is watched" in run.stderr
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_pids_limit_contains_fork_storm(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--wall", "2s", "--pids", "16", "--", str(FAULTS / "F07-fork200")])
+    assert run.returncode == 124, run.stderr
+    assert run.survivors == []
+    if LAYOUT == "hybrid":
+        assert run.record["limits_enforced"]["pids"] == "kernel"
+        assert b"fork" in run.stdout.lower() + run.stderr.lower()  # F07 reports the refused forks
+    elif LAYOUT == "unified":
+        assert run.record["limits_enforced"]["pids"] == "none" and b"not enforced" in run.stderr
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_record_names_the_unit(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--", "true"])
+    engine = run.record["engine"]
+    assert run.record["mode"] == "systemd"
+    assert engine["unit"] == f"corral-{run.record['run_id']}.{unit_type}"
+    assert engine["manager"] == "user" and engine["unit_type"] == unit_type
+    assert engine["invocation_id"] and len(engine["invocation_id"]) == 32
+
+
+def _start_daemon_run(unit_type, tmp_path, *extra, **popen):
+    """corral running a shell with a setsid daemon; returns once both run."""
+    marker = new_marker()
+    ready = tmp_path / f"ready-{marker}"
+    env = dict(os.environ, **{MARKER_ENV: marker})
+    proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), *extra, "--", "sh", "-c",
+                             f"setsid sleep 3600 & touch {ready}; sleep 3600"], env=env,
+                            stdin=subprocess.DEVNULL, **popen)
+    deadline = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready.exists(), "run never started"
+    return proc, marker
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_corral_sigkilled_without_wall_still_stops_run(unit_type, tmp_path):
+    proc, marker = _start_daemon_run(unit_type, tmp_path, "--grace", "1s")
+    try:
+        proc.kill()
+        proc.wait()
+        killed_at = time.monotonic()
+        while marked_pids(marker) and time.monotonic() < killed_at + 1.0 + 1.0 + 1.0:
+            time.sleep(0.05)
+        assert marked_pids(marker) == [], "the run outlived corral"
+        assert time.monotonic() - killed_at <= 1.0 + 1.0 + 0.5  # grace + 1 s (+ poll slack)
+    finally:
+        proc.kill()
+        kill_marked(marker)
+
+
+def _env_without_bus(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR")}
+    env.update(extra)
+    return env
+
+
+def test_auto_falls_back_without_bus(corral):
+    run = corral(["--", "true"], env=_env_without_bus())
+    assert run.returncode == 0
+    assert run.record["mode"] == "fallback" and run.record["engine"]["auto_fallback_reason"]
+
+
+def test_auto_uses_systemd_with_bus(corral):
+    run = corral(["--", "true"])
+    assert run.returncode == 0 and run.record["mode"] == "systemd"
+
+
+@pytest.mark.parametrize("address,needle", [
+    (None, "bus"),
+    ("unix:path=/nonexistent/bus", "no bus socket"),
+    ("tcp:host=localhost,port=1", "unsupported bus address"),
+    ("garbage", "unsupported bus address"),
+])
+def test_enforced_without_usable_bus_is_125(address, needle, tmp_path):
+    env = _env_without_bus() if address is None else _env_without_bus(DBUS_SESSION_BUS_ADDRESS=address)
+    witness = tmp_path / "ran"
+    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--", "touch", str(witness)],
+                          env=env, capture_output=True, timeout=30)
+    assert proc.returncode == 125
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert not witness.exists()
+
+
+def test_stale_socket_is_125(tmp_path):
+    import socket
+
+    path = tmp_path / "bus"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()  # a socket file nobody listens on
+    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--", "true"],
+                          env=_env_without_bus(DBUS_SESSION_BUS_ADDRESS=f"unix:path={path}"), capture_output=True)
+    assert proc.returncode == 125 and b"refused" in proc.stderr
+
+
+def test_corral_enforced_entry_point(tmp_path):
+    import shutil
+    import sys
+
+    exe = shutil.which("corral-enforced") or os.path.join(os.path.dirname(sys.executable), "corral-enforced")
+    if not os.path.exists(exe):
+        pytest.skip("corral-enforced is not installed")
+    out = subprocess.run([exe, "--json", str(tmp_path / "r.json"), "--", "true"], capture_output=True)
+    assert out.returncode == 0, out.stderr
+    assert '"mode": "systemd"' in (tmp_path / "r.json").read_text()
+
+
+@pytest.mark.parametrize("method", ["cgroup.kill", "KillUnit"])
+def test_both_kill_methods_are_correct(corral, method):
+    run = corral(mode_flags("scope") + ["--wall", "1s", "--grace", "200ms", "--", str(FAULTS / "F06-ignore-term")],
+                 env=dict(os.environ, CORRAL_KILL_METHOD=method))
+    assert run.returncode == 124 and run.survivors == []
+    assert run.record["steps"]["kill_sent"] is not None
+
+
+@pytest.mark.manager_kill
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_manager_killed_mid_run_is_reported_honestly(unit_type, tmp_path):
+    """Kills the user manager: run alone, last (the harness starts a fresh one each time)."""
+    manager = int(os.environ["CORRAL_HARNESS_MANAGER_PID"])
+    proc, marker = _start_daemon_run(unit_type, tmp_path, "--wall", "2s", "--grace", "500ms", stderr=subprocess.PIPE)
+    try:
+        os.kill(manager, signal.SIGKILL)
+        code = proc.wait(timeout=30)
+        err = proc.stderr.read().decode()
+        left = marked_pids(marker)
+        # Either corral proved the run empty without the manager (cgroup.kill
+        # and the kernel's populated flag), or it says it could not.
+        if left:
+            assert code == 120, err
+        else:
+            assert code in (124, 120), err
+            assert "manager lost" in err or code == 120, err
+    finally:
+        proc.kill()
+        kill_marked(marker)
