@@ -48,11 +48,7 @@ def _version(value: bool):
 app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["--help", "-h"]})
 
-#: Set by the corral-enforced entry point.
-_DEFAULT_MODE = CgroupMode.auto
-
-
-@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False})
+@app.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-h"]})
 def corral(
     command: List[str] = typer.Argument(..., metavar="-- COMMAND [ARG...]", help="The command to run and its arguments."),
     wall: Optional[str] = typer.Option(None, metavar="DURATION", help="Wall-clock limit (e.g. 30s, 5m). Default: none."),
@@ -61,7 +57,7 @@ def corral(
     mem: Optional[str] = typer.Option(None, metavar="SIZE", help="Memory limit (bytes, K/M/G); exceeding it exits 121."),
     pids: Optional[str] = typer.Option(None, metavar="COUNT", help="Process/thread count limit (kernel-enforced modes only)."),
     max_output: Optional[str] = typer.Option(None, metavar="SIZE", help="Cap on stdout+stderr bytes together; exceeding it exits 122."),
-    cgroup_mode: Optional[CgroupMode] = typer.Option(None, help="auto: systemd when reachable, else fallback. [default: auto]"),
+    cgroup_mode: CgroupMode = typer.Option(CgroupMode.auto, help="auto: systemd when reachable, else fallback."),
     cgroup_parent: Optional[str] = typer.Option(None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."),
     stdin: StdinMode = typer.Option(StdinMode.null, help="The command's stdin: /dev/null or corral's own."),
     manager: Manager = typer.Option(Manager.auto, help="Which systemd manager to use in enforced mode."),
@@ -84,7 +80,7 @@ def corral(
             mem=None if mem is None else parse_size(mem, what="--mem"),
             pids=None if pids is None else parse_count(pids, what="--pids"),
             max_output=None if max_output is None else parse_size(max_output, what="--max-output"),
-            cgroup_mode=(cgroup_mode or _DEFAULT_MODE).value,
+            cgroup_mode=cgroup_mode.value,
             cgroup_parent=cgroup_parent,
             stdin=stdin.value,
             manager=manager.value,
@@ -166,9 +162,13 @@ def summary_line(result) -> str:
     return line
 
 
-def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
+def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: str = "auto") -> int:
     """Entry point: maps every failure to a one-line message and exit 125."""
     command = typer.main.get_command(app)
+    if default_mode != "auto":
+        for param in command.params:
+            if param.name == "cgroup_mode":
+                param.default = CgroupMode(default_mode)
     try:
         rv = command.main(args=sys.argv[1:] if argv is None else argv, prog_name=prog, standalone_mode=False)
         return rv if isinstance(rv, int) else 0
@@ -187,9 +187,7 @@ def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
 
 def main_enforced() -> int:
     """``corral-enforced`` = ``corral --cgroup-mode enforced``."""
-    global _DEFAULT_MODE
-    _DEFAULT_MODE = CgroupMode.enforced
-    return main(prog="corral-enforced")
+    return main(prog="corral-enforced", default_mode="enforced")
 
 
 def entry() -> None:

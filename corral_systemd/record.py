@@ -41,6 +41,8 @@ class Steps(_Strict):
     term_sent: Optional[float] = None
     kill_sent: Optional[float] = None
     verified: Optional[float] = None
+    unverified: Optional[float] = None
+    finished: Optional[float] = None
 
     @model_validator(mode="after")
     def _ordered(self):

@@ -133,19 +133,48 @@ def _write_all(fd: int, data: bytes) -> None:
             continue
 
 
+#: Step names as events: what an observer is told, in this order of time.
+_EVENT_NAMES = {"spawned": "started", "deadline": "deadline_expired"}
+
+
+class RunObserver:
+    """What the supervisor tells an observer (the registry, a test).
+
+    ``event(name, data)`` is called synchronously at each step, *before*
+    the supervisor acts on it: ``deadline_expired`` returns before the first
+    signal is sent, so an observer that writes it durably has it on disk
+    first. Names: started, deadline_expired, limit_exceeded,
+    signal_received, command_exited, term_sent, kill_sent, verified,
+    unverified, finished. ``tick(processes)`` is called every
+    ``watch_interval`` seconds while the command runs, with the run's live
+    processes (``kernel.procfs.ProcInfo``). Exceptions from an observer are
+    not caught: an audit that cannot be written must not be silently lost.
+    """
+
+    watch_interval: float | None = None
+
+    def event(self, name: str, data: dict) -> None:
+        pass
+
+    def tick(self, processes: list) -> None:
+        pass
+
+
 class Supervisor:
     """Runs one RunSpec on one engine and returns a RunResult.
 
     ``signals``: a SignalWatch (CLI, main thread) or None. ``cancel_fd``: a
     descriptor whose readability asks the run to stop (library use).
+    ``observer``: a RunObserver, told of every step.
     """
 
     def __init__(self, spec, engine, *, signals: SignalWatch | None = None, cancel_fd: int | None = None,
-                 stdout_fd: int = 1, stderr_fd: int = 2, stdin_fd: int = 0):
+                 stdout_fd: int = 1, stderr_fd: int = 2, stdin_fd: int = 0, observer: RunObserver | None = None):
         self.spec = spec
         self.engine = engine
         self.signals = signals
         self.cancel_fd = cancel_fd
+        self.observer = observer
         self._stdout_fd = stdout_fd
         self._stderr_fd = stderr_fd
         self._stdin_fd = stdin_fd
@@ -159,8 +188,12 @@ class Supervisor:
     def _now(self) -> float:
         return time.monotonic() - self._t0
 
-    def _step(self, name: str) -> None:
-        self.result.steps.setdefault(name, round(self._now(), 6))
+    def _step(self, name: str, **data) -> None:
+        if name in self.result.steps:
+            return
+        self.result.steps[name] = round(self._now(), 6)
+        if self.observer is not None:
+            self.observer.event(_EVENT_NAMES.get(name, name), data)
 
     # -- the run -------------------------------------------------------
     def run(self) -> R.RunResult:
@@ -232,7 +265,8 @@ class Supervisor:
             for fd in (out_w, err_w):
                 if fd is not None:
                     os.close(fd)
-        self._step("spawned")
+        self._step("spawned", pid=self.engine.main_pid, **{
+            k: v for k, v in self.engine.describe().items() if k in ("unit", "control_group")})
         return pump
 
     def _watch(self, pump: OutputPump | None) -> None:
@@ -241,9 +275,11 @@ class Supervisor:
         deadline = spec.wall
         watch_every = engine.watch_interval()
         next_watch = self._now() + watch_every if watch_every else None
+        tick_every = self.observer.watch_interval if self.observer is not None else None
+        next_tick = self._now() + tick_every if tick_every else None
         while True:
             if engine.main_status() is not None:
-                self._step("command_exited")
+                self._step("command_exited", status=engine.main_status())
                 # An OOM kill ends the main process like any SIGKILL: ask.
                 res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
                 return
@@ -254,21 +290,24 @@ class Supervisor:
                 return
             if next_watch is not None and now >= next_watch:
                 if engine.check_limits() == "memory":
-                    self._step("limit_exceeded")
+                    self._step("limit_exceeded", limit="mem")
                     res.reason = R.MEMORY
                     return
                 next_watch = now + watch_every
             if pump is not None and pump.exceeded:
-                self._step("limit_exceeded")
+                self._step("limit_exceeded", limit="max_output")
                 res.reason = R.OUTPUT
                 return
+            if next_tick is not None and now >= next_tick:
+                self.observer.tick(engine.processes())
+                next_tick = now + tick_every
             timeout = None
-            for t in (deadline, next_watch):
+            for t in (deadline, next_watch, next_tick):
                 if t is not None:
                     timeout = t - now if timeout is None else min(timeout, t - now)
             sig = self._wait(pump, timeout)
             if sig is not None:
-                self._step("signal_received")
+                self._step("signal_received", signal=sig)
                 res.reason, res.corral_signal = R.INTERRUPTED, sig
                 return
 
@@ -306,8 +345,8 @@ class Supervisor:
 
     def _stop_and_verify(self, pump: OutputPump | None) -> None:
         res, engine, spec = self.result, self.engine, self.spec
-        if engine.remaining():
-            self._step("term_sent")
+        if left := engine.remaining():
+            self._step("term_sent", pids=sorted(left))
             engine.signal_all(signal.SIGTERM, signal.SIGCONT)
             grace_end = self._now() + spec.grace
             recheck = _FIRST_RECHECK
@@ -315,11 +354,12 @@ class Supervisor:
                 left = grace_end - self._now()
                 if left <= 0:
                     break
+                engine.signal_new(signal.SIGTERM, signal.SIGCONT)  # born since the TERM round
                 if self._wait(pump, min(recheck, left)) is not None:
                     break  # asked again: do not wait out the grace period
                 recheck = min(recheck * 2, _MAX_RECHECK)
-            if engine.remaining():
-                self._step("kill_sent")
+            if left := engine.remaining():
+                self._step("kill_sent", pids=sorted(left))
                 engine.kill_all()
         # Verification: keep killing what appears (fork chains) and reaping
         # until the engine proves the run empty, within verify_timeout.
@@ -334,6 +374,7 @@ class Supervisor:
                 break
             if self._now() >= verify_end:
                 res.remaining_pids = sorted(left)
+                self._step("unverified", remaining=res.remaining_pids)
                 break
             engine.kill_all()
             self._wait(pump, min(recheck, max(0.0, verify_end - self._now())))
@@ -357,6 +398,7 @@ class Supervisor:
         res.ended_at = time.time()
         res.ended_monotonic = time.monotonic()
         res.exit_code = R.exit_code_for(res, spawn_exit)
+        self._step("finished", exit_code=res.exit_code, outcome=res.reason)
         return res
 
 

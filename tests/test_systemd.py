@@ -153,11 +153,12 @@ def test_both_kill_methods_are_correct(corral, method):
 def test_manager_killed_mid_run_is_reported_honestly(unit_type, tmp_path):
     """Kills the user manager: run alone, last (the harness starts a fresh one each time)."""
     manager = int(os.environ["CORRAL_HARNESS_MANAGER_PID"])
-    proc, marker = _start_daemon_run(unit_type, tmp_path, "--wall", "2s", "--grace", "500ms", stderr=subprocess.PIPE)
+    errfile = open(tmp_path / "stderr", "wb")  # a file: survivors holding a pipe would hang the test
+    proc, marker = _start_daemon_run(unit_type, tmp_path, "--wall", "2s", "--grace", "500ms", stderr=errfile)
     try:
         os.kill(manager, signal.SIGKILL)
         code = proc.wait(timeout=30)
-        err = proc.stderr.read().decode()
+        err = (tmp_path / "stderr").read_text()
         left = marked_pids(marker)
         # Either corral proved the run empty without the manager (cgroup.kill
         # and the kernel's populated flag), or it says it could not.

@@ -59,6 +59,11 @@ class Engine:
         """Send each of ``sigs`` to every live process of the run; return how many."""
         raise NotImplementedError
 
+    def signal_new(self, *sigs: int) -> int:
+        """Send ``sigs`` to processes seen by the last ``remaining()`` that
+        have not been signalled yet (born during the grace period)."""
+        return 0
+
     def kill_all(self) -> None:
         """SIGKILL every process of the run, by the fastest correct means."""
         raise NotImplementedError
@@ -69,6 +74,12 @@ class Engine:
     def remaining(self) -> list[int]:
         """Pids of the run still present (cheap; for the stop loop)."""
         raise NotImplementedError
+
+    def processes(self) -> list:
+        """The run's live processes as ``kernel.procfs.ProcInfo`` (for observers)."""
+        from ..kernel.procfs import read_stat
+
+        return [info for pid in self.remaining() if (info := read_stat(pid)) is not None]
 
     def verify_empty(self) -> list[int]:
         """Kernel proof that the run is gone: [] if proven, else what remains."""

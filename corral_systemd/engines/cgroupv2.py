@@ -14,6 +14,7 @@ import signal
 
 from ..errors import SetupError
 from ..kernel import cgroupfs, procfs
+from ..kernel.pidfd import signal_cgroup_members
 from ..kernel.spawn import fork_command
 from .base import Engine
 
@@ -43,6 +44,7 @@ class CgroupEngine(Engine):
         self._child = None
         self._status = None
         self._stopped = set()
+        self._last: list[int] = []
         try:
             self._apply_limits(parent)
         except BaseException:
@@ -138,26 +140,15 @@ class CgroupEngine(Engine):
     def signal_all(self, *sigs):
         pids = self._procs()
         self.seen.update(pids)
-        count = 0
-        for pid in pids:
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue
-            try:
-                # The pidfd pins the process; if it is still in our group it
-                # is the process we listed, not a recycled pid.
-                if pid not in self._procs():
-                    continue
-                for sig in sigs:
-                    signal.pidfd_send_signal(fd, sig)
-                count += 1
-                self._stopped.add(pid)
-            except ProcessLookupError:
-                pass
-            finally:
-                os.close(fd)
-        return count
+        done = signal_cgroup_members(pids, sigs, self.path)
+        self._stopped.update(done)
+        return len(done)
+
+    def signal_new(self, *sigs):
+        fresh = [pid for pid in self._last if pid not in self._stopped]
+        done = signal_cgroup_members(fresh, sigs, self.path) if fresh and not self._removed else []
+        self._stopped.update(done)
+        return len(done)
 
     def kill_all(self):
         pids = self._procs()
@@ -168,7 +159,9 @@ class CgroupEngine(Engine):
 
     def remaining(self):
         self.reap()
-        return self._procs()
+        self._last = self._procs()
+        self.seen.update(self._last)
+        return self._last
 
     def verify_empty(self):
         self.reap()

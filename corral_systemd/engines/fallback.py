@@ -46,6 +46,8 @@ class FallbackEngine(Engine):
         self._status: int | None = None
         self._signalled: set[tuple[int, int]] = set()
         self._peak_rss = 0
+        self._main_reaped = False
+        self._last: list[procfs.ProcInfo] = []
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
@@ -68,17 +70,30 @@ class FallbackEngine(Engine):
         return self._status
 
     def _reap_main(self):
+        # Read the main process's status but leave it a zombie (WNOWAIT):
+        # while it is unreaped its pid, and so its process group id, cannot
+        # be reused, which makes signalling that group safe (see signal_all).
         if self._status is None and self._child is not None:
-            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
-            if pid:
-                self._status = status
+            info = os.waitid(os.P_PID, self._child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                self._status = _wait_status(info)
+
+    def _release_main(self):
+        """Reap the main process for good (only once the run is proven empty)."""
+        if self._child is not None and not self._main_reaped:
+            try:
+                os.waitpid(self._child.pid, 0 if self._status is not None else os.WNOHANG)
+                self._main_reaped = self._status is not None
+            except ChildProcessError:
+                self._main_reaped = True
 
     # -- membership ----------------------------------------------------
     def _members(self) -> list[procfs.ProcInfo]:
         table = procfs.scan()
+        main = self.main_pid
         members = [
             p for p in procfs.descendants(table, self._self_pid)
-            if not self._under_foreign(p, table)
+            if not self._under_foreign(p, table) and not (p.pid == main and p.state == "Z")
         ]
         self.seen.update(p.pid for p in members)
         return members
@@ -105,9 +120,28 @@ class FallbackEngine(Engine):
 
     # -- stopping ------------------------------------------------------
     def signal_all(self, *sigs):
+        # First the command's process group, in one kill(): the kernel makes
+        # a group signal atomic with fork, so a chain of processes that fork
+        # and exit at once cannot outrun it. Safe by pid rules: the group id
+        # is the main process's pid, which we keep unreaped, and only
+        # processes of the command's own session can join that group.
         members = self._members()
-        pids = {p.pid for p in members}
+        group = None
+        if self._child is not None and not self._main_reaped:
+            try:
+                for sig in sigs:
+                    os.killpg(self._child.pid, sig)
+                group = self._child.pid
+            except ProcessLookupError:
+                pass
+        # Then everything else (other groups, other sessions), one by one;
+        # members of the group just signalled are not signalled twice.
+        in_group = [p for p in members if p.pgid == group and p.state != "Z"]
+        self._signalled.update((p.pid, p.starttime) for p in in_group)
+        others = [p for p in members if p.pgid != group]
+        return len(in_group) + self._signal(others, sigs, {p.pid for p in members})
 
+    def _signal(self, members, sigs, pids) -> int:
         def belongs(current):
             return (current.ppid == self._self_pid and current.pid not in self._foreign) or current.ppid in pids
 
@@ -137,12 +171,22 @@ class FallbackEngine(Engine):
 
     def remaining(self):
         self.reap()
-        return [p.pid for p in self._members()]
+        self._last = self._members()
+        return [p.pid for p in self._last]
+
+    def signal_new(self, *sigs):
+        fresh = [p for p in self._last if (p.pid, p.starttime) not in self._signalled]
+        return self._signal(fresh, sigs, {p.pid for p in self._last}) if fresh else 0
 
     def verify_empty(self):
-        return self.remaining()
+        left = self.remaining()
+        if not left and self._status is not None:
+            self._release_main()
+        return left
 
     def close(self):
+        if self._child is not None and not self._main_reaped and self._status is not None:
+            self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
             self._child.pidfd = -1
@@ -158,3 +202,10 @@ class FallbackEngine(Engine):
     @property
     def processes_stopped(self) -> int:
         return len(self._signalled)
+
+
+def _wait_status(info) -> int:
+    """A waitid() siginfo as the wait status waitpid() would have given."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)

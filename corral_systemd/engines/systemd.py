@@ -31,6 +31,7 @@ from ..dbus.connection import BusError, Connection
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
 from ..kernel import cgroupfs, procfs
+from ..kernel.pidfd import signal_cgroup_members
 from ..kernel.prctl import set_parent_death_signal
 from ..kernel.spawn import ExecError, fork_command
 from .base import Engine
@@ -96,6 +97,8 @@ class SystemdEngine(Engine):
         self._unit_gone = False
         self._started = False
         self._stopped_count = 0
+        self._signalled: set[int] = set()
+        self._last: list[int] = []
         self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type}
         self._peaks = {}
 
@@ -413,6 +416,7 @@ class SystemdEngine(Engine):
         self._sample_unit()
         pids = self._pids()
         self.seen.update(pids)
+        self._signalled.update(pids)
         self._stopped_count = max(self._stopped_count, len(pids))
         for sig in sigs:
             self._kill_unit(sig)
@@ -441,7 +445,18 @@ class SystemdEngine(Engine):
 
     def remaining(self):
         self.reap()
-        return self._pids()
+        self._last = self._pids()
+        self.seen.update(self._last)
+        return self._last
+
+    def signal_new(self, *sigs):
+        directory = self._dir("unified") or self._dir("name=systemd")
+        fresh = [pid for pid in self._last if pid not in self._signalled]
+        if not fresh or directory is None:
+            return 0
+        done = signal_cgroup_members(fresh, sigs, directory)
+        self._signalled.update(fresh)
+        return len(done)
 
     def verify_empty(self):
         self.reap()

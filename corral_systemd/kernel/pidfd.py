@@ -35,3 +35,31 @@ def signal_process(info: ProcInfo, sig: int, belongs: Callable[[ProcInfo], bool]
         return False
     finally:
         os.close(fd)
+
+
+def signal_cgroup_members(pids, sigs, directory: str) -> list[int]:
+    """Signal each pid that is (still) in the cgroup at ``directory``.
+
+    The pidfd is opened first; if the pid is then listed in the group's
+    cgroup.procs, the pidfd names a process of the group, not a recycled
+    pid. Returns the pids signalled.
+    """
+    from .cgroupfs import procs_below
+
+    done = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if pid not in procs_below(directory):
+                continue
+            for sig in sigs:
+                signal.pidfd_send_signal(fd, sig)
+            done.append(pid)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+    return done

@@ -1,0 +1,84 @@
+"""Shared helpers for bench/compare.py and bench/bench.py.
+
+Survivor scanning reuses tests/procscan.py (environment marker in
+/proc/*/environ; never names). Processes are only ever killed by pid.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+FAULTS = ROOT / "faults"
+RESULTS = BENCH / "results"
+
+sys.path.insert(0, str(ROOT / "tests"))
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker  # noqa: E402,F401
+
+
+def manifest() -> dict:
+    return json.loads((FAULTS / "manifest.json").read_text())
+
+
+def corral_argv() -> list[str]:
+    """corral as installed next to this interpreter (its console script), else -m."""
+    script = Path(sys.executable).parent / "corral"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "corral_systemd"]
+
+
+def user_manager_reachable() -> bool:
+    """Same probe as tests/modes.py: busctl --user Ping of systemd1."""
+    if not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(
+        os.path.join(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "bus")
+    ):
+        return False
+    busctl = shutil.which("busctl")
+    if busctl is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [busctl, "--user", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+             "org.freedesktop.DBus.Peer", "Ping"],
+            capture_output=True, timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def environment_info() -> dict:
+    import platform
+
+    info = {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "corral": " ".join(corral_argv()),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "harness_layout": os.environ.get("CORRAL_HARNESS_LAYOUT"),
+        "user_manager": user_manager_reachable(),
+        "pythondontwritebytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+    }
+    try:
+        from corral_systemd import __version__
+
+        info["corral_version"] = __version__
+    except Exception:  # pragma: no cover
+        pass
+    try:
+        out = subprocess.run(["systemctl", "--version"], capture_output=True, text=True, timeout=5).stdout
+        info["systemd"] = out.splitlines()[0] if out else None
+    except Exception:
+        info["systemd"] = None
+    return info
+
+
+def exit_status(returncode: int) -> int:
+    """Popen returncode -> shell-style status (128+N for signal N)."""
+    return returncode if returncode >= 0 else 128 - returncode

@@ -1,0 +1,56 @@
+"""Smoke test for bench/compare.py: the JSON shape, and corral leaves nothing.
+
+One repetition on two faults (F3 background job, F4 daemon) into a temp
+directory. No timings are checked. With a reachable user manager (inside
+tests/harness/with-user-manager) corral's enforced modes must also show zero
+survivors; without one they must show up as "n/a", not be dropped.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from modes import user_manager_reachable
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNERS = ["corral-scope", "corral-service", "corral-fallback", "timeout", "naive", "systemd-run"]
+
+
+def test_compare_smoke(tmp_path):
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "compare.py"), "--reps", "1", "--faults", "F3,F4",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert time.monotonic() - start < 30
+
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert (tmp_path / "compare.md").read_text().startswith("# Fault matrix")
+    assert data["reps"] == 1
+    assert data["runners"] == RUNNERS
+    assert [f["id"] for f in data["faults"]] == ["F3", "F4"]
+    manager = user_manager_reachable()
+    for fid in ("F3", "F4"):
+        row = data["cells"][fid]
+        assert set(row) == set(RUNNERS)
+        for runner, cell in row.items():
+            assert isinstance(cell["cell"], str)
+            if cell.get("na"):
+                assert cell["cell"] == "n/a" and cell["why"]
+            else:
+                assert len(cell["exits"]) == len(cell["survivors"]) == len(cell["elapsed"]) == 1
+        assert row["corral-fallback"]["survivors"] == [0], row["corral-fallback"]
+        assert row["corral-fallback"]["exits"] == [0]
+        # timeout(1) leaves F3's sleep and F4's daemon behind: the matrix must see that.
+        assert row["timeout"]["survivors"][0] >= 1
+        for runner in ("corral-scope", "corral-service"):
+            if manager:
+                assert not row[runner].get("na"), row[runner]
+                assert row[runner]["survivors"] == [0], row[runner]
+                assert row[runner]["exits"] == [0]
+            else:
+                assert row[runner]["cell"] == "n/a"
