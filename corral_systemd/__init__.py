@@ -5,3 +5,22 @@ This module stays import-light: the CLI imports it on every run.
 """
 
 __version__ = "0.1.0"
+
+# The library API loads on first use (PEP 562), so the CLI's start-up does
+# not pay for asyncio and pydantic.
+_API = {"run", "arun", "start", "Runner", "RunHandle", "RunResult", "make_spec"}
+_ERRORS = {"CorralError", "UsageError", "SetupError", "RunError", "ExecFailed", "NotFound",
+           "CannotExecute", "Unverified"}
+__all__ = sorted(_API | _ERRORS | {"__version__"})
+
+
+def __getattr__(name):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    if name in _ERRORS:
+        from . import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'corral_systemd' has no attribute {name!r}")

@@ -64,6 +64,11 @@ def corral(
     unit_type: UnitType = typer.Option(UnitType.scope, help="Transient unit type in enforced mode."),
     slice_: str = typer.Option("corral.slice", "--slice", metavar="SLICE", help="Slice for the run's unit."),
     json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Write the run record (JSON, mode 0600) here."),
+    env_clear: bool = typer.Option(False, "--env-clear", help="Start the command with an empty environment (see --env-keep)."),
+    env_keep: Optional[List[str]] = typer.Option(None, "--env-keep", metavar="NAME", help="With --env-clear: keep variables matching this glob (repeatable)."),
+    env_drop: Optional[List[str]] = typer.Option(None, "--env-drop", metavar="NAME", help="Remove variables matching this glob (repeatable)."),
+    credential: Optional[List[str]] = typer.Option(None, "--credential", metavar="NAME=PATH", help="Give the run a copy of PATH as $CREDENTIALS_DIRECTORY/NAME, removed when the run ends (repeatable)."),
+    no_registry: bool = typer.Option(False, "--no-registry", help="Do not register the run (corralctl will not see it)."),
     quiet: bool = typer.Option(False, "--quiet", help="No summary line on stderr."),
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
 ):
@@ -95,7 +100,20 @@ def corral(
         raise UsageError(f"invalid --slice {spec.slice!r}: must end in .slice")
     if json_path is not None:
         _check_json_path(json_path)
-    raise typer.Exit(_run(spec, json_path, quiet))
+    # -- issue 5: environment, credentials, registry (see runguard.py) --
+    environment = credentials = None
+    if env_clear or env_keep or env_drop:
+        if env_keep and not env_clear:
+            raise UsageError("--env-keep needs --env-clear (without it every variable is kept)")
+        from .envfilter import filter_environment
+
+        spec.env, environment = filter_environment(os.environ, clear=env_clear, keep=env_keep or (), drop=env_drop or ())
+    if credential:
+        from .credentials import parse_credential
+
+        credentials = [parse_credential(text) for text in credential]
+    raise typer.Exit(_run(spec, json_path, quiet, environment=environment, credentials=credentials or (),
+                          registry=not no_registry))
 
 
 def _check_json_path(path: str) -> None:
@@ -117,13 +135,20 @@ def _check_json_path(path: str) -> None:
         raise UsageError(f"--json {path!r}: directory {parent!r} is not writable")
 
 
-def _run(spec, json_path: str | None, quiet: bool) -> int:
-    from .supervisor import SignalWatch, Supervisor
+def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credentials=(), registry=True) -> int:
+    from . import dbus
     from .engines import open_engine
+    from .runguard import RunGuard
+    from .supervisor import SignalWatch, Supervisor
 
-    with SignalWatch() as signals:
+    dbus.light_import = True  # this process is corral's own: see dbus/_dbus_fast.py
+
+    with SignalWatch() as signals, RunGuard(spec, environment=environment, credentials=credentials,
+                                            registry=registry) as guard:
         engine = open_engine(spec)  # SetupError -> 125, nothing started
-        result = Supervisor(spec, engine, signals=signals).run()
+        observer = guard.register(engine)  # entry on disk before the command starts, or 125
+        result = Supervisor(spec, engine, signals=signals, observer=observer).run()
+        guard.annotate(result)
     if not quiet:
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)

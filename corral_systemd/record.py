@@ -80,6 +80,16 @@ class EngineInfo(BaseModel):
     auto_fallback_reason: Optional[str] = None
 
 
+class EnvironmentNames(_Strict):
+    """--env-clear/--env-keep/--env-drop: the patterns and the variable names, never values."""
+
+    cleared: bool
+    keep: list[str]
+    drop: list[str]
+    kept: list[str]
+    dropped: list[str]
+
+
 class RunRecord(_Strict):
     version: Literal[1] = RECORD_VERSION
     run_id: str
@@ -108,10 +118,14 @@ class RunRecord(_Strict):
     output_bytes: Optional[int] = None
     engine: EngineInfo
     warnings: list[str] = []
+    environment: Optional[EnvironmentNames] = None
+    credentials: list[str] = []
 
 
-def from_result(result) -> RunRecord:
-    return RunRecord(
+def from_result(result, cls=None, **extra) -> RunRecord:
+    """The record of a RunOutcome (``cls``/``extra``: the library's RunResult)."""
+    return (cls or RunRecord)(
+        **extra,
         run_id=result.run_id, mode=result.mode, argv=result.argv, cwd=result.cwd,
         limits=Limits(**result.limits), limits_enforced=result.limits_enforced,
         started_at=result.started_at, started_monotonic=result.started_monotonic,
@@ -122,6 +136,7 @@ def from_result(result) -> RunRecord:
         processes_seen=result.processes_seen, processes_stopped=result.processes_stopped,
         remaining_pids=result.remaining_pids, verified=result.verified, output_bytes=result.output_bytes,
         engine=EngineInfo(**result.engine), warnings=result.warnings,
+        environment=getattr(result, "environment", None), credentials=getattr(result, "credentials", []),
     )
 
 

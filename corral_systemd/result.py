@@ -1,6 +1,6 @@
 """The outcome of a run, and how it maps to corral's exit code.
 
-``RunResult`` is a plain object filled in by the supervisor; the pydantic
+``RunOutcome`` is a plain object filled in by the supervisor; the pydantic
 record (``record.py``) is built from it only when someone asks for JSON.
 """
 
@@ -18,7 +18,7 @@ INTERNAL_ERROR = "internal_error"  # corral failed mid-run; never verified, so 1
 
 
 @dataclass
-class RunResult:
+class RunOutcome:
     run_id: str
     mode: str
     argv: list[str]
@@ -43,13 +43,15 @@ class RunResult:
     output_bytes: int | None = None  # counted only when output passes through corral
     engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
     warnings: list[str] = field(default_factory=list)
+    environment: dict | None = None  # --env-*: names kept and dropped, never values
+    credentials: list[str] = field(default_factory=list)  # --credential names, never contents
 
     @property
     def wall_time(self) -> float:
         return self.ended_monotonic - self.started_monotonic
 
 
-def exit_code_for(result: RunResult, spawn_exit: int | None = None) -> int:
+def exit_code_for(result: RunOutcome, spawn_exit: int | None = None) -> int:
     """corral's exit code. 120 (unproven stop) overrides everything."""
     if result.remaining_pids or result.reason == INTERNAL_ERROR or (
         not result.verified and result.reason not in (SETUP_FAILED, SPAWN_FAILED)

@@ -71,14 +71,16 @@ def _ignore(signum, frame):
 
 
 class OutputPump:
-    """Copies the command's stdout/stderr pipes to corral's, under a byte cap.
+    """Copies the command's stdout/stderr pipes to their sinks, under a byte cap.
 
-    Output beyond the cap is read and dropped (so writers never block on a
-    full pipe) and ``exceeded`` is set.
+    A sink is a file descriptor (written to, blocking) or a callable taking
+    each chunk (the library's capture and streaming). Output beyond the cap
+    is read and dropped (so writers never block on a full pipe) and
+    ``exceeded`` is set.
     """
 
-    def __init__(self, routes: dict[int, int], cap: int | None):
-        self.routes = dict(routes)  # read fd -> destination fd
+    def __init__(self, routes: dict, cap: int | None):
+        self.routes = dict(routes)  # read fd -> sink (fd or callable)
         self.cap = cap
         self.total = 0
         self.exceeded = False
@@ -101,18 +103,25 @@ class OutputPump:
             self.exceeded = True
         self.total += len(data)
         if allowed:
-            _write_all(self.routes[fd], data[:allowed])
+            sink = self.routes[fd]
+            if callable(sink):
+                sink(data[:allowed])
+            else:
+                _write_all(sink, data[:allowed])
 
-    def drain(self, limit: float) -> None:
-        end = time.monotonic() + limit
+    def drain(self, limit: float | None) -> None:
+        """Pump until every pipe is at EOF, or for ``limit`` seconds (None: no limit)."""
+        end = None if limit is None else time.monotonic() + limit
         while self.routes:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
+            timeout = None
+            if end is not None:
+                timeout = (end - time.monotonic()) * 1000
+                if timeout <= 0:
+                    break
             poller = select.poll()
             for fd in self.routes:
                 poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll(left * 1000):
+            for fd, _ in poller.poll(timeout):
                 self.pump(fd)
         self.close()
 
@@ -161,25 +170,28 @@ class RunObserver:
 
 
 class Supervisor:
-    """Runs one RunSpec on one engine and returns a RunResult.
+    """Runs one RunSpec on one engine and returns a RunOutcome.
 
     ``signals``: a SignalWatch (CLI, main thread) or None. ``cancel_fd``: a
     descriptor whose readability asks the run to stop (library use).
-    ``observer``: a RunObserver, told of every step.
+    ``observer``: a RunObserver, told of every step. ``stdout``/``stderr``:
+    where the command's output goes — a file descriptor (passed to the
+    command as is, unless --max-output needs counting) or a callable that
+    receives each chunk. ``stdin_fd``: what ``spec.stdin == "inherit"`` gives.
     """
 
     def __init__(self, spec, engine, *, signals: SignalWatch | None = None, cancel_fd: int | None = None,
-                 stdout_fd: int = 1, stderr_fd: int = 2, stdin_fd: int = 0, observer: RunObserver | None = None):
+                 stdout=1, stderr=2, stdin_fd: int = 0, observer: RunObserver | None = None):
         self.spec = spec
         self.engine = engine
         self.signals = signals
         self.cancel_fd = cancel_fd
         self.observer = observer
-        self._stdout_fd = stdout_fd
-        self._stderr_fd = stderr_fd
+        self._stdout = stdout
+        self._stderr = stderr
         self._stdin_fd = stdin_fd
         self._t0 = 0.0
-        self.result = R.RunResult(
+        self.result = R.RunOutcome(
             run_id=spec.run_id, mode=engine.mode, argv=list(spec.argv),
             cwd=spec.cwd or os.getcwd(), limits=spec.limits(),
         )
@@ -196,7 +208,7 @@ class Supervisor:
             self.observer.event(_EVENT_NAMES.get(name, name), data)
 
     # -- the run -------------------------------------------------------
-    def run(self) -> R.RunResult:
+    def run(self) -> R.RunOutcome:
         res = self.result
         res.started_at = time.time()
         res.started_monotonic = self._t0 = time.monotonic()
@@ -238,21 +250,26 @@ class Supervisor:
         spec = self.spec
         if spec.stdin == "null":
             stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        elif isinstance(spec.stdin, bytes):
+            # Bytes for stdin: a sealed-size memory file the command reads to EOF.
+            stdin = os.memfd_create("corral-stdin", os.MFD_CLOEXEC)
+            os.write(stdin, spec.stdin)
+            os.lseek(stdin, 0, os.SEEK_SET)
         else:
             stdin = self._stdin_fd
         out_w = err_w = None
         pump = None
         try:
-            if spec.max_output is not None:
+            if spec.max_output is not None or callable(self._stdout) or callable(self._stderr):
                 out_r, out_w = os.pipe2(os.O_CLOEXEC)
                 err_r, err_w = os.pipe2(os.O_CLOEXEC)
                 os.set_blocking(out_r, False)
                 os.set_blocking(err_r, False)
-                pump = OutputPump({out_r: self._stdout_fd, err_r: self._stderr_fd}, spec.max_output)
+                pump = OutputPump({out_r: self._stdout, err_r: self._stderr}, spec.max_output)
             self.engine.start(
                 spec.argv, stdin=stdin,
-                stdout=out_w if out_w is not None else self._stdout_fd,
-                stderr=err_w if err_w is not None else self._stderr_fd,
+                stdout=out_w if out_w is not None else self._stdout,
+                stderr=err_w if err_w is not None else self._stderr,
                 env=spec.env, cwd=spec.cwd,
             )
         except BaseException:
@@ -382,7 +399,7 @@ class Supervisor:
         # The main process's status, if it died during the stop.
         engine.poll_events()
 
-    def _finish(self, spawn_exit: int | None = None) -> R.RunResult:
+    def _finish(self, spawn_exit: int | None = None) -> R.RunOutcome:
         res, engine = self.result, self.engine
         status = engine.main_status()
         if status is not None:

@@ -156,11 +156,14 @@ def test_fork_chain_does_not_slip_through(corral):
 
 
 def test_spawners_in_other_sessions_are_all_stopped(corral):
-    # Three spawners, each in its own session, fork new-session children as
-    # fast as they can: a single scan-and-kill pass always misses some; the
-    # stop must keep finding and killing until nothing is left.
-    spawner = "setsid sh -c 'trap \"\" TERM; while :; do setsid sleep 3600 & done' &"
-    run = corral(FB + ["--wall", "300ms", "--grace", "100ms", "--", "sh", "-c", f"{spawner} {spawner} {spawner} sleep 3600"])
+    # Three spawners, each in its own session and deaf to SIGTERM, fork
+    # new-session children as fast as they can (bounded: 300 each, so the
+    # test can never exhaust the machine's pids). A single scan-and-kill
+    # pass misses the children forked between the scan and the spawner's
+    # death; the stop must keep finding and killing until nothing is left.
+    spawner = ("setsid sh -c 'trap \"\" TERM; i=0; while [ $i -lt 300 ]; do setsid sleep 3600 & i=$((i+1)); done; "
+               "exec sleep 3600' &")
+    run = corral(FB + ["--wall", "200ms", "--grace", "100ms", "--", "sh", "-c", f"{spawner} {spawner} {spawner} sleep 3600"])
     assert run.returncode == 124, run.stderr
     assert run.survivors == []
     assert run.record["processes_seen"] > 10

@@ -19,7 +19,7 @@ def _run_with_broken_kill(tmp_path):
     engine.kill_all = lambda: None
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        result = Supervisor(spec, engine, stdout_fd=devnull, stderr_fd=devnull).run()
+        result = Supervisor(spec, engine, stdout=devnull, stderr=devnull).run()
     finally:
         os.close(devnull)
     return result, marker

@@ -12,8 +12,7 @@ import socket
 import time
 from collections import deque
 
-from dbus_fast import Message, MessageType
-from dbus_fast._private.unmarshaller import Unmarshaller
+from ._dbus_fast import Message, MessageType, Unmarshaller
 
 _BUS = "org.freedesktop.DBus"
 
@@ -60,6 +59,7 @@ class Connection:
         self._serial = 0
         self.signals: deque[Message] = deque()
         self._replies: dict[int, Message] = {}
+        self.subscribed = False  # Manager.Subscribe done on this connection
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             self.sock.settimeout(timeout)

@@ -3,7 +3,7 @@
 Names follow systemd's D-Bus API (see org.freedesktop.systemd1(5)).
 """
 
-from dbus_fast import Variant
+from ._dbus_fast import Variant
 
 from .connection import BusError
 
@@ -58,6 +58,11 @@ class Manager:
         if self.conn.unique_name is not None:  # peer-to-peer connections need no matches
             self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
                            "AddMatch", "s", [rule])
+
+    def remove_match(self, rule: str) -> None:
+        if self.conn.unique_name is not None:
+            self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                       "RemoveMatch", "s", [rule])
 
     def subscribe(self) -> None:
         self._call(DEST, PATH, MANAGER, "Subscribe")

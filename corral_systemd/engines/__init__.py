@@ -25,7 +25,7 @@ def session_bus_candidates(env=os.environ) -> str | None:
     return None
 
 
-def open_engine(spec):
+def open_engine(spec, session=None):
     """The engine for this run, per --cgroup-mode / --cgroup-parent.
 
     auto: systemd when a manager answers, else the fallback engine (the
@@ -45,7 +45,7 @@ def open_engine(spec):
     if spec.cgroup_mode == "enforced":
         from .systemd import SystemdEngine
 
-        return SystemdEngine(spec)
+        return SystemdEngine(spec, session)
     # auto
     if spec.manager != "system" and session_bus_candidates() is None and not _system_manager_possible(spec):
         reason = "no user bus (DBUS_SESSION_BUS_ADDRESS unset, no $XDG_RUNTIME_DIR/bus)"
@@ -53,7 +53,7 @@ def open_engine(spec):
         from .systemd import SystemdEngine
 
         try:
-            return SystemdEngine(spec)
+            return SystemdEngine(spec, session)
         except SetupError as exc:
             reason = str(exc)
     from .fallback import FallbackEngine

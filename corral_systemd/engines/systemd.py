@@ -17,9 +17,14 @@ The flow, as in systemd-run (run.c):
 8. verify: the kernel reports the unit's cgroup empty and the unit is
    inactive or gone; read results; UnrefUnit; end the tether.
 
-If corral is SIGKILLed, the tether dies (PR_SET_PDEATHSIG), its scope
+If corral is SIGKILLed, the tether exits (``tether.py``), its scope
 empties and stops, and BindsTo= makes the manager stop the run within
 TimeoutStopSec (= grace). RuntimeMaxSec is a further backstop.
+
+A library ``Runner`` passes a ``SystemdSession``: one bus connection and
+one tether shared by its runs, so a run costs one StartTransientUnit and
+no extra process. The CLI makes both per run (the tether scope then rides
+in the same StartTransientUnit call as an auxiliary unit).
 """
 
 import errno
@@ -32,9 +37,9 @@ from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interfa
 from ..errors import SetupError
 from ..kernel import cgroupfs, procfs
 from ..kernel.pidfd import signal_cgroup_members
-from ..kernel.prctl import set_parent_death_signal
 from ..kernel.spawn import ExecError, fork_command
 from .base import Engine
+from .tether import Tether
 
 LIMIT_WATCH_INTERVAL = 0.025
 START_TIMEOUT = 10.0
@@ -65,30 +70,30 @@ class SystemdEngine(Engine):
     #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
     kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
 
-    def __init__(self, spec):
+    def __init__(self, spec, session: "SystemdSession | None" = None):
         super().__init__()
         self.spec = spec
-        self.manager_kind, address = _bus_address(spec.manager)
-        try:
-            self.conn = Connection(address, timeout=START_TIMEOUT)
-        except BusError as exc:
-            raise SetupError(f"{self.manager_kind} manager unreachable: {exc}") from None
+        self._session = session
+        if session is None:
+            self.manager_kind, address = _bus_address(spec.manager)
+            self.conn = _connect(self.manager_kind, address)
+            self.tether_unit = f"corral-{spec.run_id}-tether.scope"
+        else:
+            self.manager_kind, self.conn = session.manager_kind, session.connect()
+            self.tether_unit = session.tether_unit
         self.manager = Manager(self.conn)
         self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
-        self.tether_unit = f"corral-{spec.run_id}-tether.scope"
         self._unit_path = unit_path(self.unit)
+        self._unit_match = ("type='signal',sender='org.freedesktop.systemd1',"
+                            f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'")
         try:
-            self.manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
-                                   f"interface='{MANAGER}',member='JobRemoved'")
-            self.manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
-                                   f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'")
-            self.manager.subscribe()
+            _subscribe(self.conn, self.manager)
+            self.manager.add_match(self._unit_match)
         except BusError as exc:
             self.conn.close()
             raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
         self._child = None  # scope: the command, our child
-        self._tether_pid = None
-        self._tether_fd = None
+        self._tether = None  # our own tether (no session)
         self._status: int | None = None
         self._cgroup: str | None = None
         self._mounts = None
@@ -105,7 +110,10 @@ class SystemdEngine(Engine):
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
         spec = self.spec
-        self._fork_tether()
+        aux = []
+        if self._session is None:
+            self._tether = Tether()
+            aux = [(self.tether_unit, _tether_properties(self._tether.pid, spec.slice, self.unit))]
         props = self._common_properties(argv)
         fds = []
         if spec.unit_type == "scope":
@@ -116,12 +124,6 @@ class SystemdEngine(Engine):
             props += [prop("StandardInputFileDescriptor", "h", 0), prop("StandardOutputFileDescriptor", "h", 1),
                       prop("StandardErrorFileDescriptor", "h", 2)]
             fds = [stdin, stdout, stderr]
-        aux = [(self.tether_unit, [
-            prop("Description", "s", f"corral tether for {self.unit}"),
-            prop("PIDs", "au", [self._tether_pid]),
-            prop("Slice", "s", spec.slice),
-            prop("CollectMode", "s", "inactive-or-failed"),
-        ])]
         try:
             job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
             result = self._wait_job(job)
@@ -183,44 +185,8 @@ class SystemdEngine(Engine):
             prop("RemainAfterExit", "b", False),
         ]
 
-    def _fork_tether(self):
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                set_parent_death_signal(signal.SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(0)  # corral died before prctl took effect
-                signal.set_wakeup_fd(-1)
-                os.setsid()  # terminal signals are for corral, not the tether
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
-                    signal.signal(sig, signal.SIG_IGN)
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(null, fd)
-                os.closerange(3, 65536)
-                while True:
-                    signal.pause()
-            finally:
-                os._exit(0)
-        self._tether_pid = pid
-        self._tether_fd = os.pidfd_open(pid)
-
     def _wait_job(self, job: str) -> str:
-        end = time.monotonic() + START_TIMEOUT
-        while True:
-            while self.conn.signals:
-                msg = self.conn.signals.popleft()
-                if msg.member == "JobRemoved" and msg.body[1] == job:
-                    return msg.body[3]
-                self._handle_signal(msg)
-            left = end - time.monotonic()
-            if left <= 0:
-                raise SetupError(f"systemd did not start {self.unit} within {START_TIMEOUT:g}s")
-            import select
-
-            if select.select([self.conn.sock], [], [], left)[0]:
-                self.conn.read_pending()
+        return _wait_job(self.conn, job, self._handle_signal, what=self.unit)
 
     def _locate_cgroup(self):
         iface = interface_for(self.unit)
@@ -516,14 +482,9 @@ class SystemdEngine(Engine):
 
     # -- cleanup -------------------------------------------------------
     def _end_tether(self):
-        if self._tether_fd is not None:
-            try:
-                signal.pidfd_send_signal(self._tether_fd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self._tether_pid, 0)
-            os.close(self._tether_fd)
-            self._tether_fd = None
+        if self._tether is not None:
+            self._tether.close()
+            self._tether = None
 
     def close(self):
         if self.conn is None:
@@ -544,7 +505,14 @@ class SystemdEngine(Engine):
         if self._oom_eventfd is not None:
             os.close(self._oom_eventfd)
             self._oom_eventfd = None
-        self.conn.close()
+        if self._session is None or self.manager.lost is not None:
+            self.conn.close()
+        else:
+            try:
+                self.manager.remove_match(self._unit_match)
+                self._session.release(self.conn)
+            except BusError:
+                self.conn.close()
         self.conn = None
 
     def describe(self):
@@ -588,3 +556,109 @@ def _valid_env(key: str, value: str) -> bool:
     if not key or key[0].isdigit() or not all(c.isalnum() or c == "_" for c in key) or not key.isascii():
         return False
     return all(c in "\t\n" or ord(c) >= 32 for c in value) and ord(max(value, default="a")) != 0x7F
+
+
+def _subscribe(conn: Connection, manager: Manager) -> None:
+    """Match JobRemoved and Subscribe, once per connection (before any start)."""
+    if not getattr(conn, "subscribed", False):
+        manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
+                          f"interface='{MANAGER}',member='JobRemoved'")
+        manager.subscribe()
+        conn.subscribed = True
+
+
+def _connect(kind: str, address: str) -> Connection:
+    try:
+        return Connection(address, timeout=START_TIMEOUT)
+    except BusError as exc:
+        raise SetupError(f"{kind} manager unreachable: {exc}") from None
+
+
+def _wait_job(conn, job: str, other=lambda msg: None, *, what: str) -> str:
+    """Wait for JobRemoved of ``job``; pass other signals to ``other``."""
+    import select
+
+    end = time.monotonic() + START_TIMEOUT
+    while True:
+        while conn.signals:
+            msg = conn.signals.popleft()
+            if msg.member == "JobRemoved" and msg.body[1] == job:
+                return msg.body[3]
+            other(msg)
+        left = end - time.monotonic()
+        if left <= 0:
+            raise SetupError(f"systemd did not start {what} within {START_TIMEOUT:g}s")
+        if select.select([conn.sock], [], [], left)[0]:
+            conn.read_pending()
+
+
+def _tether_properties(pid: int, slice_: str, for_what: str) -> list:
+    return [
+        prop("Description", "s", f"corral tether for {for_what}"),
+        prop("PIDs", "au", [pid]),
+        prop("Slice", "s", slice_),
+        prop("CollectMode", "s", "inactive-or-failed"),
+    ]
+
+
+class SystemdSession:
+    """What a library Runner shares between its systemd runs.
+
+    One tether (and its scope) for all runs, started on first use; a pool of
+    idle bus connections, so concurrent runs in different threads each use
+    their own connection while sequential runs reuse one. Thread-safe.
+    Failure modes: SetupError from ``open`` when no manager answers.
+    """
+
+    def __init__(self, manager: str = "auto", slice_: str = "corral.slice"):
+        import threading
+
+        self.manager_kind, self._address = _bus_address(manager)
+        self._slice = slice_
+        self._lock = threading.Lock()
+        self._idle: list[Connection] = []
+        self._tether: Tether | None = None
+        self.tether_unit = f"corral-runner-{os.getpid()}-{os.urandom(4).hex()}-tether.scope"
+        conn = self.connect()
+        try:
+            self._start_tether(conn)
+        finally:
+            self.release(conn)
+
+    def connect(self) -> Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _connect(self.manager_kind, self._address)
+
+    def release(self, conn: Connection) -> None:
+        conn.signals.clear()
+        with self._lock:
+            self._idle.append(conn)
+
+    def _start_tether(self, conn: Connection) -> None:
+        manager = Manager(conn)
+        self._tether = Tether()
+        try:
+            _subscribe(conn, manager)
+            job = manager.start_transient_unit(self.tether_unit, _tether_properties(
+                self._tether.pid, self._slice, f"runner {os.getpid()}"))
+            result = _wait_job(conn, job, what=self.tether_unit)
+            if result != "done":
+                raise SetupError(f"systemd could not start {self.tether_unit}: job {result}")
+        except BusError as exc:
+            self._tether.close()
+            raise SetupError(f"cannot start the runner's tether: {_why(exc)}") from None
+        except BaseException:
+            self._tether.close()
+            raise
+
+    def close(self) -> None:
+        """End the tether (units bound to it stop) and close connections."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            tether, self._tether = self._tether, None
+        if tether is not None:
+            tether.close()
+        for conn in idle:
+            conn.close()

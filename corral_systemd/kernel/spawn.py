@@ -56,6 +56,7 @@ class Child:
             # caller sees a clean failure and no zombie.
             os.waitpid(self.pid, 0)
             os.close(self.pidfd)
+            self.pidfd = -1
             raise ExecError(int(data), self._argv0)
 
     def abandon(self) -> None:
@@ -69,6 +70,7 @@ class Child:
             pass
         os.waitpid(self.pid, 0)
         os.close(self.pidfd)
+        self.pidfd = -1
         os.close(self._err_r)
 
 

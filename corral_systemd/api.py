@@ -1,0 +1,447 @@
+"""corral as a Python library: the CLI's runs, sync or async, over one core.
+
+    import corral_systemd as corral
+
+    result = corral.run(["pytest", "-q"], wall=600, mem="4G")
+    result = await corral.arun(["make"], wall="5m")
+    async with corral.start(["tail", "-f", "app.log"], wall=10) as run:
+        async for chunk in run.stdout:
+            ...
+        result = await run.wait()
+    with corral.Runner(mode="enforced") as runner:   # one manager connection and tether
+        runner.run(["true"])
+
+Guarantees are the CLI's: when a call returns or raises, every process the
+command started is gone, proven — or ``Unverified`` is raised.
+
+- Cancellation: if the awaiting task is cancelled, or the ``async with``
+  body raises, the run is stopped and verified *before* the exception
+  propagates (the stop itself is shielded from the cancellation).
+- Errors are exceptions carrying the result: ``NotFound`` (127),
+  ``CannotExecute`` (126), ``Unverified`` (120), ``SetupError`` /
+  ``UsageError`` (125, before anything started). Limits being hit are
+  results (``result.outcome`` is ``"timeout"``, ``"memory"``, ``"output"``).
+- Threads: each run's supervisor loop runs in a worker thread (it is
+  synchronous, the same code the CLI runs); a ``Runner`` is safe to share
+  between threads and tasks.
+- Fallback runs (no systemd) execute in a child process of their own
+  (``_child.py``), because the fallback engine needs its process to own
+  all of its descendants.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import asdict
+from typing import AsyncIterator, Callable, Optional, Sequence, Union
+
+from . import result as R
+from .errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
+from .record import RunRecord, from_result
+from .spec import RunSpec
+from .supervisor import OutputPump, Supervisor
+from .units import parse_duration, parse_size
+
+Duration = Union[float, int, str, None]
+Size = Union[int, str, None]
+
+
+class RunResult(RunRecord):
+    """The CLI's ``--json`` record plus the captured output."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+def _seconds(value: Duration, what: str) -> Optional[float]:
+    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value is not None and value < 0:
+            raise UsageError(f"{what} must not be negative")
+        return None if value is None else float(value)
+    try:
+        return parse_duration(str(value), what=what)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _bytes(value: Size, what: str) -> Optional[int]:
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        if value is not None and value <= 0:
+            raise UsageError(f"{what} must be greater than zero")
+        return value
+    try:
+        return parse_size(str(value), what=what)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, pids: Optional[int] = None,
+              max_output: Size = None, grace: Duration = 2.0, verify_timeout: Duration = 2.0,
+              mode: str = "auto", unit_type: str = "scope", manager: str = "auto", slice: str = "corral.slice",
+              cgroup_parent: Optional[str] = None, stdin: Union[None, bytes, str] = None,
+              env: Optional[dict] = None, cwd: Optional[str] = None) -> RunSpec:
+    """Validate the library's keyword arguments into a RunSpec (UsageError if bad)."""
+    argv = [os.fspath(a) for a in argv]
+    if not argv or not argv[0]:
+        raise UsageError("no command given")
+    if mode not in ("auto", "enforced", "fallback"):
+        raise UsageError(f"invalid mode {mode!r}: expected auto, enforced or fallback")
+    if unit_type not in ("scope", "service"):
+        raise UsageError(f"invalid unit_type {unit_type!r}")
+    if pids is not None and (not isinstance(pids, int) or pids <= 0):
+        raise UsageError("pids must be a whole number greater than zero")
+    if stdin is None:
+        stdin = "null"
+    elif not isinstance(stdin, bytes) and stdin not in ("null", "inherit"):
+        raise UsageError("stdin must be None, bytes, 'null' or 'inherit'")
+    if cwd is not None and not os.path.isdir(cwd):
+        raise UsageError(f"cwd {cwd!r} is not a directory")
+    return RunSpec(
+        argv=argv, wall=_seconds(wall, "wall"), grace=_seconds(grace, "grace"),
+        verify_timeout=_seconds(verify_timeout, "verify_timeout"), mem=_bytes(mem, "mem"), pids=pids,
+        max_output=_bytes(max_output, "max_output"), cgroup_mode=mode, cgroup_parent=cgroup_parent,
+        stdin=stdin, manager=manager, unit_type=unit_type, slice=slice,
+        env=None if env is None else {str(k): str(v) for k, v in env.items()},
+        cwd=None if cwd is None else os.path.abspath(cwd),
+    )
+
+
+def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult:
+    result = from_result(outcome, RunResult, stdout=stdout, stderr=stderr)
+    if outcome.reason == R.SPAWN_FAILED:
+        raise (NotFound if outcome.exit_code == 127 else CannotExecute)(outcome.detail, result)
+    if outcome.exit_code == 120:
+        raise Unverified(f"could not prove every process stopped; remaining: {outcome.remaining_pids}", result)
+    if outcome.reason == R.SETUP_FAILED:
+        raise SetupError(outcome.detail)
+    return result
+
+
+class _Execution:
+    """One run, driven synchronously in the calling thread.
+
+    ``cancel()`` (any thread) asks the supervisor to stop the run; the stop
+    is verified like any other.
+    """
+
+    def __init__(self, spec: RunSpec, session, on_stdout: Callable[[bytes], None],
+                 on_stderr: Callable[[bytes], None]):
+        self.spec = spec
+        self._session = session
+        self._on_stdout = on_stdout
+        self._on_stderr = on_stderr
+        self._cancel_r, self._cancel_w = os.pipe2(os.O_CLOEXEC)
+        self._child: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            if not self._done:
+                os.write(self._cancel_w, b"x")
+                if self._child is not None:
+                    self._child.terminate()  # the child supervisor stops the run, verified
+
+    def execute(self) -> R.RunOutcome:
+        try:
+            if self._use_child():
+                return self._in_child()
+            from .engines import open_engine
+
+            engine = open_engine(self.spec, self._session)
+            return Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
+                              stderr=self._on_stderr).run()
+        finally:
+            with self._lock:
+                self._done = True
+                os.close(self._cancel_r)
+                os.close(self._cancel_w)
+
+    def _use_child(self) -> bool:
+        """Fallback runs go to a child process; cgroup and systemd runs stay here."""
+        spec = self.spec
+        if spec.cgroup_parent is not None or spec.cgroup_mode == "enforced":
+            return False
+        return spec.cgroup_mode == "fallback" or self._session in (None, _NO_SYSTEMD)
+
+    def _in_child(self) -> R.RunOutcome:
+        spec = self.spec
+        fields = asdict(spec)
+        stdin = None
+        if isinstance(spec.stdin, bytes):
+            stdin = os.memfd_create("corral-stdin", os.MFD_CLOEXEC)
+            os.write(stdin, spec.stdin)
+            os.lseek(stdin, 0, os.SEEK_SET)
+            fields["stdin"] = "inherit"
+        elif spec.stdin == "inherit":
+            stdin = 0
+        fields["cgroup_mode"] = "fallback"
+        spec_r, spec_w = os.pipe()
+        result_r, result_w = os.pipe()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
+        try:
+            with self._lock:
+                if self._done:
+                    raise SetupError("cancelled before start")
+                self._child = subprocess.Popen(
+                    [sys.executable, "-m", "corral_systemd._child", str(spec_r), str(result_w)],
+                    stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                    stdout=out_w, stderr=err_w, pass_fds=(spec_r, result_w))
+            for fd in (spec_r, result_w, out_w, err_w):
+                os.close(fd)
+            spec_r = result_w = out_w = err_w = -1
+            with os.fdopen(spec_w, "w") as f:
+                spec_w = -1
+                json.dump(fields, f)
+            pump.drain(None)  # EOF once the run (and the child) are gone
+            self._child.wait()
+            with os.fdopen(result_r, "r") as f:
+                result_r = -1
+                data = json.loads(f.read() or "{}")
+        finally:
+            pump.close()
+            for fd in (spec_r, spec_w, result_r, result_w, out_w, err_w):
+                if fd >= 0:
+                    os.close(fd)
+            if stdin not in (None, 0):
+                os.close(stdin)
+        if "error" in data or "run_id" not in data:
+            raise SetupError(data.get("error", "the fallback supervisor died without a result"))
+        outcome = R.RunOutcome(**data)
+        return outcome
+
+
+_NO_SYSTEMD = object()  # a Runner's session when no manager answered (auto mode)
+
+
+class Runner:
+    """Runs commands under corral, sharing what can be shared.
+
+    In enforced (or auto, with a reachable manager) mode, one tether and a
+    pool of bus connections serve every run: a run costs one
+    StartTransientUnit and no extra process. Defaults given here apply to
+    every run unless overridden per call. Close it (or use ``with``) to end
+    the tether; units still running then are stopped by the manager.
+    """
+
+    def __init__(self, **defaults):
+        self._defaults = defaults
+        self._lock = threading.Lock()
+        self._session = None
+        self._closed = False
+
+    # -- session -------------------------------------------------------
+    def _session_for(self, spec: RunSpec):
+        if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
+            return None
+        with self._lock:
+            if self._closed:
+                raise SetupError("runner is closed")
+            if self._session is None:
+                from .engines.systemd import SystemdSession
+
+                try:
+                    self._session = SystemdSession(spec.manager, spec.slice)
+                except SetupError:
+                    if spec.cgroup_mode == "enforced":
+                        raise
+                    self._session = _NO_SYSTEMD
+            return self._session
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            session, self._session = self._session, None
+        if session is not None and session is not _NO_SYSTEMD:
+            session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await asyncio.to_thread(self.close)
+
+    # -- runs ----------------------------------------------------------
+    def _spec(self, argv, kwargs) -> tuple[RunSpec, bool]:
+        merged = {**self._defaults, **kwargs}
+        capture = merged.pop("capture", True)
+        return make_spec(argv, **merged), capture
+
+    def _execution(self, spec, capture, out: list, err: list) -> _Execution:
+        session = self._session_for(spec)
+        if capture:
+            return _Execution(spec, session, out.append, err.append)
+        return _Execution(spec, session, _writer(1), _writer(2))
+
+    def run(self, argv: Sequence[str], **kwargs) -> RunResult:
+        """Run to completion in this thread. See ``make_spec`` for the options;
+        ``capture=False`` passes output to this process's stdout/stderr."""
+        spec, capture = self._spec(argv, kwargs)
+        out, err = [], []
+        outcome = self._execution(spec, capture, out, err).execute()
+        return _to_result(outcome, b"".join(out), b"".join(err))
+
+    async def arun(self, argv: Sequence[str], **kwargs) -> RunResult:
+        """``run`` for asyncio. Cancelling the task stops the run (verified) first."""
+        async with self.start(argv, **kwargs) as handle:
+            return await handle.wait()
+
+    def start(self, argv: Sequence[str], **kwargs) -> "RunHandle":
+        """A run with streamed output: ``async with runner.start(...) as run``."""
+        spec, capture = self._spec(argv, kwargs)
+        return RunHandle(self, spec, capture)
+
+
+class RunHandle:
+    """A started run: ``stdout``/``stderr`` async iterators, ``wait()``, ``stop()``.
+
+    Streamed chunks are also kept for the final result. Leaving the
+    ``async with`` block stops the run if it is still going (verified) —
+    on an exception or cancellation before the exception propagates.
+    """
+
+    def __init__(self, runner: Runner, spec: RunSpec, capture: bool):
+        self._runner = runner
+        self._spec = spec
+        self._capture = capture
+        self.stdout = _Stream()
+        self.stderr = _Stream()
+        self._future: Optional[asyncio.Future] = None
+        self._execution: Optional[_Execution] = None
+        self._result: Optional[RunResult] = None
+
+    async def __aenter__(self) -> "RunHandle":
+        loop = asyncio.get_running_loop()
+        self.stdout._loop = self.stderr._loop = loop
+        if self._capture:
+            on_out, on_err = self.stdout._feed_threadsafe, self.stderr._feed_threadsafe
+        else:
+            on_out, on_err = _writer(1), _writer(2)
+        session = await asyncio.to_thread(self._runner._session_for, self._spec)
+        self._execution = _Execution(self._spec, session, on_out, on_err)
+
+        def work():
+            try:
+                return self._execution.execute()
+            finally:
+                loop.call_soon_threadsafe(self.stdout._close)
+                loop.call_soon_threadsafe(self.stderr._close)
+
+        self._future = asyncio.ensure_future(asyncio.to_thread(work))
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if not self._future.done():
+            self._execution.cancel()
+        await self._settle()
+
+    async def _settle(self) -> R.RunOutcome:
+        """Wait for the worker thread, even through cancellation of the caller."""
+        cancelled = False
+        while True:
+            try:
+                outcome = await asyncio.shield(self._future)
+                break
+            except asyncio.CancelledError:
+                if self._future.done() and self._future.cancelled():
+                    raise
+                cancelled = True
+                self._execution.cancel()  # stop, then keep waiting for the verified end
+        if cancelled:
+            raise asyncio.CancelledError
+        return outcome
+
+    async def wait(self) -> RunResult:
+        """The result once the run has ended (raises RunError subclasses as ``run``)."""
+        if self._result is None:
+            outcome = await self._settle()
+            self._result = _to_result(outcome, self.stdout.collected(), self.stderr.collected())
+        return self._result
+
+    async def stop(self) -> RunResult:
+        """Stop the run now (SIGTERM, grace, SIGKILL, verified) and return the result."""
+        self._execution.cancel()
+        return await self.wait()
+
+
+class _Stream:
+    """Chunks of one output stream, as an async iterator; also kept whole."""
+
+    def __init__(self):
+        self._loop = None
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._chunks: list[bytes] = []
+        self._closed = False
+
+    def _feed_threadsafe(self, chunk: bytes) -> None:
+        self._loop.call_soon_threadsafe(self._feed, chunk)
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._queue.put_nowait(chunk)
+
+    def _close(self) -> None:
+        self._closed = True
+        self._queue.put_nowait(None)
+
+    def collected(self) -> bytes:
+        return b"".join(self._chunks)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._iterate()
+
+    async def _iterate(self):
+        while True:
+            chunk = await self._queue.get()
+            if chunk is None:
+                self._queue.put_nowait(None)  # later iterators end too
+                return
+            yield chunk
+
+
+def _writer(fd: int) -> Callable[[bytes], None]:
+    from .supervisor import _write_all
+
+    return lambda data: _write_all(fd, data)
+
+
+# -- module-level faces: a run without a shared Runner ------------------
+
+def run(argv: Sequence[str], **kwargs) -> RunResult:
+    """Run ``argv`` under corral and return its RunResult (see ``make_spec``)."""
+    with Runner() as runner:
+        return runner.run(argv, **kwargs)
+
+
+async def arun(argv: Sequence[str], **kwargs) -> RunResult:
+    """``run`` for asyncio; cancelling the task stops the run (verified) first."""
+    async with Runner() as runner:
+        return await runner.arun(argv, **kwargs)
+
+
+class start:
+    """``async with corral_systemd.start(argv, ...) as run:`` — a RunHandle."""
+
+    def __init__(self, argv: Sequence[str], **kwargs):
+        self._runner = Runner()
+        self._handle = self._runner.start(argv, **kwargs)
+
+    async def __aenter__(self) -> RunHandle:
+        return await self._handle.__aenter__()
+
+    async def __aexit__(self, *exc):
+        try:
+            await self._handle.__aexit__(*exc)
+        finally:
+            await asyncio.to_thread(self._runner.close)

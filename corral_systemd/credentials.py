@@ -1,0 +1,192 @@
+"""--credential NAME=PATH: secrets that exist only while the run does.
+
+Every mode (fallback, --cgroup-parent, scope and service) gets the same
+thing: a private directory (0700, files 0400) on a tmpfs, named in
+``$CREDENTIALS_DIRECTORY``, holding a copy of each credential under its
+NAME. corral reads the source file once and never logs its contents.
+
+The directory is removed:
+- by corral when the run ends, whatever the outcome (``finally``);
+- if corral is SIGKILLed, by a *watcher*: a tiny child forked before the
+  run starts, in its own session, ignoring terminal signals, that blocks
+  reading a pipe whose only write end corral holds. When corral dies for
+  any reason the kernel closes that end, the read returns EOF, and the
+  watcher removes the directory and exits. It costs one fork and no
+  polling, and needs no systemd (so it covers fallback runs, whose
+  leftover processes cannot be stopped once corral is gone).
+- as a last resort by ``corralctl gc`` (a watcher killed by hand).
+
+Why not systemd's LoadCredential=/SetCredential= for services: on the
+systemd 252 user manager we test against the credentials directory is
+created but stays empty (or exec fails with EXIT_CREDENTIALS), so corral
+could not promise the file exists; the private directory works the same
+everywhere and is removed by the same means.
+
+Where: ``<state dir>/credentials/<run id>`` when the state directory is on
+a tmpfs or ramfs, else ``/dev/shm/corral-<uid>/<run id>``; a directory that
+is not a tmpfs is refused (a secret must not reach a disk).
+"""
+
+import os
+import signal
+
+from .errors import SetupError, UsageError
+
+MAX_CREDENTIAL_SIZE = 1024 * 1024  # systemd's limit too
+_MEMORY_FS = ("tmpfs", "ramfs")
+
+
+def parse_credential(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise UsageError(f"invalid --credential {text!r}: expected NAME=PATH")
+    if name in (".", "..") or len(name) > 255 or not all(c.isalnum() or c in "._-" for c in name) \
+            or not name.isascii():
+        raise UsageError(f"invalid --credential name {name!r}: letters, digits, '.', '_' and '-' only")
+    return name, os.path.abspath(path)
+
+
+def fstype(path: str) -> str | None:
+    """File system type of the mount that holds ``path``."""
+    path = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                point = left.split()[4].replace("\\040", " ")
+                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, kind = point, right.split()[0]
+    except OSError:
+        return None
+    return kind
+
+
+def credentials_base(state_directory: str) -> str:
+    from .registry import ensure_private_dir
+
+    candidates = [os.path.join(state_directory, "credentials"), f"/dev/shm/corral-{os.geteuid()}"]
+    for candidate in candidates:
+        parent = os.path.dirname(candidate)
+        if os.path.isdir(parent) and fstype(parent) in _MEMORY_FS:
+            return ensure_private_dir(candidate)
+    raise SetupError("--credential: no tmpfs for the credentials directory "
+                     f"(neither {state_directory} nor /dev/shm is a tmpfs)")
+
+
+class PrivateCredentials:
+    """The private directory, its files and its watcher."""
+
+    def __init__(self, pairs: list[tuple[str, str]], run_id: str, state_directory: str):
+        names = [n for n, _ in pairs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise UsageError(f"--credential {sorted(dup)[0]!r} given twice")
+        self.pairs = pairs
+        self.names = names
+        self.path = None
+        self.watcher_pid = None
+        self._pipe_w = None
+        self._contents = self._read_sources()
+        self.path = os.path.join(credentials_base(state_directory), run_id)
+
+    def _read_sources(self) -> list[tuple[str, bytes]]:
+        out = []
+        for name, path in self.pairs:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as exc:
+                raise UsageError(f"--credential {name}: cannot open {path}: {exc.strerror}") from None
+            try:
+                import stat
+
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UsageError(f"--credential {name}: {path} is not a regular file")
+                data = os.read(fd, MAX_CREDENTIAL_SIZE + 1)
+                chunk = data
+                while chunk and len(data) <= MAX_CREDENTIAL_SIZE:
+                    chunk = os.read(fd, MAX_CREDENTIAL_SIZE + 1 - len(data))
+                    data += chunk
+            except OSError as exc:
+                raise UsageError(f"--credential {name}: cannot read {path}: {exc.strerror}") from None
+            finally:
+                os.close(fd)
+            if len(data) > MAX_CREDENTIAL_SIZE:
+                raise UsageError(f"--credential {name}: {path} is larger than 1 MiB")
+            out.append((name, data))
+        return out
+
+    def create(self) -> None:
+        """Make the directory, start the watcher, write the files. SetupError on failure."""
+        try:
+            os.mkdir(self.path, 0o700)
+        except OSError as exc:
+            raise SetupError(f"--credential: cannot create {self.path}: {exc.strerror}") from None
+        try:
+            self._start_watcher()
+            for name, data in self._contents:
+                fd = os.open(os.path.join(self.path, name),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            self.close()
+            raise SetupError(f"--credential: cannot write {self.path}: {exc.strerror}") from None
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._contents = []
+
+    def _start_watcher(self) -> None:
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # the watcher
+            try:
+                os.setsid()
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
+                            signal.SIGPIPE):
+                    signal.signal(sig, signal.SIG_IGN)
+                try:
+                    signal.set_wakeup_fd(-1)
+                except ValueError:
+                    pass
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, read_fd)
+                os.closerange(read_fd + 1, 65536)
+                while True:
+                    try:
+                        if not os.read(read_fd, 64):
+                            break  # EOF: corral is gone or done
+                    except InterruptedError:
+                        continue
+                remove_tree(self.path)
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+        self._pipe_w = write_fd
+        self.watcher_pid = pid
+
+    def close(self) -> None:
+        """Remove the directory and end the watcher. Safe to call twice."""
+        if self.path is not None:
+            remove_tree(self.path)
+        if self._pipe_w is not None:
+            os.close(self._pipe_w)
+            self._pipe_w = None
+            try:
+                os.waitpid(self.watcher_pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""The Python API: results, errors, streaming, cancellation, shared Runner.
+
+Every test proves through /proc (the run's environment marker) that no
+process of the run is left, not through the library's own bookkeeping.
+"""
+
+import asyncio
+import os
+import time
+
+import pytest
+
+import corral_systemd as corral
+from modes import user_manager_reachable
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+DAEMON = ["sh", "-c", "setsid sleep 3600 & sleep 3600"]
+
+
+def _mode_param(mode):
+    return pytest.param(mode, marks=pytest.mark.systemd) if mode == "enforced" else mode
+
+
+MODES = [_mode_param("fallback"), _mode_param("enforced")]
+
+
+@pytest.fixture
+def marker():
+    m = new_marker()
+    yield m
+    kill_marked(m)
+
+
+def _env(marker):
+    return dict(os.environ, **{MARKER_ENV: marker})
+
+
+@pytest.fixture(autouse=True)
+def _require_manager(request):
+    if "mode" in request.fixturenames and request.getfixturevalue("mode") == "enforced" \
+            and not user_manager_reachable():
+        if os.environ.get("CORRAL_REQUIRE_SYSTEMD") == "1":
+            pytest.fail("no user manager reachable")
+        pytest.skip("no user manager reachable")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_run_captures_and_cleans_up(mode, marker):
+    result = corral.run(["sh", "-c", "printf out; printf err >&2; setsid sleep 3600 & exit 3"],
+                        mode=mode, env=_env(marker), wall=10)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"out", b"err")
+    assert result.verified and result.outcome == "exited"
+    assert result.mode == ("systemd" if mode == "enforced" else "fallback")
+    assert marked_pids(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_limits_are_results_not_exceptions(mode, marker):
+    result = corral.run(DAEMON, mode=mode, env=_env(marker), wall=0.5)
+    assert result.outcome == "timeout" and result.exit_code == 124
+    assert marked_pids(marker) == []
+
+
+def test_stdin_bytes(marker):
+    assert corral.run(["cat"], stdin=b"\x00fed\xff", env=_env(marker)).stdout == b"\x00fed\xff"
+
+
+def test_capture_false_passes_output_through(capfd, marker):
+    result = corral.run(["sh", "-c", "echo visible"], capture=False, env=_env(marker))
+    assert result.stdout == b"" and "visible" in capfd.readouterr().out
+
+
+def test_typed_errors(tmp_path):
+    with pytest.raises(corral.NotFound) as info:
+        corral.run(["/nonexistent/binary"])
+    assert info.value.result.exit_code == 127
+    script = tmp_path / "noexec"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(corral.CannotExecute):
+        corral.run([str(script)])
+    with pytest.raises(corral.UsageError):
+        corral.run(["true"], wall="2x")
+    with pytest.raises(corral.UsageError):
+        corral.run([])
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_arun_and_streaming(mode, marker):
+    result = await corral.arun(["sh", "-c", "echo a"], mode=mode, env=_env(marker))
+    assert result.stdout == b"a\n"
+    async with corral.start(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done; setsid sleep 3600 &"],
+                            mode=mode, env=_env(marker)) as run:
+        chunks = [chunk async for chunk in run.stdout]
+        result = await run.wait()
+    assert b"".join(chunks) == b"1\n2\n3\n" == result.stdout
+    assert marked_pids(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_cancelled_task_stops_run_before_propagating(mode, marker):
+    task = asyncio.create_task(corral.arun(DAEMON, mode=mode, env=_env(marker)))
+    deadline = time.monotonic() + 10
+    while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert len(marked_pids(marker)) >= 2, "run never started"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert marked_pids(marker) == []  # already gone when the cancellation arrives
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_exception_in_with_block_stops_run(mode, marker):
+    with pytest.raises(RuntimeError):
+        async with corral.start(DAEMON, mode=mode, env=_env(marker)):
+            deadline = time.monotonic() + 10
+            while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            raise RuntimeError("caller failed")
+    assert marked_pids(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_stop(mode, marker):
+    async with corral.start(DAEMON, mode=mode, env=_env(marker)) as run:
+        await asyncio.sleep(0.3)
+        result = await run.stop()
+    assert result.outcome == "interrupted" and result.verified
+    assert marked_pids(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_runner_shared_between_concurrent_tasks(mode):
+    markers = [new_marker() for _ in range(8)]
+    try:
+        async with corral.Runner(mode=mode, wall=1) as runner:
+            results = await asyncio.gather(*(runner.arun(DAEMON, env=_env(m)) for m in markers))
+        assert [r.exit_code for r in results] == [124] * 8
+        assert len({r.run_id for r in results}) == 8
+        assert all(marked_pids(m) == [] for m in markers)
+    finally:
+        for m in markers:
+            kill_marked(m)
