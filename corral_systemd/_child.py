@@ -3,36 +3,40 @@
 The fallback engine makes its process the child subreaper and owns every
 descendant of it — right for the CLI, wrong inside an application that has
 children of its own and runs several commands at once. So the library runs
-each fallback run here: ``python -m corral_systemd._child SPEC_FD RESULT_FD``.
+each fallback run here: ``python -m corral_systemd._child SPEC RESULT CANCEL``
+(three inherited file descriptors).
 
-Protocol: the spec arrives as JSON on SPEC_FD; the command's stdio is this
-process's stdio; the outcome leaves as JSON on RESULT_FD. SIGTERM/SIGINT
-stop the run (verified); so does the death of the parent process (watched
-through a pidfd), so an application that dies leaves no run behind.
+Protocol: the spec arrives as JSON on SPEC; the command's stdio is this
+process's stdio; the outcome leaves as JSON on RESULT. CANCEL turning
+readable stops the run (verified): the parent writes to it to cancel, and
+it reaches EOF when the parent dies, so an application that dies leaves no
+run behind. Signals that would kill this process stop the run instead.
 """
 
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict
 
 
-def main(spec_fd: int, result_fd: int) -> int:
+def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
     from .engines.fallback import FallbackEngine
     from .errors import CorralError
     from .spec import RunSpec
     from .supervisor import SignalWatch, Supervisor
 
-    with os.fdopen(spec_fd, "rb") as f:
-        spec = RunSpec(**json.load(f))
-    parent = os.pidfd_open(os.getppid())
-    with SignalWatch() as signals:
+    # Any signal that would kill us must instead stop the run: an orphaned
+    # run is the one outcome we exist to prevent.
+    with SignalWatch(extra=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT)) as signals:
+        with os.fdopen(spec_fd, "rb") as f:
+            spec = RunSpec(**json.load(f))
         try:
             engine = FallbackEngine(spec)
         except CorralError as exc:
             _write(result_fd, {"error": str(exc)})
             return 125
-        outcome = Supervisor(spec, engine, signals=signals, cancel_fd=parent).run()
+        outcome = Supervisor(spec, engine, signals=signals, cancel_fd=cancel_fd).run()
     _write(result_fd, asdict(outcome))
     return outcome.exit_code
 
@@ -43,4 +47,4 @@ def _write(fd: int, data: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))

@@ -95,8 +95,8 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
         raise UsageError("pids must be a whole number greater than zero")
     if stdin is None:
         stdin = "null"
-    elif not isinstance(stdin, bytes) and stdin not in ("null", "inherit"):
-        raise UsageError("stdin must be None, bytes, 'null' or 'inherit'")
+    elif not isinstance(stdin, bytes) and stdin not in ("null", "inherit", "pipe"):
+        raise UsageError("stdin must be None, bytes, 'null', 'inherit' or 'pipe'")
     if cwd is not None and not os.path.isdir(cwd):
         raise UsageError(f"cwd {cwd!r} is not a directory")
     return RunSpec(
@@ -128,22 +128,22 @@ class _Execution:
     """
 
     def __init__(self, spec: RunSpec, session, on_stdout: Callable[[bytes], None],
-                 on_stderr: Callable[[bytes], None]):
+                 on_stderr: Callable[[bytes], None], stdin_fd: int = 0):
         self.spec = spec
+        self._stdin_fd = stdin_fd
         self._session = session
         self._on_stdout = on_stdout
         self._on_stderr = on_stderr
         self._cancel_r, self._cancel_w = os.pipe2(os.O_CLOEXEC)
         self._child: Optional[subprocess.Popen] = None
+        self._engine = None
         self._lock = threading.Lock()
         self._done = False
 
     def cancel(self) -> None:
         with self._lock:
             if not self._done:
-                os.write(self._cancel_w, b"x")
-                if self._child is not None:
-                    self._child.terminate()  # the child supervisor stops the run, verified
+                os.write(self._cancel_w, b"x")  # seen by the supervisor here or in the child
 
     def execute(self) -> R.RunOutcome:
         try:
@@ -151,14 +151,24 @@ class _Execution:
                 return self._in_child()
             from .engines import open_engine
 
-            engine = open_engine(self.spec, self._session)
+            engine = self._engine = open_engine(self.spec, self._session)
             return Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
-                              stderr=self._on_stderr).run()
+                              stderr=self._on_stderr, stdin_fd=self._stdin_fd).run()
         finally:
             with self._lock:
                 self._done = True
                 os.close(self._cancel_r)
                 os.close(self._cancel_w)
+
+    def pids(self) -> list[int]:
+        """The run's live processes right now (read-only; any thread)."""
+        if self._child is not None:
+            from .kernel import procfs
+
+            # The child supervisor is the run's subreaper: the run is its subtree.
+            return [p.pid for p in procfs.descendants(procfs.scan(), self._child.pid) if p.state != "Z"]
+        engine = self._engine
+        return engine.live_pids() if engine is not None else []
 
     def _use_child(self) -> bool:
         """Fallback runs go to a child process; cgroup and systemd runs stay here."""
@@ -176,8 +186,9 @@ class _Execution:
             os.write(stdin, spec.stdin)
             os.lseek(stdin, 0, os.SEEK_SET)
             fields["stdin"] = "inherit"
-        elif spec.stdin == "inherit":
-            stdin = 0
+        elif spec.stdin in ("inherit", "pipe"):
+            stdin = self._stdin_fd
+            fields["stdin"] = "inherit"
         fields["cgroup_mode"] = "fallback"
         spec_r, spec_w = os.pipe()
         result_r, result_w = os.pipe()
@@ -185,13 +196,14 @@ class _Execution:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
         try:
-            with self._lock:
-                if self._done:
-                    raise SetupError("cancelled before start")
-                self._child = subprocess.Popen(
-                    [sys.executable, "-m", "corral_systemd._child", str(spec_r), str(result_w)],
-                    stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                    stdout=out_w, stderr=err_w, pass_fds=(spec_r, result_w))
+            # The child gets the read end of our cancel pipe: readable when we
+            # cancel, and at EOF when this process dies (only we hold the
+            # write end), so one descriptor covers both. Its own session:
+            # signals for our process group (Ctrl-C, `timeout`) are for us.
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "corral_systemd._child", str(spec_r), str(result_w), str(self._cancel_r)],
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=out_w, stderr=err_w, pass_fds=(spec_r, result_w, self._cancel_r), start_new_session=True)
             for fd in (spec_r, result_w, out_w, err_w):
                 os.close(fd)
             spec_r = result_w = out_w = err_w = -1
@@ -208,7 +220,7 @@ class _Execution:
             for fd in (spec_r, spec_w, result_r, result_w, out_w, err_w):
                 if fd >= 0:
                     os.close(fd)
-            if stdin not in (None, 0):
+            if isinstance(spec.stdin, bytes):
                 os.close(stdin)
         if "error" in data or "run_id" not in data:
             raise SetupError(data.get("error", "the fallback supervisor died without a result"))
@@ -320,6 +332,40 @@ class RunHandle:
         self._future: Optional[asyncio.Future] = None
         self._execution: Optional[_Execution] = None
         self._result: Optional[RunResult] = None
+        self._stdin_w: Optional[int] = None
+
+    def pids(self) -> list[int]:
+        """The run's live processes right now."""
+        return self._execution.pids() if self._execution is not None else []
+
+    @property
+    def done(self) -> bool:
+        """True once the run has ended (its processes are gone, verified or not)."""
+        return self._future is not None and self._future.done()
+
+    async def send(self, data: bytes) -> None:
+        """Write to the command's stdin (``stdin="pipe"``). BrokenPipeError if it is gone."""
+        if self._stdin_w is None:
+            raise ValueError("start the run with stdin='pipe' to send to it")
+        fd = self._stdin_w
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                ready = loop.create_future()
+                loop.add_writer(fd, ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(fd)
+
+    def close_stdin(self) -> None:
+        if self._stdin_w is not None:
+            os.close(self._stdin_w)
+            self._stdin_w = None
 
     async def __aenter__(self) -> "RunHandle":
         loop = asyncio.get_running_loop()
@@ -329,22 +375,30 @@ class RunHandle:
         else:
             on_out, on_err = _writer(1), _writer(2)
         session = await asyncio.to_thread(self._runner._session_for, self._spec)
-        self._execution = _Execution(self._spec, session, on_out, on_err)
+        stdin_r = 0
+        if self._spec.stdin == "pipe":
+            stdin_r, self._stdin_w = os.pipe2(os.O_CLOEXEC)
+        self._execution = _Execution(self._spec, session, on_out, on_err, stdin_fd=stdin_r)
 
         def work():
             try:
                 return self._execution.execute()
             finally:
+                if stdin_r:
+                    os.close(stdin_r)
                 loop.call_soon_threadsafe(self.stdout._close)
                 loop.call_soon_threadsafe(self.stderr._close)
 
-        self._future = asyncio.ensure_future(asyncio.to_thread(work))
+        self._future = _in_thread(loop, work, name=f"corral-run-{self._spec.run_id}")
         return self
 
     async def __aexit__(self, exc_type, exc, tb):
         if not self._future.done():
             self._execution.cancel()
-        await self._settle()
+        try:
+            await self._settle()
+        finally:
+            self.close_stdin()
 
     async def _settle(self) -> R.RunOutcome:
         """Wait for the worker thread, even through cancellation of the caller."""
@@ -382,6 +436,7 @@ class _Stream:
         self._loop = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._chunks: list[bytes] = []
+        self._pending = b""  # read by readline, not yet returned
         self._closed = False
 
     def _feed_threadsafe(self, chunk: bytes) -> None:
@@ -398,6 +453,18 @@ class _Stream:
     def collected(self) -> bytes:
         return b"".join(self._chunks)
 
+    async def readline(self) -> bytes:
+        """The next line (with its newline); what is left, or b"", at the end."""
+        while b"\n" not in self._pending:
+            chunk = await self._queue.get()
+            if chunk is None:
+                self._queue.put_nowait(None)
+                line, self._pending = self._pending, b""
+                return line
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line + b"\n"
+
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._iterate()
 
@@ -408,6 +475,30 @@ class _Stream:
                 self._queue.put_nowait(None)  # later iterators end too
                 return
             yield chunk
+
+
+def _in_thread(loop, fn, *, name: str) -> asyncio.Future:
+    """Run ``fn`` in a thread of its own; its result as an asyncio future.
+
+    Not the loop's default executor: a run can last for hours (a session),
+    and a few of them would exhaust a shared pool for everyone else.
+    """
+    future = loop.create_future()
+
+    def deliver(setter, value):
+        if not future.done():
+            setter(value)
+
+    def target():
+        try:
+            value = fn()
+        except BaseException as exc:  # delivered to the awaiting task
+            loop.call_soon_threadsafe(deliver, future.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, future.set_result, value)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return future
 
 
 def _writer(fd: int) -> Callable[[bytes], None]:

@@ -67,7 +67,7 @@ def corral(
     env_clear: bool = typer.Option(False, "--env-clear", help="Start the command with an empty environment (see --env-keep)."),
     env_keep: Optional[List[str]] = typer.Option(None, "--env-keep", metavar="NAME", help="With --env-clear: keep variables matching this glob (repeatable)."),
     env_drop: Optional[List[str]] = typer.Option(None, "--env-drop", metavar="NAME", help="Remove variables matching this glob (repeatable)."),
-    credential: Optional[List[str]] = typer.Option(None, "--credential", metavar="NAME=PATH", help="Give the run a copy of PATH as $CREDENTIALS_DIRECTORY/NAME, removed when the run ends (repeatable)."),
+    credential: Optional[List[str]] = typer.Option(None, "--credential", metavar="CREDENTIAL", help="NAME=PATH: give the run a copy of PATH as $CREDENTIALS_DIRECTORY/NAME, removed when the run ends (repeatable)."),
     no_registry: bool = typer.Option(False, "--no-registry", help="Do not register the run (corralctl will not see it)."),
     quiet: bool = typer.Option(False, "--quiet", help="No summary line on stderr."),
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="Show the version and exit."),

@@ -375,7 +375,9 @@ class RegistryObserver:
         reg = self.reg
         if name == "started":
             self.main_pid = data.get("pid")
+            st = proc_stat(self.main_pid) if self.main_pid else None
             reg.event("started", {"pid": self.main_pid, "pgid": self.main_pid, "sid": self.main_pid,
+                                  "starttime": st[4] if st else None,
                                   "unit": data.get("unit"), "control_group": data.get("control_group")})
             if data.get("control_group") and not reg.entry.get("control_group"):
                 reg.save(control_group=data["control_group"], main_pid=self.main_pid)

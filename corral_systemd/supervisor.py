@@ -46,10 +46,14 @@ class SignalWatch:
     previous handlers and wakeup fd on exit.
     """
 
+    def __init__(self, extra: tuple = ()):
+        #: Further signals that count as "stop" (the library's child supervisor).
+        self.stop_signals = (*_STOP_SIGNALS, *extra)
+
     def __enter__(self):
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        self._old = {sig: signal.signal(sig, _ignore) for sig in (*_STOP_SIGNALS, signal.SIGCHLD)}
+        self._old = {sig: signal.signal(sig, _ignore) for sig in (*self.stop_signals, signal.SIGCHLD)}
         return self
 
     def __exit__(self, *exc):
@@ -131,12 +135,14 @@ class OutputPump:
         self.routes.clear()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, raise_broken: bool = False) -> None:
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view):]
         except BrokenPipeError:
+            if raise_broken:
+                raise
             return  # our reader went away; keep draining the command
         except InterruptedError:
             continue
@@ -350,9 +356,13 @@ class Supervisor:
         for fd, _ in events:
             if self.signals is not None and fd == self.signals.read_fd:
                 for num in self.signals.drain():
-                    if num in _STOP_SIGNALS and stop_sig is None:
+                    if num in self.signals.stop_signals and stop_sig is None:
                         stop_sig = num
             elif fd == self.cancel_fd:
+                # One byte per request (a second one skips the grace period);
+                # EOF (the writer died) is one request, then stop watching.
+                if not os.read(self.cancel_fd, 64):
+                    self.cancel_fd = None
                 stop_sig = stop_sig or signal.SIGTERM
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)

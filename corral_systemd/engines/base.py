@@ -75,6 +75,10 @@ class Engine:
         """Pids of the run still present (cheap; for the stop loop)."""
         raise NotImplementedError
 
+    def live_pids(self) -> list[int]:
+        """The run's processes, read-only (safe from another thread)."""
+        return []
+
     def processes(self) -> list:
         """The run's live processes as ``kernel.procfs.ProcInfo`` (for observers)."""
         from ..kernel.procfs import read_stat

@@ -137,6 +137,9 @@ class CgroupEngine(Engine):
             return []
         return cgroupfs.procs_below(self.path)
 
+    def live_pids(self):
+        return self._procs()
+
     def signal_all(self, *sigs):
         pids = self._procs()
         self.seen.update(pids)

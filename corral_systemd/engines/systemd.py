@@ -169,6 +169,7 @@ class SystemdEngine(Engine):
         return props
 
     def _service_properties(self, argv, env, cwd):
+        unset = self._unset_for_explicit_env(env) if env is not None else []
         env = dict(os.environ if env is None else env)
         path = _resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
         assignments = []
@@ -181,9 +182,24 @@ class SystemdEngine(Engine):
             prop("Type", "s", "exec"),
             prop("ExecStart", "a(sasb)", [(path, list(argv), False)]),
             prop("Environment", "as", assignments),
+            *([prop("UnsetEnvironment", "as", unset)] if unset else []),
             prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),
             prop("RemainAfterExit", "b", False),
         ]
+
+    def _unset_for_explicit_env(self, env) -> list[str]:
+        """An explicit environment (--env-clear/--env-drop, library env=) is
+        what the service gets: unset what the manager would add from its own
+        environment and for every service (MANAGERPID and SYSTEMD_EXEC_PID
+        cannot be removed)."""
+        names = {"INVOCATION_ID", "HOME", "LOGNAME", "USER", "SHELL", "JOURNAL_STREAM"}
+        try:
+            reply = self.conn.call("org.freedesktop.systemd1", "/org/freedesktop/systemd1", PROPS, "Get", "ss",
+                                   [MANAGER, "Environment"])
+            names.update(item.split("=", 1)[0] for item in reply.body[0].value)
+        except BusError:
+            pass
+        return sorted(names - set(env))
 
     def _wait_job(self, job: str) -> str:
         return _wait_job(self.conn, job, self._handle_signal, what=self.unit)
@@ -377,6 +393,9 @@ class SystemdEngine(Engine):
             if d and os.path.isdir(d):
                 return cgroupfs.procs_below(d)
         return []
+
+    def live_pids(self):
+        return self._pids()
 
     def signal_all(self, *sigs):
         self._sample_unit()

@@ -1,0 +1,603 @@
+"""``corralctl``: look at and act on registered runs.
+
+    corralctl ps [--json]          live runs: who started what, how many processes, how much memory
+    corralctl status RUN           active | expired | finished | unknown  (exit 0 | 10 | 11 | 12)
+    corralctl stop RUN             stop a run through its owner (its corral, or its unit), verified
+    corralctl gc [--dry-run]       stop what crashed corrals left behind, and report
+    corralctl audit verify RUN     check a run's event log offline
+
+RUN is a run id, ``corral-<id>`` or the unit name. ``status`` does not load
+typer: an action gateway may call it before every privileged action.
+Errors: one line on stderr, exit 125.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+from . import registry as REG
+
+STATUS_EXIT = {"active": 0, "expired": 10, "finished": 11, "unknown": 12}
+
+
+class CtlError(Exception):
+    exit_code = 125
+
+
+# -- status (fast path) --------------------------------------------------------
+def status(run: str, directory: str | None = None) -> int:
+    run_id = REG.normalize_run_id(run)
+    directory = directory or REG.state_dir()
+    entry = REG.read_entry(directory, run_id) if REG.valid_run_id(run_id) else None
+    state, why = REG.effective_state(entry)
+    print(f"{state} ({why})" if state != "unknown" else f"unknown ({run!r}: no such run in {directory})")
+    return STATUS_EXIT[state]
+
+
+# -- the run's processes --------------------------------------------------------
+def _cgroup_dirs(entry: dict, events: list) -> list[str]:
+    cg = entry.get("control_group") or next(
+        (e["data"].get("control_group") for e in events if e.get("event") == "started"), None)
+    if not cg:
+        return []
+    if entry.get("mode") == "cgroup":
+        return [cg] if os.path.isdir(cg) else []
+    from .kernel import cgroupfs
+
+    mounts = cgroupfs.Mounts()
+    dirs = [d for d in (cgroupfs.unified_dir(mounts, cg), cgroupfs.v1_dir(mounts, "name=systemd", cg)) if d]
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _sessions(entry: dict, events: list) -> list[tuple[int, int | None]]:
+    """(sid, starttime of the session leader) of the command and of every detached process seen."""
+    out = []
+    for e in events:
+        data = e.get("data") or {}
+        if e.get("event") == "started" and data.get("sid"):
+            out.append((data["sid"], data.get("starttime")))
+        elif e.get("event") == "detached" and data.get("sid") == data.get("pid"):
+            out.append((data["sid"], data.get("starttime")))
+    return out
+
+
+def _session_members(entry: dict, events: list, table) -> list:
+    """Processes still in the run's sessions, for a fallback run whose corral is gone.
+
+    A session id stays allocated while any process uses it, so processes
+    carrying it belong to that session, unless its number was reused after
+    all of them died: then a process with that pid exists and is not the
+    leader we recorded (or started after the run registered).
+    """
+    found = []
+    registered_ticks = None
+    for sid, leader_start in _sessions(entry, events):
+        leader = table.get(sid)
+        if leader is not None:
+            if leader_start is not None and leader.starttime != leader_start:
+                continue  # the number was reused: every process of our session had died
+            if registered_ticks is None:
+                registered_ticks = _ticks_at(entry.get("registered_at", 0))
+            if leader_start is None and leader.starttime < registered_ticks:
+                continue  # older than the run: a reused number
+        found += [p for p in table.values() if p.sid == sid and p.state not in ("Z", "X")]
+    return list({p.pid: p for p in found}.values())
+
+
+def _ticks_at(wall: float) -> int:
+    """A wall-clock time as /proc starttime ticks (clock ticks since boot)."""
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    hz = os.sysconf("SC_CLK_TCK")
+    return int((uptime - (time.time() - wall)) * hz) - hz  # one second of slack
+
+
+def run_processes(entry: dict, events: list, table) -> list:
+    """The run's live processes as ProcInfo."""
+    from .kernel import cgroupfs, procfs
+
+    dirs = _cgroup_dirs(entry, events)
+    if dirs:
+        pids = set()
+        for d in dirs:
+            pids.update(cgroupfs.procs_below(d))
+        return [table[p] for p in sorted(pids) if p in table]
+    if entry.get("mode") == "fallback" and REG.owner_alive(entry):
+        owner = entry["owner"]["pid"]
+        helpers = set(entry.get("helper_pids") or [])
+        skip = set()
+        members = []
+        for p in procfs.descendants(table, owner):
+            if p.pid in helpers or p.ppid in skip:
+                skip.add(p.pid)
+                continue
+            if p.state not in ("Z", "X"):
+                members.append(p)
+        return members
+    if entry.get("mode") == "fallback":
+        return _session_members(entry, events, table)
+    return []
+
+
+def run_memory(entry: dict, events: list, procs: list) -> int:
+    from .kernel import cgroupfs, procfs
+
+    for d in _cgroup_dirs(entry, events):
+        value = cgroupfs.read_int(os.path.join(d, "memory.current"))
+        if value is not None:
+            return value
+    return sum(procfs.resident_bytes(p.pid) for p in procs)
+
+
+# -- ps ----------------------------------------------------------------------------
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    neg = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 60:
+        text = f"{seconds:.0f}s"
+    elif seconds < 3600:
+        text = f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    else:
+        text = f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+    return "-" + text if neg else text
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
+    from .kernel import procfs
+
+    table = procfs.scan()
+    now, mono = time.time(), time.monotonic()
+    rows = []
+    for entry in REG.list_entries(directory):
+        state, why = REG.effective_state(entry, now_monotonic=mono)
+        if entry.get("state") == "finished" and not include_finished:
+            continue
+        events = REG.read_events(directory, entry["run_id"])
+        procs = run_processes(entry, events, table)
+        deadline = entry.get("deadline_monotonic")
+        rows.append({
+            "run_id": entry["run_id"], "state": state, "why": why, "owner_alive": REG.owner_alive(entry),
+            "owner_pid": (entry.get("owner") or {}).get("pid"), "mode": entry.get("mode"),
+            "unit": entry.get("unit"), "age": now - entry.get("registered_at", now),
+            "time_to_deadline": None if deadline is None else deadline - mono,
+            "processes": len(procs), "pids": [p.pid for p in procs],
+            "memory": run_memory(entry, events, procs), "cwd": entry.get("cwd"), "command": entry.get("command"),
+        })
+    rows.sort(key=lambda r: -r["age"])
+    return rows
+
+
+def ps(as_json: bool, directory: str | None = None) -> int:
+    rows = ps_rows(directory or REG.state_dir())
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("RUN", "STATE", "MODE", "UNIT", "AGE", "DEADLINE", "PROCS", "MEM", "CWD", "COMMAND")
+    lines = [header]
+    for r in rows:
+        lines.append((r["run_id"], r["state"], r["mode"] or "-", r["unit"] or "-", _age(r["age"]),
+                      _age(r["time_to_deadline"]), str(r["processes"]), _size(r["memory"]), r["cwd"] or "-",
+                      " ".join(r["command"] or [])))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    for line in lines:
+        print("  ".join(col.ljust(w) for col, w in zip(line, widths)) + "  " + line[-1])
+    return 0
+
+
+# -- reclaiming what a dead corral left -------------------------------------------------
+class _Bus:
+    """The systemd manager, when one is reachable (for units)."""
+
+    def __init__(self):
+        self.manager = None
+        self.why = None
+        try:
+            from . import dbus
+            from .dbus.connection import Connection
+            from .dbus.systemd1 import Manager
+            from .engines.systemd import _bus_address
+            from .errors import SetupError
+
+            dbus.light_import = True
+            try:
+                _kind, address = _bus_address("auto")
+                self.manager = Manager(Connection(address, timeout=5.0))
+            except SetupError as exc:
+                self.why = str(exc)
+        except Exception as exc:  # no bus: units are not checked, and we say so
+            self.why = f"systemd manager unreachable: {exc}"
+
+    def list_units(self) -> list[tuple[str, str]]:
+        from .dbus.systemd1 import DEST, MANAGER, PATH
+
+        reply = self.manager._call(DEST, PATH, MANAGER, "ListUnitsByPatterns", "asas", [[], ["corral-*"]])
+        return [(u[0], u[3]) for u in reply.body[0]]
+
+    def active_state(self, unit: str) -> str:
+        from .dbus.connection import BusError
+        from .dbus.systemd1 import UNIT
+
+        try:
+            return self.manager.get(unit, UNIT, "ActiveState")
+        except BusError as exc:
+            if exc.name in ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.DBus.Error.UnknownObject"):
+                return "gone"
+            raise
+
+    def tether_alive(self, unit: str) -> bool:
+        """Does a live corral own ``unit``? Its tether (the unit it BindsTo=) lives exactly as long as corral."""
+        from .dbus.connection import BusError
+        from .dbus.systemd1 import UNIT
+
+        try:
+            bound = self.manager.get(unit, UNIT, "BindsTo")
+        except BusError:
+            return False
+        return any(self.active_state(b) in ("active", "activating", "reloading") for b in bound)
+
+    def stop_verified(self, unit: str, timeout: float) -> bool:
+        from .dbus.connection import BusError
+
+        state = self.active_state(unit)
+        if state in ("inactive", "failed", "gone"):
+            return True
+        try:
+            self.manager.stop_unit(unit)
+        except BusError as exc:
+            if exc.name != "org.freedesktop.systemd1.NoSuchUnit":
+                raise
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.active_state(unit) in ("inactive", "failed", "gone"):
+                return True
+            time.sleep(0.02)
+        return False
+
+
+def _signal_checked(info, sig) -> bool:
+    """Signal the process ``info`` names, through a pidfd, if it still is that process in that session."""
+    try:
+        fd = os.pidfd_open(info.pid)
+    except ProcessLookupError:
+        return False
+    try:
+        st = REG.proc_stat(info.pid)
+        if st is None or st[4] != info.starttime or st[2] != info.sid:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:
+    """Stop (TERM, grace, KILL, verify) what a run whose corral is gone left behind."""
+    from .kernel import cgroupfs, procfs
+
+    events = REG.read_events(directory, entry["run_id"])
+    grace = float(entry.get("grace") or 2.0)
+    verify = float(entry.get("verify_timeout") or 2.0) + 1.0
+    report = {"run_id": entry["run_id"], "mode": entry.get("mode"), "unit": entry.get("unit"), "actions": [],
+              "verified": True, "remaining": [], "notes": []}
+    actions = report["actions"]
+    # The unit: the manager stops it (TERM, TimeoutStopSec=grace, KILL) and waits for its cgroup.
+    if entry.get("unit"):
+        if bus is None or bus.manager is None:
+            report["verified"] = False
+            report["notes"].append(bus.why if bus else "no systemd manager")
+        else:
+            state = bus.active_state(entry["unit"])
+            if state not in ("inactive", "failed", "gone"):
+                actions.append(f"StopUnit {entry['unit']}")
+                if not dry_run and not bus.stop_verified(entry["unit"], grace + verify + 5):
+                    report["verified"] = False
+                    report["notes"].append(f"{entry['unit']} still {bus.active_state(entry['unit'])}")
+    elif entry.get("mode") == "cgroup" and entry.get("control_group"):
+        cg = entry["control_group"]
+        if os.path.isdir(cg):
+            actions.append(f"cgroup.kill {cg}")
+            if not dry_run:
+                cgroupfs.kill(cg)
+                end = time.monotonic() + verify
+                while cgroupfs.populated(cg) and time.monotonic() < end:
+                    time.sleep(0.01)
+                try:
+                    os.rmdir(cg)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    report["verified"] = False
+                    report["remaining"] = cgroupfs.procs_below(cg) or [-1]
+    elif entry.get("mode") == "fallback":
+        members = _session_members(entry, events, procfs.scan())
+        if members:
+            actions.append("SIGTERM " + " ".join(str(p.pid) for p in members))
+        if members and not dry_run:
+            for p in members:
+                _signal_checked(p, signal.SIGTERM)
+                _signal_checked(p, signal.SIGCONT)
+            end = time.monotonic() + grace
+            while time.monotonic() < end and _session_members(entry, events, procfs.scan()):
+                time.sleep(0.02)
+            end = time.monotonic() + verify
+            while True:
+                left = _session_members(entry, events, procfs.scan())
+                if not left or time.monotonic() >= end:
+                    break
+                if "SIGKILL" not in " ".join(actions):
+                    actions.append("SIGKILL " + " ".join(str(p.pid) for p in left))
+                for p in left:
+                    _signal_checked(p, signal.SIGKILL)
+                time.sleep(0.01)
+            if left:
+                report["verified"] = False
+                report["remaining"] = [p.pid for p in left]
+        report["notes"].append("fallback: only processes still in the command's session, or in the session of a "
+                               "detached process the log recorded, can be found once corral is gone")
+    creds = entry.get("credentials_directory")
+    if creds and os.path.lexists(creds):
+        actions.append(f"remove {creds}")
+        if not dry_run:
+            from .credentials import remove_tree
+
+            remove_tree(creds)
+    if not dry_run:
+        _record_reclaim(directory, entry, report, by)
+    return report
+
+
+def _record_reclaim(directory: str, entry: dict, report: dict, by: str) -> None:
+    import fcntl
+
+    path = REG.log_path(directory, entry["run_id"])
+    log = REG.EventLog(path, entry["run_id"], create=False)
+    try:
+        fcntl.flock(log.fd, fcntl.LOCK_EX)
+        log.seq, log.head = REG._tail(path)
+        reg = REG.Registration(directory, dict(entry), log)
+        reg.event("reclaimed", {"by": by, "actions": report["actions"], "verified": report["verified"],
+                                "remaining": report["remaining"]})
+        reg.save(state="finished", outcome="reclaimed", verified=report["verified"],
+                 remaining_pids=report["remaining"], finished_at=time.time(), finished_monotonic=time.monotonic())
+    finally:
+        log.close()
+
+
+def stop(run: str, timeout: float | None = None, directory: str | None = None) -> int:
+    directory = directory or REG.state_dir()
+    run_id = REG.normalize_run_id(run)
+    entry = REG.read_entry(directory, run_id) if REG.valid_run_id(run_id) else None
+    if entry is None:
+        print(f"corralctl: unknown run {run!r}", file=sys.stderr)
+        return STATUS_EXIT["unknown"]
+    if entry.get("state") == "finished":
+        print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
+        return 0
+    wait = timeout if timeout is not None else float(entry.get("grace") or 2) + float(entry.get("verify_timeout") or 2) + 10
+    if REG.owner_alive(entry):
+        owner = entry["owner"]
+        try:
+            fd = os.pidfd_open(owner["pid"])
+        except ProcessLookupError:
+            fd = None
+        if fd is not None:
+            try:
+                st = REG.proc_stat(owner["pid"])
+                if st is not None and st[4] == owner["starttime"]:
+                    signal.pidfd_send_signal(fd, signal.SIGTERM)  # corral runs its verified stop
+                    fd_ok = True
+                else:
+                    fd_ok = False
+            except ProcessLookupError:
+                fd_ok = False
+            finally:
+                os.close(fd)
+            if fd_ok:
+                end = time.monotonic() + wait
+                while time.monotonic() < end:
+                    entry = REG.read_entry(directory, run_id) or entry
+                    if entry.get("state") == "finished":
+                        ok = bool(entry.get("verified"))
+                        print(f"{run_id}: stopped by its corral (pid {owner['pid']}): exit {entry.get('exit_code')}, "
+                              + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}"))
+                        return 0 if ok else 1
+                    if not REG.owner_alive(entry):
+                        break  # died without finishing: reclaim below
+                    time.sleep(0.02)
+                else:
+                    print(f"corralctl: {run_id}: its corral did not finish within {wait:g}s", file=sys.stderr)
+                    return 1
+    entry = REG.read_entry(directory, run_id) or entry
+    if entry.get("state") == "finished":
+        print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
+        return 0
+    bus = _Bus() if entry.get("unit") else None
+    report = reclaim(directory, entry, bus=bus, dry_run=False, by="corralctl stop")
+    _print_report(report, dry_run=False)
+    return 0 if report["verified"] else 1
+
+
+def _print_report(report: dict, dry_run: bool) -> None:
+    what = "; ".join(report["actions"]) or "nothing left to stop"
+    verdict = "would do" if dry_run else ("verified" if report["verified"] else
+                                          f"NOT verified, still present: {report['remaining']}")
+    print(f"{report['run_id']} ({report['mode']}{' ' + report['unit'] if report.get('unit') else ''}): {what}: {verdict}")
+    for note in report.get("notes", []):
+        if not report["verified"] or dry_run:
+            print(f"  note: {note}")
+
+
+def gc(dry_run: bool, as_json: bool = False, directory: str | None = None) -> int:
+    directory = directory or REG.state_dir()
+    entries = REG.list_entries(directory)
+    bus = _Bus()
+    reports, ok = [], True
+    live_ids = set()
+    for entry in entries:
+        if entry.get("state") == "finished":
+            continue
+        if REG.owner_alive(entry):
+            live_ids.add(entry["run_id"])
+            continue
+        report = reclaim(directory, entry, bus=bus, dry_run=dry_run, by="corralctl gc")
+        reports.append(report)
+        ok = ok and report["verified"]
+    # Units no live corral owns: the registry knows some owners; for runs
+    # registered elsewhere (another state directory) the tether tells: it
+    # lives exactly as long as its corral.
+    notes = []
+    if bus.manager is not None:
+        units = dict(bus.list_units())
+        for unit, state in sorted(units.items()):
+            if unit.endswith("-tether.scope") or state in ("inactive", "failed"):
+                continue
+            run_id = REG.normalize_run_id(unit)
+            if run_id in live_ids or bus.tether_alive(unit):
+                continue
+            if any(r["unit"] == unit for r in reports):
+                continue
+            report = {"run_id": run_id, "mode": "systemd", "unit": unit, "actions": [f"StopUnit {unit}"],
+                      "verified": True, "remaining": [], "notes": ["no live owner (no registry entry, no tether)"]}
+            if not dry_run and not bus.stop_verified(unit, 15):
+                report["verified"] = False
+                report["notes"].append(f"{unit} still {bus.active_state(unit)}")
+            reports.append(report)
+            ok = ok and report["verified"]
+    else:
+        notes.append(f"units not checked: {bus.why}")
+    # Credential directories without a live run (a watcher killed by hand).
+    from .credentials import _MEMORY_FS  # noqa: F401  (same bases as credentials.py)
+
+    for base in (os.path.join(directory, "credentials"), f"/dev/shm/corral-{os.geteuid()}"):
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if name in live_ids:
+                continue
+            path = os.path.join(base, name)
+            reports.append({"run_id": name, "mode": "-", "unit": None, "actions": [f"remove {path}"],
+                            "verified": True, "remaining": [], "notes": []})
+            if not dry_run:
+                from .credentials import remove_tree
+
+                remove_tree(path)
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, "reclaimed": reports, "notes": notes}, indent=2))
+    else:
+        for report in reports:
+            _print_report(report, dry_run)
+        for note in notes:
+            print(f"note: {note}")
+        if not reports:
+            print("nothing to clean up")
+    return 0 if ok else 1
+
+
+def audit_verify(run: str, directory: str | None = None) -> int:
+    directory = directory or REG.state_dir()
+    run_id = REG.normalize_run_id(run)
+    if not REG.valid_run_id(run_id):
+        print(f"corralctl: unknown run {run!r}", file=sys.stderr)
+        return STATUS_EXIT["unknown"]
+    ok, message, line = REG.verify_log(directory, run_id)
+    path = REG.log_path(directory, run_id)
+    if ok:
+        print(f"{path}: OK: {message}")
+        return 0
+    where = f":{line}" if line else ""
+    print(f"{path}{where}: BAD: {message}")
+    return 1
+
+
+# -- command line ---------------------------------------------------------------------
+def _app():
+    from typing import Optional
+
+    import typer
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+                      no_args_is_help=True, context_settings={"help_option_names": ["--help", "-h"]},
+                      help="Look at and act on corral runs (the run registry).")
+    audit = typer.Typer(help="The runs' audit logs.", no_args_is_help=True)
+    app.add_typer(audit, name="audit")
+
+    @app.command("ps")
+    def _ps(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")):
+        """Live runs: id, mode, unit, age, time to deadline, processes, memory, cwd, command."""
+        raise typer.Exit(ps(as_json))
+
+    @app.command("status")
+    def _status(run: str = typer.Argument(..., metavar="RUN")):
+        """active (0), expired (10), finished (11) or unknown (12)."""
+        raise typer.Exit(status(run))
+
+    @app.command("stop")
+    def _stop(run: str = typer.Argument(..., metavar="RUN"),
+              timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the owner.")):
+        """Stop a run through its owner (its corral, or its unit when corral is gone), verified."""
+        raise typer.Exit(stop(run, timeout))
+
+    @app.command("gc")
+    def _gc(dry_run: bool = typer.Option(False, "--dry-run", help="Report only."),
+            as_json: bool = typer.Option(False, "--json", help="JSON report.")):
+        """Stop what crashed corrals left behind (runs, corral-* units, credential directories)."""
+        raise typer.Exit(gc(dry_run, as_json))
+
+    @audit.command("verify")
+    def _verify(run: str = typer.Argument(..., metavar="RUN")):
+        """Check a run's hash-chained event log; point at the first bad line."""
+        raise typer.Exit(audit_verify(run))
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        if len(args) == 2 and args[0] == "status" and not args[1].startswith("-"):
+            return status(args[1])  # fast path: no typer
+        import click
+        import typer
+
+        command = typer.main.get_command(_app())
+        try:
+            rv = command.main(args=args, prog_name="corralctl", standalone_mode=False)
+            return rv if isinstance(rv, int) else 0
+        except click.exceptions.Exit as exc:
+            return exc.exit_code
+        except click.ClickException as exc:
+            print(f"corralctl: {exc.format_message()}", file=sys.stderr)
+            return 125
+        except click.Abort:
+            print("corralctl: aborted", file=sys.stderr)
+            return 130
+    except CtlError as exc:
+        print(f"corralctl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"corralctl: {exc}", file=sys.stderr)
+        return 125
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()
