@@ -2,12 +2,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+# Runs register in a state directory; keep the suite's out of the machine's.
+os.environ.setdefault("CORRAL_STATE_DIR", tempfile.mkdtemp(prefix="corral-test-state-"))
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "faults"

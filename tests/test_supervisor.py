@@ -16,6 +16,7 @@ def _run_with_broken_kill(tmp_path):
                    env=dict(os.environ, **{MARKER_ENV: marker}))
     engine = FallbackEngine(spec)
     engine.signal_all = lambda *sigs: 0  # signals go nowhere: nothing can stop the run
+    engine.signal_new = lambda *sigs: 0
     engine.kill_all = lambda: None
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
