@@ -129,15 +129,17 @@ class SystemdEngine(Engine):
             result = self._wait_job(job)
             if result != "done":
                 raise SetupError(f"systemd could not start {self.unit}: job {result}")
-            self._started = True
-            self.conn.timeout = RUNTIME_CALL_TIMEOUT
-            self._locate_cgroup()
         except BusError as exc:
             self._abandon()
             raise SetupError(f"StartTransientUnit failed: {_why(exc)}") from None
         except BaseException:
             self._abandon()
             raise
+        # From here on the unit exists and (for a service) the command runs:
+        # no failure may be reported as "not started" (125) any more.
+        self._started = True
+        self.conn.timeout = RUNTIME_CALL_TIMEOUT
+        self._locate_cgroup()
         if self._child is not None:
             self.seen.add(self._child.pid)
             self._child.release()  # ExecError propagates; the scope empties and stops
@@ -205,22 +207,37 @@ class SystemdEngine(Engine):
         return _wait_job(self.conn, job, self._handle_signal, what=self.unit)
 
     def _locate_cgroup(self):
-        iface = interface_for(self.unit)
-        try:
-            cg = self.manager.get(self.unit, iface, "ControlGroup")
-            inv = self.manager.get(self.unit, UNIT, "InvocationID")
-        except BusError as exc:
-            if exc.name == NO_SUCH_UNIT:  # already ran and was collected (service exiting at once)
-                cg, inv = "", b""
-            else:
-                raise
-        self.facts["invocation_id"] = bytes(inv).hex() or None
+        """Find the unit's cgroup: the manager's ControlGroup, else (manager
+        lost) a scope's main process's own; then check limits, arm OOM watch."""
         self._mounts = cgroupfs.Mounts()
+        try:
+            cg = self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
+            inv = self.manager.get(self.unit, UNIT, "InvocationID")
+            self.facts["invocation_id"] = bytes(inv).hex() or None
+        except BusError as exc:
+            if exc.name == NO_SUCH_UNIT:
+                cg = ""  # already ran and was collected (a service exiting at once)
+            else:
+                self.warnings.append(f"could not read the unit's cgroup from the manager ({_why(exc)})")
+                cg = self._cgroup_from_proc()
         if cg:
             self._cgroup = cg
             self.facts["control_group"] = cg
         self._check_limits_enforced()
         self._arm_oom_eventfd()
+
+    def _cgroup_from_proc(self) -> str:
+        if self._child is None:
+            return ""  # a service's processes are not ours to look up: unprovable
+        try:
+            with open(f"/proc/{self._child.pid}/cgroup") as f:
+                for line in f:
+                    hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+                    if hierarchy == "0" or "name=systemd" in controllers.split(","):
+                        return path
+        except OSError:
+            pass
+        return ""
 
     def _abandon(self):
         if self._child is not None:
@@ -452,8 +469,12 @@ class SystemdEngine(Engine):
         systemd_v1 = self._dir("name=systemd")
         if systemd_v1 and os.path.isdir(systemd_v1):
             left = sorted(set(left) | set(cgroupfs.procs_below(systemd_v1)))
-        if self._cgroup is None and self._started and self.spec.unit_type == "service" and not self._unit_inactive():
-            return [-1]
+        if self._cgroup is None and self._started:
+            # No cgroup to ask the kernel about: only a live manager's word
+            # that the unit is gone will do.
+            if not self._unit_inactive() or self.manager.lost is not None:
+                return [-1]
+            return []
         if left:
             return [p for p in left if p != -1] or left
         # The kernel says empty; the unit must also be inactive or gone.

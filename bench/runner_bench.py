@@ -1,0 +1,101 @@
+"""The library's shared Runner against systemd-run, same manager, same invocation.
+
+Two figures (issue: "Python library API"):
+1. per-run overhead, /bin/true, one at a time: Runner.run() (enforced, scope
+   and service) vs `systemd-run --user --wait --collect -q /bin/true`;
+   the target is a median ratio <= 0.5;
+2. throughput with 8 runs in flight: Runner.arun() x 8 concurrent tasks vs
+   `seq N | xargs -P8 -n1 systemd-run --user --wait --collect -q /bin/true`;
+   the target is >= 1.5x the runs/s.
+
+Needs a user manager (run inside tests/harness/with-user-manager on a
+machine without one). Writes bench/results/runner.json.
+"""
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+from common import RESULTS, user_manager_reachable
+
+sys.path.insert(0, str(RESULTS.parent.parent))
+import corral_systemd as corral  # noqa: E402
+
+SYSTEMD_RUN = ["systemd-run", "--user", "--wait", "--collect", "-q", "/bin/true"]
+
+
+def per_run(rounds: int) -> dict:
+    """Interleaved: each round times one of each, so drift hits all alike."""
+    times = {"systemd-run": [], "runner-scope": [], "runner-service": []}
+    with corral.Runner(mode="enforced") as runner:
+        runner.run(["/bin/true"])  # warm: the session (tether) is made once
+        for _ in range(rounds):
+            t = time.perf_counter()
+            subprocess.run(SYSTEMD_RUN, check=True)
+            times["systemd-run"].append(time.perf_counter() - t)
+            for unit_type in ("scope", "service"):
+                t = time.perf_counter()
+                result = runner.run(["/bin/true"], unit_type=unit_type)
+                times[f"runner-{unit_type}"].append(time.perf_counter() - t)
+                assert result.exit_code == 0 and result.verified
+    out = {}
+    for name, values in times.items():
+        values.sort()
+        out[name] = {"p50_ms": statistics.median(values) * 1e3,
+                     "p95_ms": values[int(len(values) * 0.95) - 1] * 1e3}
+    base = out["systemd-run"]["p50_ms"]
+    for name in ("runner-scope", "runner-service"):
+        out[name]["ratio_to_systemd_run"] = out[name]["p50_ms"] / base
+    return out
+
+
+async def _runner_throughput(n: int, unit_type: str) -> float:
+    async with corral.Runner(mode="enforced", unit_type=unit_type) as runner:
+        await runner.arun(["/bin/true"])
+        queue = list(range(n))
+
+        async def worker():
+            while queue:
+                queue.pop()
+                result = await runner.arun(["/bin/true"])
+                assert result.exit_code == 0 and result.verified
+
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(8)))
+        return n / (time.perf_counter() - t)
+
+
+def throughput(n: int) -> dict:
+    t = time.perf_counter()
+    subprocess.run(f"seq {n} | xargs -P8 -n1 sh -c 'exec {' '.join(SYSTEMD_RUN)}' sh", shell=True, check=True)
+    xargs = n / (time.perf_counter() - t)
+    out = {"systemd-run xargs -P8": {"runs_per_s": xargs}}
+    for unit_type in ("scope", "service"):
+        rate = asyncio.run(_runner_throughput(n, unit_type))
+        out[f"runner-{unit_type} x8"] = {"runs_per_s": rate, "ratio_to_xargs": rate / xargs}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=400, help="runs per throughput measurement")
+    parser.add_argument("--out", default=str(RESULTS / "runner.json"))
+    args = parser.parse_args()
+    if not user_manager_reachable() or shutil.which("systemd-run") is None:
+        print("runner_bench: needs a systemd user manager and systemd-run", file=sys.stderr)
+        return 2
+    data = {"per_run": per_run(args.rounds), "throughput": throughput(args.runs)}
+    with open(args.out, "w") as f:
+        json.dump(data, f, indent=2)
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
