@@ -23,6 +23,7 @@ from dataclasses import asdict
 def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
     from .engines.fallback import FallbackEngine
     from .errors import CorralError
+    from .runguard import RunGuard
     from .spec import RunSpec
     from .supervisor import SignalWatch, Supervisor
 
@@ -30,13 +31,19 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
     # run is the one outcome we exist to prevent.
     with SignalWatch(extra=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT)) as signals:
         with os.fdopen(spec_fd, "rb") as f:
-            spec = RunSpec(**json.load(f))
-        try:
-            engine = FallbackEngine(spec)
-        except CorralError as exc:
-            _write(result_fd, {"error": str(exc)})
-            return 125
-        outcome = Supervisor(spec, engine, signals=signals, cancel_fd=cancel_fd).run()
+            fields = json.load(f)
+        register = fields.pop("register", True)
+        spec = RunSpec(**fields)
+        # Registered with this process as owner: `corralctl stop` SIGTERMs it,
+        # which stops the run like any corral.
+        with RunGuard(spec, registry=register) as guard:
+            try:
+                engine = FallbackEngine(spec)
+                observer = guard.register(engine)
+            except CorralError as exc:
+                _write(result_fd, {"error": str(exc)})
+                return 125
+            outcome = Supervisor(spec, engine, signals=signals, cancel_fd=cancel_fd, observer=observer).run()
     _write(result_fd, asdict(outcome))
     return outcome.exit_code
 

@@ -128,8 +128,9 @@ class _Execution:
     """
 
     def __init__(self, spec: RunSpec, session, on_stdout: Callable[[bytes], None],
-                 on_stderr: Callable[[bytes], None], stdin_fd: int = 0):
+                 on_stderr: Callable[[bytes], None], stdin_fd: int = 0, register: bool = True):
         self.spec = spec
+        self._register = register
         self._stdin_fd = stdin_fd
         self._session = session
         self._on_stdout = on_stdout
@@ -151,9 +152,13 @@ class _Execution:
                 return self._in_child()
             from .engines import open_engine
 
-            engine = self._engine = open_engine(self.spec, self._session)
-            return Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
-                              stderr=self._on_stderr, stdin_fd=self._stdin_fd).run()
+            from .runguard import RunGuard
+
+            with RunGuard(self.spec, registry=self._register, owner_kind="library") as guard:
+                engine = self._engine = open_engine(self.spec, self._session)
+                observer = guard.register(engine)  # visible to corralctl ps/status/stop
+                return Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
+                                  stderr=self._on_stderr, stdin_fd=self._stdin_fd, observer=observer).run()
         finally:
             with self._lock:
                 self._done = True
@@ -190,6 +195,7 @@ class _Execution:
             stdin = self._stdin_fd
             fields["stdin"] = "inherit"
         fields["cgroup_mode"] = "fallback"
+        fields["register"] = self._register
         spec_r, spec_w = os.pipe()
         result_r, result_w = os.pipe()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -285,23 +291,24 @@ class Runner:
         await asyncio.to_thread(self.close)
 
     # -- runs ----------------------------------------------------------
-    def _spec(self, argv, kwargs) -> tuple[RunSpec, bool]:
+    def _spec(self, argv, kwargs) -> tuple[RunSpec, bool, bool]:
         merged = {**self._defaults, **kwargs}
         capture = merged.pop("capture", True)
-        return make_spec(argv, **merged), capture
+        register = merged.pop("register", True)
+        return make_spec(argv, **merged), capture, register
 
-    def _execution(self, spec, capture, out: list, err: list) -> _Execution:
+    def _execution(self, spec, capture, register, out: list, err: list) -> _Execution:
         session = self._session_for(spec)
         if capture:
-            return _Execution(spec, session, out.append, err.append)
-        return _Execution(spec, session, _writer(1), _writer(2))
+            return _Execution(spec, session, out.append, err.append, register=register)
+        return _Execution(spec, session, _writer(1), _writer(2), register=register)
 
     def run(self, argv: Sequence[str], **kwargs) -> RunResult:
         """Run to completion in this thread. See ``make_spec`` for the options;
         ``capture=False`` passes output to this process's stdout/stderr."""
-        spec, capture = self._spec(argv, kwargs)
+        spec, capture, register = self._spec(argv, kwargs)
         out, err = [], []
-        outcome = self._execution(spec, capture, out, err).execute()
+        outcome = self._execution(spec, capture, register, out, err).execute()
         return _to_result(outcome, b"".join(out), b"".join(err))
 
     async def arun(self, argv: Sequence[str], **kwargs) -> RunResult:
@@ -311,8 +318,8 @@ class Runner:
 
     def start(self, argv: Sequence[str], **kwargs) -> "RunHandle":
         """A run with streamed output: ``async with runner.start(...) as run``."""
-        spec, capture = self._spec(argv, kwargs)
-        return RunHandle(self, spec, capture)
+        spec, capture, register = self._spec(argv, kwargs)
+        return RunHandle(self, spec, capture, register)
 
 
 class RunHandle:
@@ -323,10 +330,11 @@ class RunHandle:
     on an exception or cancellation before the exception propagates.
     """
 
-    def __init__(self, runner: Runner, spec: RunSpec, capture: bool):
+    def __init__(self, runner: Runner, spec: RunSpec, capture: bool, register: bool = True):
         self._runner = runner
         self._spec = spec
         self._capture = capture
+        self._register = register
         self.stdout = _Stream()
         self.stderr = _Stream()
         self._future: Optional[asyncio.Future] = None
@@ -378,7 +386,7 @@ class RunHandle:
         stdin_r = 0
         if self._spec.stdin == "pipe":
             stdin_r, self._stdin_w = os.pipe2(os.O_CLOEXEC)
-        self._execution = _Execution(self._spec, session, on_out, on_err, stdin_fd=stdin_r)
+        self._execution = _Execution(self._spec, session, on_out, on_err, stdin_fd=stdin_r, register=self._register)
 
         def work():
             try:

@@ -388,6 +388,8 @@ def stop(run: str, timeout: float | None = None, directory: str | None = None) -
         print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
         return 0
     wait = timeout if timeout is not None else float(entry.get("grace") or 2) + float(entry.get("verify_timeout") or 2) + 10
+    if REG.owner_alive(entry) and entry["owner"].get("kind") == "library":
+        return _stop_library_run(directory, entry, wait)
     if REG.owner_alive(entry):
         owner = entry["owner"]
         try:
@@ -429,6 +431,32 @@ def stop(run: str, timeout: float | None = None, directory: str | None = None) -
     report = reclaim(directory, entry, bus=bus, dry_run=False, by="corralctl stop")
     _print_report(report, dry_run=False)
     return 0 if report["verified"] else 1
+
+
+def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
+    """A run owned by an application (Python API): never signal the
+    application; stop the unit, and let its in-process supervisor verify."""
+    run_id = entry["run_id"]
+    if not entry.get("unit"):
+        print(f"corralctl: {run_id}: owned by process {entry['owner']['pid']} through the Python API, "
+              "without a unit: stop it from that application", file=sys.stderr)
+        return 1
+    bus = _Bus()
+    if bus.manager is None:
+        print(f"corralctl: {run_id}: {bus.why}", file=sys.stderr)
+        return 1
+    bus.stop_verified(entry["unit"], wait)
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        entry = REG.read_entry(directory, run_id) or entry
+        if entry.get("state") == "finished":
+            ok = bool(entry.get("verified"))
+            print(f"{run_id}: unit {entry['unit']} stopped; its supervisor reports exit {entry.get('exit_code')}, "
+                  + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}"))
+            return 0 if ok else 1
+        time.sleep(0.02)
+    print(f"corralctl: {run_id}: its supervisor did not finish within {wait:g}s", file=sys.stderr)
+    return 1
 
 
 def _print_report(report: dict, dry_run: bool) -> None:

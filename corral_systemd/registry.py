@@ -296,7 +296,8 @@ class Registration:
 
 def register(spec, *, mode: str, unit: str | None = None, control_group: str | None = None,
              environment: dict | None = None, credentials: list | None = None,
-             credentials_directory: str | None = None, helper_pids=(), directory: str | None = None) -> Registration:
+             credentials_directory: str | None = None, helper_pids=(), directory: str | None = None,
+             owner_kind: str = "corral") -> Registration:
     """Write the run's entry (state ``active``) and its ``registered`` event.
 
     Raises OSError when the state directory or the files cannot be written:
@@ -312,8 +313,11 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
         "version": VERSION,
         "run_id": run_id,
         "state": "active",
+        # kind "corral": the owner is a corral process (SIGTERM makes it stop
+        # the run, verified); "library": an application using the Python API,
+        # which must never be signalled — its runs are stopped through the unit.
         "owner": {"pid": os.getpid(), "starttime": me[4] if me else None, "pgid": os.getpgid(0),
-                  "sid": os.getsid(0), "uid": os.geteuid(), "boot_id": boot_id()},
+                  "sid": os.getsid(0), "uid": os.geteuid(), "boot_id": boot_id(), "kind": owner_kind},
         "mode": mode,
         "unit": unit,
         "control_group": control_group,

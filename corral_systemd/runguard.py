@@ -16,8 +16,10 @@ from .errors import SetupError
 
 
 class RunGuard:
-    def __init__(self, spec, *, environment: dict | None = None, credentials=(), registry: bool = True):
+    def __init__(self, spec, *, environment: dict | None = None, credentials=(), registry: bool = True,
+                 owner_kind: str = "corral"):
         self.spec = spec
+        self.owner_kind = owner_kind
         self.environment = environment
         self.credential_pairs = list(credentials)
         self.use_registry = registry
@@ -50,7 +52,7 @@ class RunGuard:
                 control_group=facts.get("control_group"), environment=self.environment,
                 credentials=self.creds.names if self.creds else [],
                 credentials_directory=self.creds.path if self.creds else None,
-                helper_pids=[self.creds.watcher_pid] if self.creds else [])
+                helper_pids=[self.creds.watcher_pid] if self.creds else [], owner_kind=self.owner_kind)
         except OSError as exc:
             engine.close()
             raise SetupError(f"cannot register the run: {exc}") from None

@@ -141,3 +141,24 @@ async def test_runner_shared_between_concurrent_tasks(mode):
     finally:
         for m in markers:
             kill_marked(m)
+
+
+@pytest.mark.systemd
+async def test_corralctl_stop_of_library_run_stops_unit_not_application(marker):
+    import subprocess
+    import sys
+
+    if not user_manager_reachable():
+        pytest.skip("no user manager reachable")
+    async with corral.start(DAEMON, mode="enforced", env=_env(marker)) as run:
+        deadline = time.monotonic() + 10
+        while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "corral_systemd.ctl", "stop",
+                                                    run._spec.run_id, stdout=subprocess.PIPE,
+                                                    stderr=subprocess.PIPE)
+        out, err = await proc.communicate()
+        result = await run.wait()
+    assert proc.returncode == 0, err
+    assert result.verified and marked_pids(marker) == []
+    # and this test process (the run's owner) was not signalled: we are here.

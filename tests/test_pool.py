@@ -201,6 +201,9 @@ def test_supervising_process_death_kills_sessions(tmp_path):
     import sys
 
     marker = new_marker()
+    # This server outlives its stdin closing, so only the pool's own
+    # mechanism (the run's supervisor watching this process) can end it.
+    server = ["sh", "-c", "setsid sleep 3600 & while read line; do echo \"got $line\"; done; exec sleep 3600"]
     script = tmp_path / "holder.py"
     script.write_text(f"""
 import asyncio, os, sys
@@ -208,7 +211,7 @@ sys.path.insert(0, {str(os.path.dirname(__file__))!r})
 from corral_systemd.pool import SessionPool
 async def main():
     pool = SessionPool(max_sessions=2, idle_ttl=600, mode="fallback")
-    async with pool.session("k", {SERVER!r}) as s:
+    async with pool.session("k", {server!r}) as s:
         await s.send(b"x\\n"); await s.stdout.readline()
     print("ready", flush=True)
     await asyncio.sleep(3600)
@@ -227,3 +230,18 @@ asyncio.run(main())
     finally:
         proc.kill()
         kill_marked(marker)
+
+
+async def test_sessions_appear_in_corralctl_ps(marker, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    async with SessionPool(max_sessions=2, idle_ttl=60, mode="fallback", env=_env(marker)) as pool:
+        async with pool.session("k", SERVER) as s:
+            await _request(s)
+        run_id = pool.stats()["sessions"][0]["run_id"]
+        out = subprocess.run([sys.executable, "-m", "corral_systemd.ctl", "ps", "--json"],
+                             capture_output=True, text=True, check=True)
+        (row,) = [r for r in json.loads(out.stdout) if r["run_id"] == run_id]
+        assert row["state"] == "active" and row["processes"] >= 2
