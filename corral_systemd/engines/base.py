@@ -8,6 +8,8 @@ left. It never prints and never decides exit codes; it raises
 to 125) and lets ``ExecError`` from spawning through (126/127).
 """
 
+import os
+
 from ..errors import SetupError  # noqa: F401  (re-exported for engines)
 
 
@@ -24,24 +26,36 @@ class Engine:
         #: Warnings for the user (the CLI prints them; engines never print).
         self.warnings: list[str] = []
 
+    #: The command's main process when it is our child (``kernel.spawn.Child``),
+    #: and its wait status once it has exited.
+    _child = None
+    _status: int | None = None
+
     def start(self, argv, *, stdin: int, stdout: int, stderr: int, env, cwd) -> None:
         """Start the command; return once it has exec'd."""
         raise NotImplementedError
 
     @property
     def main_pid(self) -> int | None:
-        raise NotImplementedError
+        return self._child.pid if self._child is not None else None
 
     def wait_fds(self) -> list[int]:
         """File descriptors whose readiness means "call ``poll_events()``"."""
-        return []
+        return [self._child.pidfd] if self._child is not None and self._status is None else []
 
     def poll_events(self) -> None:
         """Consume whatever made a ``wait_fds()`` descriptor ready."""
+        self.reap()
 
     def main_status(self) -> int | None:
         """The main process's wait status once it has exited, else None."""
-        raise NotImplementedError
+        return self._status
+
+    def _reap_child(self) -> None:
+        if self._child is not None and self._status is None:
+            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
+            if pid:
+                self._status = status
 
     def watch_interval(self) -> float | None:
         """How often the supervisor must call ``check_limits()`` (None: never)."""
@@ -70,6 +84,7 @@ class Engine:
 
     def reap(self) -> None:
         """Collect exited children so they stop counting as processes."""
+        self._reap_child()
 
     def remaining(self) -> list[int]:
         """Pids of the run still present (cheap; for the stop loop)."""

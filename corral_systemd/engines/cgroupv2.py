@@ -41,8 +41,6 @@ class CgroupEngine(Engine):
         except OSError as exc:
             raise SetupError(f"cannot create cgroup {self.path}: {exc.strerror}") from None
         self._removed = False
-        self._child = None
-        self._status = None
         self._stopped = set()
         self._last: list[int] = []
         try:
@@ -89,25 +87,6 @@ class CgroupEngine(Engine):
         self._child = child
         self.seen.add(child.pid)
         child.release()
-
-    @property
-    def main_pid(self):
-        return self._child.pid if self._child else None
-
-    def wait_fds(self):
-        return [self._child.pidfd] if self._child and self._status is None else []
-
-    def poll_events(self):
-        self.reap()
-
-    def main_status(self):
-        return self._status
-
-    def reap(self):
-        if self._child is not None and self._status is None:
-            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
-            if pid:
-                self._status = status
 
     # -- limits --------------------------------------------------------
     def watch_interval(self):

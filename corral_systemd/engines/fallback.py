@@ -42,8 +42,6 @@ class FallbackEngine(Engine):
         set_child_subreaper()
         # Children corral already had are not the run's: never signal them.
         self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
-        self._child = None
-        self._status: int | None = None
         self._signalled: set[tuple[int, int]] = set()
         self._peak_rss = 0
         self._main_reaped = False
@@ -56,18 +54,8 @@ class FallbackEngine(Engine):
         self._child = child
         self.seen.add(child.pid)
 
-    @property
-    def main_pid(self):
-        return self._child.pid if self._child else None
-
-    def wait_fds(self):
-        return [self._child.pidfd] if self._child and self._status is None else []
-
     def poll_events(self):
         self._reap_main()
-
-    def main_status(self):
-        return self._status
 
     def _reap_main(self):
         # Read the main process's status but leave it a zombie (WNOWAIT):

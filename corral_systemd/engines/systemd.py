@@ -294,14 +294,8 @@ class SystemdEngine(Engine):
             pass
 
     # -- watching ------------------------------------------------------
-    @property
-    def main_pid(self):
-        return self._child.pid if self._child else None
-
     def wait_fds(self):
-        fds = [self.conn.fileno()]
-        if self._child is not None and self._status is None:
-            fds.append(self._child.pidfd)
+        fds = [self.conn.fileno(), *super().wait_fds()]
         if self._oom_eventfd is not None:
             fds.append(self._oom_eventfd)
         return fds
@@ -313,10 +307,7 @@ class SystemdEngine(Engine):
             pass  # manager gone: verification will tell what we can prove
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
-        if self._child is not None and self._status is None:
-            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
-            if pid:
-                self._status = status
+        self._reap_child()
         self._oom_event()
 
     def _handle_signal(self, msg):
@@ -336,9 +327,6 @@ class SystemdEngine(Engine):
             status = props.get("ExecMainStatus", 0)
             self._status = (status & 0xFF) << 8 if code == 1 else (status & 0x7F) | (0x80 if code == 3 else 0)
         self.facts["unit_result"] = props.get("Result")
-
-    def main_status(self):
-        return self._status
 
     def _oom_event(self) -> bool:
         if self._oom_eventfd is not None:
@@ -438,12 +426,6 @@ class SystemdEngine(Engine):
         if self.kill_method == "cgroup.kill" and unified and cgroupfs.kill(unified):
             return
         self._kill_unit(signal.SIGKILL)
-
-    def reap(self):
-        if self._child is not None and self._status is None:
-            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
-            if pid:
-                self._status = status
 
     def remaining(self):
         self.reap()
