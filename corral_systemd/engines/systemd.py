@@ -100,6 +100,8 @@ class SystemdEngine(Engine):
         self._oom_eventfd = None
         self._oom_seen = False
         self._unit_gone = False
+        self._active_state: str | None = None  # from PropertiesChanged
+        self._inactive_checks = 0
         self._started = False
         self._stopped_count = 0
         self._signalled: set[int] = set()
@@ -143,8 +145,10 @@ class SystemdEngine(Engine):
         if self._child is not None:
             self.seen.add(self._child.pid)
             self._child.release()  # ExecError propagates; the scope empties and stops
-        else:
-            self._refresh_service_status()
+        # Signals that arrived while we waited for replies are queued, and the
+        # socket will not poll readable for them: handle them now (a fast
+        # service's exit status may be among them).
+        self.poll_events()
 
     def _common_properties(self, argv):
         spec = self.spec
@@ -211,7 +215,9 @@ class SystemdEngine(Engine):
         lost) a scope's main process's own; then check limits, arm OOM watch."""
         self._mounts = cgroupfs.Mounts()
         try:
-            cg = self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
+            # A scope's cgroup is its (held) main process's: the kernel says
+            # so without a round trip. A service's we must ask for.
+            cg = self._cgroup_from_proc() or self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
             inv = self.manager.get(self.unit, UNIT, "InvocationID")
             self.facts["invocation_id"] = bytes(inv).hex() or None
         except BusError as exc:
@@ -220,6 +226,9 @@ class SystemdEngine(Engine):
             else:
                 self.warnings.append(f"could not read the unit's cgroup from the manager ({_why(exc)})")
                 cg = self._cgroup_from_proc()
+        if cg and not self._is_unit_cgroup(cg):
+            self.warnings.append(f"ignoring control group {cg!r}: not the unit's")
+            cg = ""
         if cg:
             self._cgroup = cg
             self.facts["control_group"] = cg
@@ -227,17 +236,27 @@ class SystemdEngine(Engine):
         self._arm_oom_eventfd()
 
     def _cgroup_from_proc(self) -> str:
+        """A scope's cgroup as the kernel shows it for its (held) main process.
+
+        Only a path that ends in the unit's own name is accepted: a stale or
+        foreign path (e.g. a v1 hierarchy systemd does not manage, which
+        reads "/") must never become the group corral kills.
+        """
         if self._child is None:
-            return ""  # a service's processes are not ours to look up: unprovable
+            return ""  # a service's processes are not ours to look up
         try:
             with open(f"/proc/{self._child.pid}/cgroup") as f:
-                for line in f:
-                    hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
-                    if hierarchy == "0" or "name=systemd" in controllers.split(","):
-                        return path
+                lines = [line.rstrip("\n").split(":", 2) for line in f]
         except OSError:
-            pass
+            return ""
+        # The unified line first (the tree systemd tracks processes in), then name=systemd.
+        for hierarchy, controllers, path in sorted(lines, key=lambda l: l[0] != "0"):
+            if (hierarchy == "0" or "name=systemd" in controllers.split(",")) and self._is_unit_cgroup(path):
+                return path
         return ""
+
+    def _is_unit_cgroup(self, path: str) -> bool:
+        return path.endswith("/" + self.unit)
 
     def _abandon(self):
         if self._child is not None:
@@ -307,26 +326,44 @@ class SystemdEngine(Engine):
             pass  # manager gone: verification will tell what we can prove
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
+        if self._child is None and self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
+            self._refresh_service_status()  # it ended, yet no ExecMain* change reached us: ask
         self._reap_child()
         self._oom_event()
 
     def _handle_signal(self, msg):
-        if msg.member == "PropertiesChanged" and msg.path == self._unit_path and self._child is None:
-            self._refresh_service_status()
+        """Track the unit from its PropertiesChanged signals, so that the
+        common path needs no Get round trips: ActiveState (Unit), Result and,
+        for a service, ExecMainCode/ExecMainStatus all emit changes."""
+        if msg.member != "PropertiesChanged" or msg.path != self._unit_path:
+            return
+        interface, changed = msg.body[0], {k: v.value for k, v in msg.body[1].items()}
+        if interface == UNIT:
+            if "ActiveState" in changed:
+                self._active_state = changed["ActiveState"]
+            return
+        if "Result" in changed:
+            self.facts["unit_result"] = changed["Result"]
+        if self._child is None:
+            self._sample(changed)
+            self._service_status_from(changed)
+
+    def _service_status_from(self, props: dict) -> None:
+        code = props.get("ExecMainCode", 0)
+        if code and self._status is None:  # CLD_EXITED=1, CLD_KILLED=2, CLD_DUMPED=3
+            status = props.get("ExecMainStatus", 0)
+            self._status = (status & 0xFF) << 8 if code == 1 else (status & 0x7F) | (0x80 if code == 3 else 0)
 
     def _refresh_service_status(self):
+        """Ask the manager (when a signal may have been missed)."""
         if self._status is not None:
             return
         try:
-            props = self.manager.get_all(self.unit, "org.freedesktop.systemd1.Service")
+            code = self.manager.get(self.unit, interface_for(self.unit), "ExecMainCode")
+            status = self.manager.get(self.unit, interface_for(self.unit), "ExecMainStatus") if code else 0
         except BusError:
             return
-        self._sample(props)
-        code = props.get("ExecMainCode", 0)
-        if code:  # CLD_EXITED=1, CLD_KILLED=2, CLD_DUMPED=3
-            status = props.get("ExecMainStatus", 0)
-            self._status = (status & 0xFF) << 8 if code == 1 else (status & 0x7F) | (0x80 if code == 3 else 0)
-        self.facts["unit_result"] = props.get("Result")
+        self._service_status_from({"ExecMainCode": code, "ExecMainStatus": status})
 
     def _oom_event(self) -> bool:
         if self._oom_eventfd is not None:
@@ -423,6 +460,8 @@ class SystemdEngine(Engine):
         self.seen.update(pids)
         self._stopped_count = max(self._stopped_count, len(pids))
         unified = self._dir("unified")
+        if unified and not os.path.isdir(unified):
+            return  # the group is gone: nothing left to kill
         if self.kill_method == "cgroup.kill" and unified and cgroupfs.kill(unified):
             return
         self._kill_unit(signal.SIGKILL)
@@ -469,6 +508,19 @@ class SystemdEngine(Engine):
         """The unit is inactive, failed or gone (a vanished manager has no units)."""
         if self._unit_gone:
             return True
+        if self._active_state in ("inactive", "failed"):
+            return True
+        self._inactive_checks += 1
+        if self._inactive_checks == 2 and self.spec.unit_type == "scope" and self._cgroup and self._started \
+                and self.manager.lost is None:
+            # An empty scope is stopped by the manager once it notices the
+            # empty cgroup; nudge it rather than wait for that round trip.
+            try:
+                self.manager.stop_unit(self.unit)
+            except BusError:
+                pass
+        if self._inactive_checks <= 4:
+            return False  # PropertiesChanged will say "inactive"; see poll_events
         try:
             state = self.manager.get(self.unit, UNIT, "ActiveState")
         except BusError as exc:
@@ -482,16 +534,8 @@ class SystemdEngine(Engine):
                                      "emptiness proven from the cgroup alone")
                 return True
             return False
-        if state in ("inactive", "failed"):
-            return True
-        if state == "active" and self.spec.unit_type == "scope" and self._cgroup and self._started:
-            # An empty scope is stopped by the manager once it notices; ask
-            # for it now rather than wait for the inotify round trip.
-            try:
-                self.manager.stop_unit(self.unit)
-            except BusError:
-                pass
-        return False
+        self._active_state = state
+        return state in ("inactive", "failed")
 
     def _sample_unit(self):
         try:
@@ -512,10 +556,11 @@ class SystemdEngine(Engine):
         if self.conn is None:
             return
         if self._started and not self._unit_gone and self.manager.lost is None:
-            try:
-                self.facts["unit_result"] = self.manager.get(self.unit, interface_for(self.unit), "Result")
-            except BusError:
-                pass
+            if self.facts.get("unit_result") is None:  # not yet told by PropertiesChanged
+                try:
+                    self.facts["unit_result"] = self.manager.get(self.unit, interface_for(self.unit), "Result")
+                except BusError:
+                    pass
             try:
                 self.manager.unref_unit(self.unit)
             except BusError:
