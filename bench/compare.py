@@ -112,7 +112,13 @@ def run_once(argv: list[str], marker: str, hang_after: float, logdir: Path) -> d
             pass
         proc.wait()
     else:
+        # Two looks, 100 ms apart, the larger counts: a leftover that is still
+        # being forked at the first look (a double fork in flight) is seen at
+        # the second. Same rule for every runner.
         survivors = marked_pids(marker)
+        time.sleep(0.1)
+        later = marked_pids(marker)
+        survivors = later if len(later) > len(survivors) else survivors
     kill_marked(marker)
     log.close()
     tail = (logdir / f"{marker}.log").read_bytes()[-400:].decode(errors="replace")

@@ -129,7 +129,7 @@ class SystemdEngine(Engine):
         try:
             job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
             result = self._wait_job(job)
-            if result != "done":
+            if result != "done" and not self._service_ran():
                 raise SetupError(f"systemd could not start {self.unit}: job {result}")
         except BusError as exc:
             self._abandon()
@@ -149,6 +149,23 @@ class SystemdEngine(Engine):
         # socket will not poll readable for them: handle them now (a fast
         # service's exit status may be among them).
         self.poll_events()
+
+    def _service_ran(self) -> bool:
+        """A failed start job does not always mean the command never ran.
+
+        systemd 252 can fail a Type=exec start job when the main process
+        exits before the manager has processed its exec notification (a
+        command that starts a daemon and exits at once). If the main process
+        did start, the run is real: it must be watched, stopped and verified,
+        never reported as "not started" (125).
+        """
+        if self.spec.unit_type != "service":
+            return False
+        try:
+            started = self.manager.get(self.unit, interface_for(self.unit), "ExecMainStartTimestampMonotonic")
+        except BusError:
+            return False
+        return bool(started)
 
     def _common_properties(self, argv):
         spec = self.spec
