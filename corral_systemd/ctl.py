@@ -268,20 +268,9 @@ class _Bus:
 
 def _signal_checked(info, sig) -> bool:
     """Signal the process ``info`` names, through a pidfd, if it still is that process in that session."""
-    try:
-        fd = os.pidfd_open(info.pid)
-    except ProcessLookupError:
-        return False
-    try:
-        st = REG.proc_stat(info.pid)
-        if st is None or st[4] != info.starttime or st[2] != info.sid:
-            return False
-        signal.pidfd_send_signal(fd, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(fd)
+    from .kernel.pidfd import signal_process
+
+    return signal_process(info, sig, lambda current: current.sid == info.sid)
 
 
 def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:

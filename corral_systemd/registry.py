@@ -105,13 +105,10 @@ def boot_id() -> str:
 
 def proc_stat(pid: int):
     """(ppid, pgid, sid, state, starttime) of ``pid``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode(), int(fields[19])
+    from .kernel.procfs import read_stat
+
+    info = read_stat(pid)
+    return None if info is None else (info.ppid, info.pgid, info.sid, info.state, info.starttime)
 
 
 def owner_alive(entry: dict) -> bool:
