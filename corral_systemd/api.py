@@ -445,7 +445,6 @@ class _Stream:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._chunks: list[bytes] = []
         self._pending = b""  # read by readline, not yet returned
-        self._closed = False
 
     def _feed_threadsafe(self, chunk: bytes) -> None:
         self._loop.call_soon_threadsafe(self._feed, chunk)
@@ -455,7 +454,6 @@ class _Stream:
         self._queue.put_nowait(chunk)
 
     def _close(self) -> None:
-        self._closed = True
         self._queue.put_nowait(None)
 
     def collected(self) -> bytes:

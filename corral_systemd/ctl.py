@@ -398,20 +398,10 @@ def stop(run: str, timeout: float | None = None, directory: str | None = None) -
             finally:
                 os.close(fd)
             if fd_ok:
-                end = time.monotonic() + wait
-                while time.monotonic() < end:
-                    entry = REG.read_entry(directory, run_id) or entry
-                    if entry.get("state") == "finished":
-                        ok = bool(entry.get("verified"))
-                        print(f"{run_id}: stopped by its corral (pid {owner['pid']}): exit {entry.get('exit_code')}, "
-                              + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}"))
-                        return 0 if ok else 1
-                    if not REG.owner_alive(entry):
-                        break  # died without finishing: reclaim below
-                    time.sleep(0.02)
-                else:
-                    print(f"corralctl: {run_id}: its corral did not finish within {wait:g}s", file=sys.stderr)
-                    return 1
+                code = _await_finished(directory, entry, wait, f"stopped by its corral (pid {owner['pid']})",
+                                       "its corral", give_up=lambda e: not REG.owner_alive(e))
+                if code is not None:
+                    return code  # else: died without finishing; reclaim below
     entry = REG.read_entry(directory, run_id) or entry
     if entry.get("state") == "finished":
         print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
@@ -435,16 +425,30 @@ def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
         print(f"corralctl: {run_id}: {bus.why}", file=sys.stderr)
         return 1
     bus.stop_verified(entry["unit"], wait)
+    code = _await_finished(directory, entry, wait, f"unit {entry['unit']} stopped; its supervisor reports",
+                           "its supervisor")
+    return 1 if code is None else code
+
+
+def _await_finished(directory: str, entry: dict, wait: float, done: str, who: str,
+                    give_up=lambda entry: False) -> int | None:
+    """Wait for the run's supervisor to record "finished"; report and return the exit code.
+
+    None when ``give_up(entry)`` says waiting is pointless (the owner died).
+    """
+    run_id = entry["run_id"]
     end = time.monotonic() + wait
     while time.monotonic() < end:
         entry = REG.read_entry(directory, run_id) or entry
         if entry.get("state") == "finished":
             ok = bool(entry.get("verified"))
-            print(f"{run_id}: unit {entry['unit']} stopped; its supervisor reports exit {entry.get('exit_code')}, "
+            print(f"{run_id}: {done}: exit {entry.get('exit_code')}, "
                   + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}"))
             return 0 if ok else 1
+        if give_up(entry):
+            return None
         time.sleep(0.02)
-    print(f"corralctl: {run_id}: its supervisor did not finish within {wait:g}s", file=sys.stderr)
+    print(f"corralctl: {run_id}: {who} did not finish within {wait:g}s", file=sys.stderr)
     return 1
 
 
@@ -497,8 +501,6 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None) -> in
     else:
         notes.append(f"units not checked: {bus.why}")
     # Credential directories without a live run (a watcher killed by hand).
-    from .credentials import _MEMORY_FS  # noqa: F401  (same bases as credentials.py)
-
     for base in (os.path.join(directory, "credentials"), f"/dev/shm/corral-{os.geteuid()}"):
         try:
             names = os.listdir(base)

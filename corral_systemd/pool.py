@@ -84,7 +84,7 @@ class SessionPool:
                 raise PoolFull("pool is shut down")
             sess = self._sessions.get(key)
             if sess is not None and not sess.alive:
-                await self._drop(sess)  # ended on its own: replace it
+                await self._stop(sess)  # ended on its own: reap it, then replace it
                 continue
             if sess is None:
                 sess = await self._start(key, argv, options)
@@ -175,9 +175,6 @@ class SessionPool:
             await sess._ctx.__aexit__(None, None, None)  # stops the run if still going, verified
         finally:
             await self._notify()
-
-    async def _drop(self, sess: _Session) -> None:
-        await self._stop(sess)
 
     async def _notify(self) -> None:
         async with self._changed:

@@ -21,6 +21,19 @@ CORRAL = [sys.executable, "-m", "corral_systemd"]
 REPEAT = int(os.environ.get("CORRAL_TEST_REPEAT", "2"))
 
 
+@pytest.fixture
+def marker():
+    """A fresh run marker; whatever carries it is killed afterwards."""
+    m = new_marker()
+    yield m
+    kill_marked(m)
+
+
+def marker_env(marker: str) -> dict:
+    """This process's environment plus the run marker."""
+    return dict(os.environ, **{MARKER_ENV: marker})
+
+
 class Run:
     def __init__(self, proc, elapsed, marker, record):
         self.returncode = proc.returncode

@@ -12,7 +12,7 @@ import pytest
 
 import corral_systemd as corral
 from modes import user_manager_reachable
-from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+from procscan import kill_marked, marked_pids, new_marker
 
 DAEMON = ["sh", "-c", "setsid sleep 3600 & sleep 3600"]
 
@@ -24,15 +24,7 @@ def _mode_param(mode):
 MODES = [_mode_param("fallback"), _mode_param("enforced")]
 
 
-@pytest.fixture
-def marker():
-    m = new_marker()
-    yield m
-    kill_marked(m)
-
-
-def _env(marker):
-    return dict(os.environ, **{MARKER_ENV: marker})
+from conftest import marker_env as _env
 
 
 @pytest.fixture(autouse=True)

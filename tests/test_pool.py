@@ -7,7 +7,7 @@ import time
 import pytest
 
 from corral_systemd.pool import PoolFull, SessionPool
-from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+from procscan import kill_marked, marked_pids, new_marker
 
 # A session that answers one line per request and leaves a detached helper
 # behind, like an agent CLI that spawns a daemon: killing only the main
@@ -16,15 +16,7 @@ SERVER = ["sh", "-c", "setsid sleep 3600 & while read line; do echo \"got $line\
 MODES = ["fallback", pytest.param("enforced", marks=pytest.mark.systemd)]
 
 
-@pytest.fixture
-def marker():
-    m = new_marker()
-    yield m
-    kill_marked(m)
-
-
-def _env(marker):
-    return dict(os.environ, **{MARKER_ENV: marker})
+from conftest import marker_env as _env
 
 
 async def _wait_for(predicate, timeout=10.0):

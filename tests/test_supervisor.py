@@ -1,7 +1,6 @@
 """The supervisor's guarantees, driven in-process with the real fallback engine."""
 
 import os
-import signal
 import time
 
 from corral_systemd.engines.fallback import FallbackEngine

@@ -88,7 +88,10 @@ class Engine:
 
     def remaining(self) -> list[int]:
         """Pids of the run still present (cheap; for the stop loop)."""
-        raise NotImplementedError
+        self.reap()
+        self._last = self.live_pids()
+        self.seen.update(self._last)
+        return self._last
 
     def live_pids(self) -> list[int]:
         """The run's processes, read-only (safe from another thread)."""

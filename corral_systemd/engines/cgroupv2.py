@@ -139,12 +139,6 @@ class CgroupEngine(Engine):
         if self._removed or not cgroupfs.kill(self.path):
             self.signal_all(signal.SIGKILL)
 
-    def remaining(self):
-        self.reap()
-        self._last = self._procs()
-        self.seen.update(self._last)
-        return self._last
-
     def verify_empty(self):
         self.reap()
         if self._removed:

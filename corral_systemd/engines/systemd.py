@@ -295,17 +295,20 @@ class SystemdEngine(Engine):
         spec = self.spec
         unified = self._dir("unified")
         v2_ctrls = cgroupfs.controllers(unified) if unified else set()
+
+        def kernel_has(controller: str, v2_file: str, v1_file: str, value: int) -> bool:
+            """The limit reads back as set, in cgroup v2 or in the v1 hierarchy."""
+            v1 = self._dir(controller)
+            return (controller in v2_ctrls and cgroupfs.read_int(os.path.join(unified, v2_file)) == value) or (
+                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == value)
+
         if spec.mem is not None:
-            mem_v1 = self._dir("memory")
-            kernel = ("memory" in v2_ctrls and cgroupfs.read_int(os.path.join(unified, "memory.max")) == spec.mem) or (
-                mem_v1 is not None and cgroupfs.read_int(os.path.join(mem_v1, "memory.limit_in_bytes")) == spec.mem)
+            kernel = kernel_has("memory", "memory.max", "memory.limit_in_bytes", spec.mem)
             self.limits_enforced["mem"] = "kernel" if kernel else "watch"
             if not kernel:
                 self.warnings.append("--mem: no memory controller for the unit; memory is watched by corral instead")
         if spec.pids is not None:
-            pids_v1 = self._dir("pids")
-            kernel = ("pids" in v2_ctrls and cgroupfs.read_int(os.path.join(unified, "pids.max")) == spec.pids) or (
-                pids_v1 is not None and cgroupfs.read_int(os.path.join(pids_v1, "pids.max")) == spec.pids)
+            kernel = kernel_has("pids", "pids.max", "pids.max", spec.pids)
             self.limits_enforced["pids"] = "kernel" if kernel else "none"
             if not kernel:
                 self.warnings.append("--pids: no pids controller for the unit; the limit is not enforced")
@@ -482,12 +485,6 @@ class SystemdEngine(Engine):
         if self.kill_method == "cgroup.kill" and unified and cgroupfs.kill(unified):
             return
         self._kill_unit(signal.SIGKILL)
-
-    def remaining(self):
-        self.reap()
-        self._last = self._pids()
-        self.seen.update(self._last)
-        return self._last
 
     def signal_new(self, *sigs):
         directory = self._dir("unified") or self._dir("name=systemd")

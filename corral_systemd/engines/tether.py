@@ -18,6 +18,8 @@ import os
 import select
 import signal
 
+from ..kernel.pidfd import kill_and_reap
+
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP, signal.SIGPIPE)
 
 
@@ -50,10 +52,5 @@ class Tether:
         """End the tether (its scope then stops; bound units are already gone)."""
         if self.pidfd is None:
             return
-        try:
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-        os.close(self.pidfd)
+        kill_and_reap(self.pid, self.pidfd)
         self.pidfd = None

@@ -37,6 +37,16 @@ def signal_process(info: ProcInfo, sig: int, belongs: Callable[[ProcInfo], bool]
         os.close(fd)
 
 
+def kill_and_reap(pid: int, pidfd: int) -> None:
+    """SIGKILL our child ``pid`` through its pidfd, reap it, close the pidfd."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+    os.close(pidfd)
+
+
 def signal_cgroup_members(pids, sigs, directory: str) -> list[int]:
     """Signal each pid that is (still) in the cgroup at ``directory``.
 

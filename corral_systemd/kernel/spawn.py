@@ -64,12 +64,9 @@ class Child:
         if self._gate_w is not None:
             os.close(self._gate_w)  # EOF on the gate makes the child exit
             self._gate_w = None
-        try:
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-        os.close(self.pidfd)
+        from .pidfd import kill_and_reap
+
+        kill_and_reap(self.pid, self.pidfd)
         self.pidfd = -1
         os.close(self._err_r)
 
