@@ -3,7 +3,9 @@
     corralctl ps [--json]          live runs: who started what, how many processes, how much memory
     corralctl status RUN           active | expired | finished | unknown  (exit 0 | 10 | 11 | 12)
     corralctl stop RUN             stop a run through its owner (its corral, or its unit), verified
-    corralctl gc [--dry-run]       stop what crashed corrals left behind, and report
+    corralctl gc [--dry-run] [--keep-finished DURATION]
+                                   remove finished runs older than DURATION (24h);
+                                   stop what crashed corrals left behind
     corralctl audit verify RUN     check a run's event log offline
 
 RUN is a run id, ``corral-<id>`` or the unit name. ``status`` does not load
@@ -462,8 +464,33 @@ def _print_report(report: dict, dry_run: bool) -> None:
             print(f"  note: {note}")
 
 
-def gc(dry_run: bool, as_json: bool = False, directory: str | None = None) -> int:
+def parse_keep(text: str) -> float:
+    """``--keep-finished``: a DURATION (``0s`` allowed); bad input is a CtlError (exit 125)."""
+    from .units import parse_duration
+
+    try:
+        return parse_duration(text, what="--keep-finished")
+    except ValueError as exc:
+        raise CtlError(str(exc)) from None
+
+
+def _print_pruned(rows: list[dict], dry_run: bool) -> None:
+    for row in rows:
+        done = "would remove" if dry_run else ("NOT removed: " + row["error"] if "error" in row else "removed")
+        print(f"{row['run_id']}: finished {_age(row['age'])} ago (exit {row['exit_code']}, {row['outcome']}): "
+              f"entry and event log {done}")
+
+
+def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
+       keep_finished: float = REG.KEEP_FINISHED) -> int:
+    """Reclaim what dead owners left, then remove finished runs older than ``keep_finished`` seconds.
+
+    Exit 0 when everything was stopped (verified) and removed, else 1.
+    Never removes an active or expired entry, nor one whose owner runs.
+    """
     directory = directory or REG.state_dir()
+    # Finished runs past retention, first: a run this gc reclaims is not among them.
+    pruned = REG.prune_finished(directory, keep_finished, dry_run=dry_run)
     entries = REG.list_entries(directory)
     bus = _Bus()
     reports, ok = [], True
@@ -516,22 +543,27 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None) -> in
                 from .credentials import remove_tree
 
                 remove_tree(path)
+    ok = ok and not any("error" in row for row in pruned)
     if as_json:
-        print(json.dumps({"dry_run": dry_run, "reclaimed": reports, "notes": notes}, indent=2))
+        print(json.dumps({"dry_run": dry_run, "reclaimed": reports, "pruned": pruned,
+                          "keep_finished": keep_finished, "notes": notes}, indent=2))
     else:
         for report in reports:
             _print_report(report, dry_run)
+        _print_pruned(pruned, dry_run)
         for note in notes:
             print(f"note: {note}")
-        if not reports:
+        if not reports and not pruned:
             print("nothing to clean up")
     return 0 if ok else 1
 
 
 def audit_verify(run: str, directory: str | None = None) -> int:
+    """0 intact, 1 bad (or the log is missing while the entry is there), 12 no such run."""
     directory = directory or REG.state_dir()
     run_id = REG.normalize_run_id(run)
-    if not REG.valid_run_id(run_id):
+    if not REG.valid_run_id(run_id) or not any(
+            os.path.lexists(path) for path in (REG.entry_path(directory, run_id), REG.log_path(directory, run_id))):
         print(f"corralctl: unknown run {run!r}", file=sys.stderr)
         return STATUS_EXIT["unknown"]
     ok, message, line = REG.verify_log(directory, run_id)
@@ -550,9 +582,10 @@ def _app():
 
     import typer
 
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+    app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                       no_args_is_help=True, context_settings={"help_option_names": ["--help", "-h"]},
-                      help="Look at and act on corral runs (the run registry).")
+                      help="Look at and act on corral runs (the run registry: $CORRAL_STATE_DIR, else /run/corral "
+                           "for root, $XDG_RUNTIME_DIR/corral for other users).")
     audit = typer.Typer(help="The runs' audit logs.", no_args_is_help=True)
     app.add_typer(audit, name="audit")
 
@@ -568,15 +601,27 @@ def _app():
 
     @app.command("stop")
     def _stop(run: str = typer.Argument(..., metavar="RUN"),
-              timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds to wait for the owner.")):
+              timeout: Optional[float] = typer.Option(
+                  None, "--timeout", metavar="SECONDS",
+                  help="Seconds to wait for the owner to finish the run. "
+                       "Default: the run's grace + verify timeout + 10 s.")):
         """Stop a run through its owner (its corral, or its unit when corral is gone), verified."""
         raise typer.Exit(stop(run, timeout))
 
     @app.command("gc")
-    def _gc(dry_run: bool = typer.Option(False, "--dry-run", help="Report only."),
+    def _gc(dry_run: bool = typer.Option(False, "--dry-run", help="Report only; stop and remove nothing."),
+            keep_finished: str = typer.Option(
+                f"{REG.KEEP_FINISHED / 3600:g}h", "--keep-finished", metavar="DURATION",
+                help="Remove finished runs (entry and event log) that finished longer ago than this."),
             as_json: bool = typer.Option(False, "--json", help="JSON report.")):
-        """Stop what crashed corrals left behind (runs, corral-* units, credential directories)."""
-        raise typer.Exit(gc(dry_run, as_json))
+        """Reclaim what crashed corrals left; prune old finished runs.
+
+        Removes finished runs (entry and event log) that finished longer ago
+        than --keep-finished; stops runs whose corral is gone, corral-* units no
+        live corral owns, and removes stray credential directories. Active and
+        expired runs, and runs whose owner still runs, are never removed.
+        """
+        raise typer.Exit(gc(dry_run, as_json, keep_finished=parse_keep(keep_finished)))
 
     @audit.command("verify")
     def _verify(run: str = typer.Argument(..., metavar="RUN")):

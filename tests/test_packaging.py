@@ -2,7 +2,7 @@
 
 The slow test builds the .deb (45-90 s: pip fetches the dependencies from
 PyPI) -- or reuses the one named by $CORRAL_DEB -- installs it on this
-machine with ``dpkg -i``, runs the installed ``corral``, and removes it with
+machine with ``dpkg -i``, runs the installed ``corral`` and ``corralctl``, and removes it with
 ``dpkg -r`` at the end (unless corral-systemd was installed before the test
 started: then it is left installed, upgraded to this build).
 
@@ -77,6 +77,25 @@ def test_bash_completion_from_source_completes_cgroup_mode(tmp_path, prog, fn):
     assert set(_complete(tmp_path / "completion.bash", prog, [prog, "--cgroup-m"], path)) == {"--cgroup-mode"}
 
 
+def test_bash_completion_from_source_completes_corralctl_commands(tmp_path):
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    shim = tmp_path / "corralctl"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m corral_systemd.ctl \"$@\"\n")
+    shim.chmod(0o755)
+    script = subprocess.run([str(shim)], env=dict(os.environ, _CORRALCTL_COMPLETE="source_bash"),
+                            capture_output=True, text=True, check=True).stdout
+    assert "complete -o default -F _corralctl_completion corralctl" in script
+    (tmp_path / "completion.bash").write_text(script)
+    _check_corralctl_completion(tmp_path / "completion.bash", f"{tmp_path}:/usr/bin:/bin")
+
+
+def _check_corralctl_completion(script: Path, path: str) -> None:
+    assert set(_complete(script, "corralctl", ["corralctl", "st"], path)) == {"status", "stop"}
+    assert set(_complete(script, "corralctl", ["corralctl", "audit", ""], path)) == {"verify"}
+    assert "--keep-finished" in _complete(script, "corralctl", ["corralctl", "gc", "--k"], path)
+
+
 # --- the Debian package (slow) ------------------------------------------------------------------
 
 
@@ -120,11 +139,16 @@ def _check_deb_metadata(deb, tmp_path):
     assert f"Version: {corral_systemd.__version__}-1" in fields
     assert "python3." in fields  # the interpreter the venv was built for
     files = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
-    for path in ("./usr/bin/corral", "./usr/bin/corral-enforced", "./usr/lib/corral-systemd/pyvenv.cfg",
+    for path in ("./usr/bin/corral", "./usr/bin/corral-enforced", "./usr/bin/corralctl",
+                 "./usr/lib/corral-systemd/pyvenv.cfg",
                  "./usr/share/man/man1/corral.1.gz", "./usr/share/man/man1/corral-enforced.1.gz",
+                 "./usr/share/man/man1/corralctl.1.gz",
                  "./usr/share/bash-completion/completions/corral",
                  "./usr/share/bash-completion/completions/corral-enforced",
+                 "./usr/share/bash-completion/completions/corralctl",
                  "./usr/share/zsh/vendor-completions/_corral", "./usr/share/fish/vendor_completions.d/corral.fish",
+                 "./usr/share/zsh/vendor-completions/_corralctl",
+                 "./usr/share/fish/vendor_completions.d/corralctl.fish",
                  "./usr/lib/systemd/system/corral.slice", "./usr/lib/systemd/user/corral.slice"):
         assert f" {path}" in files, f"{path} not in the package"
     # Nothing for the system Python: no dist-packages, no /usr/local.
@@ -153,6 +177,30 @@ def _check_installed_runs_a_command(deb, tmp_path):
     assert proc.returncode == 125
 
 
+def _check_installed_corralctl(deb, tmp_path):
+    """The installed corralctl: --help, and the registry of a run of the installed corral."""
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "CORRAL_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run(["/usr/bin/corralctl", "--help"], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("ps", "status", "stop", "gc", "audit"):
+        assert re.search(rf"^  {command}\s", proc.stdout, re.M), proc.stdout
+    proc = subprocess.run(["/usr/bin/corralctl", "gc", "--help"], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 0 and "--keep-finished" in proc.stdout, proc.stderr
+    proc = subprocess.run(["/usr/bin/corral", "--cgroup-mode", "fallback", "--", "true"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    [entry] = (tmp_path / "state").glob("*.json")
+    run = subprocess.run(["/usr/bin/corralctl", "status", entry.stem], capture_output=True, text=True, env=env,
+                         timeout=30)
+    assert run.returncode == 11 and run.stdout.startswith("finished"), run.stdout + run.stderr
+    run = subprocess.run(["/usr/bin/corralctl", "audit", "verify", entry.stem], capture_output=True, text=True,
+                         env=env, timeout=30)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+    proc = subprocess.run(["/usr/bin/corralctl", "gc", "--keep-finished", "soon"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert proc.returncode == 125 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def _check_installed_is_isolated_from_system_python(deb, tmp_path):
     # The system interpreter does not see the package ...
     proc = subprocess.run(["/usr/bin/python3", "-I", "-c", "import corral_systemd"], capture_output=True, text=True,
@@ -162,16 +210,17 @@ def _check_installed_is_isolated_from_system_python(deb, tmp_path):
     fake = tmp_path / "corral_systemd"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise SystemExit('shadowed')\n")
-    proc = subprocess.run(["/usr/bin/corral", "--version"], capture_output=True, text=True, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=30)
-    assert proc.returncode == 0 and "shadowed" not in proc.stderr, proc.stderr
+    for argv in (["/usr/bin/corral", "--version"], ["/usr/bin/corralctl", "--help"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=30)
+        assert proc.returncode == 0 and "shadowed" not in proc.stderr, proc.stderr
     listed = subprocess.run(["dpkg", "-L", PKG], capture_output=True, text=True, check=True).stdout.splitlines()
     assert not [p for p in listed if p.startswith(("/usr/lib/python3/", "/usr/local/"))]
 
 
 def _check_installed_man_pages(deb, tmp_path):
     subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
-    for page in ("corral", "corral-enforced"):
+    for page in ("corral", "corral-enforced", "corralctl"):
         path = tmp_path / "usr/share/man/man1" / f"{page}.1.gz"
         proc = subprocess.run(["man", "--warnings", "-l", str(path)], capture_output=True, text=True,
                               env=dict(os.environ, MANPAGER="cat", PAGER="cat", MANWIDTH="80"), timeout=60)
@@ -180,7 +229,7 @@ def _check_installed_man_pages(deb, tmp_path):
     if _man_excluded():
         print("dpkg here excludes /usr/share/man (path-exclude): man -w not checked")
         return
-    for page in ("corral", "corral-enforced"):
+    for page in ("corral", "corral-enforced", "corralctl"):
         proc = subprocess.run(["man", "-w", page], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == f"/usr/share/man/man1/{page}.1.gz"
@@ -193,10 +242,11 @@ def _check_installed_bash_completion(deb, tmp_path):
         assert set(_complete(script, prog, [prog, "--stdin", ""], "/usr/bin:/bin")) == {"null", "inherit"}
         assert set(_complete(script, prog, [prog, "--cgroup-"], "/usr/bin:/bin")) == \
             {"--cgroup-mode", "--cgroup-parent"}
+    _check_corralctl_completion(Path("/usr/share/bash-completion/completions/corralctl"), "/usr/bin:/bin")
 
 
 def _check_installed_zsh_and_fish_completions(deb, tmp_path):
-    for prog in ("corral", "corral-enforced"):
+    for prog in ("corral", "corral-enforced", "corralctl"):
         zsh = Path("/usr/share/zsh/vendor-completions") / f"_{prog}"
         fish = Path("/usr/share/fish/vendor_completions.d") / f"{prog}.fish"
         assert zsh.read_text().startswith(f"#compdef {prog}\n")  # autoloadable from fpath
@@ -239,7 +289,8 @@ def _check_remove_leaves_nothing(deb, tmp_path):
     assert not extra, f"files not owned by the package: {extra[:10]}"
     proc = subprocess.run(["dpkg", "-r", PKG], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    for path in ("/usr/bin/corral", "/usr/bin/corral-enforced", "/usr/lib/corral-systemd",
+    for path in ("/usr/bin/corral", "/usr/bin/corral-enforced", "/usr/bin/corralctl", "/usr/lib/corral-systemd",
+                 "/usr/share/man/man1/corralctl.1.gz",
                  "/usr/lib/systemd/system/corral.slice", "/usr/share/bash-completion/completions/corral"):
         assert not os.path.lexists(path), f"{path} left after dpkg -r"
 
@@ -262,7 +313,7 @@ def test_deb_build_install_run_remove(tmp_path):
         try:
             proc = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            for check in (_check_installed_version, _check_installed_runs_a_command,
+            for check in (_check_installed_version, _check_installed_runs_a_command, _check_installed_corralctl,
                           _check_installed_is_isolated_from_system_python, _check_installed_man_pages,
                           _check_installed_bash_completion, _check_installed_zsh_and_fish_completions,
                           _check_installed_slices):

@@ -10,11 +10,15 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import CORRAL
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+from corral_systemd import registry as REG
+from corral_systemd.spec import new_run_id
 
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
 FB = ["--cgroup-mode", "fallback"]
@@ -322,6 +326,127 @@ def test_gc_after_sigkilled_fallback_corral(state, tmp_path, markers):
     assert events(state, run_id)[-1]["event"] == "reclaimed"
     assert ctl(state, "audit", "verify", run_id).returncode == 0
     assert "nothing to clean up" in ctl(state, "gc").stdout
+
+
+# -- retention: pruning finished runs ------------------------------------------------------------
+DAY = 86400.0
+
+
+@pytest.fixture(scope="module")
+def dead_pid():
+    """The pid of a process that has exited (an owner that is gone)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def make_entry(state, run_state, *, age, dead_pid=None):
+    """A run registered through the registry API, left in ``run_state``, its
+    files (and, if finished, its finish time) ``age`` seconds old. Its owner is
+    this test process unless ``dead_pid`` is given."""
+    spec = SimpleNamespace(run_id=new_run_id(), wall=None, grace=0.2, verify_timeout=0.2, argv=["true"], cwd="/")
+    reg = REG.register(spec, mode="fallback", directory=str(state))
+    when = time.time() - age
+    if dead_pid is not None:
+        reg.entry["owner"] = dict(reg.entry["owner"], pid=dead_pid, starttime=None)
+    if run_state == "finished":
+        reg.event("finished", {"exit_code": 0, "outcome": "exit"})
+        reg.save(state="finished", finished_at=when, exit_code=0, outcome="exit", verified=True)
+    else:
+        reg.save(state=run_state)
+    reg.close()
+    for suffix in (".json", ".log"):
+        os.utime(state / (spec.run_id + suffix), (when, when))
+    return spec.run_id
+
+
+def files_of(state, run_id) -> set[str]:
+    return {p.suffix for p in state.glob(run_id + ".*")}
+
+
+def test_gc_removes_old_finished_runs_with_their_logs_keeps_recent_ones(state, dead_pid):
+    old = [make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid) for _ in range(2)]
+    recent = make_entry(state, "finished", age=3600, dead_pid=dead_pid)
+    # Recorded an hour ago, its file's mtime three days old: the later of the two counts.
+    skewed = make_entry(state, "finished", age=3600, dead_pid=dead_pid)
+    os.utime(state / f"{skewed}.json", (time.time() - 3 * DAY,) * 2)
+    r = ctl(state, "gc", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert sorted(row["run_id"] for row in report["pruned"]) == sorted(old)
+    assert report["keep_finished"] == DAY
+    assert files_of(state, skewed) == {".json", ".log"}
+    for run_id in old:
+        assert files_of(state, run_id) == set(), run_id  # entry and event log
+        assert ctl(state, "status", run_id).returncode == 12
+        assert ctl(state, "audit", "verify", run_id).returncode == 12
+    assert files_of(state, recent) == {".json", ".log"}
+    assert ctl(state, "audit", "verify", recent).returncode == 0
+    # A shorter retention reaches the recent one too.
+    r = ctl(state, "gc", "--keep-finished", "30m")
+    assert r.returncode == 0 and f"{recent}: finished 1h00m ago" in r.stdout and "removed" in r.stdout, r.stdout
+    assert files_of(state, recent) == set()
+
+
+def test_gc_never_removes_active_or_expired_runs_or_live_owners(state, dead_pid):
+    active = make_entry(state, "active", age=3 * DAY)  # its owner (this process) runs
+    owned = make_entry(state, "finished", age=3 * DAY)  # finished, but its owner still runs
+    expired = make_entry(state, "expired", age=3 * DAY, dead_pid=dead_pid)
+    r = ctl(state, "gc", "--keep-finished", "0s", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["pruned"] == []
+    for run_id in (active, owned, expired):
+        assert files_of(state, run_id) == {".json", ".log"}, run_id
+    # gc reclaimed the expired run (its owner is gone): finished now, so kept.
+    entry = REG.read_entry(str(state), expired)
+    assert entry["state"] == "finished" and entry["outcome"] == "reclaimed"
+    # The registry function itself, with no retention at all, removes only the
+    # finished run whose owner is gone; active and expired runs stay, whoever owned them.
+    expired2 = make_entry(state, "expired", age=3 * DAY, dead_pid=dead_pid)
+    active2 = make_entry(state, "active", age=3 * DAY, dead_pid=dead_pid)
+    assert [row["run_id"] for row in REG.prune_finished(str(state), 0.0)] == [expired]
+    for run_id in (active, owned, expired2, active2):
+        assert files_of(state, run_id) == {".json", ".log"}, run_id
+
+
+def test_gc_dry_run_removes_nothing(state, dead_pid):
+    old = make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid)
+    before = sorted(p.name for p in state.iterdir())
+    r = ctl(state, "gc", "--dry-run")
+    assert r.returncode == 0 and f"{old}: finished 72h00m ago" in r.stdout and "would remove" in r.stdout, r.stdout
+    assert sorted(p.name for p in state.iterdir()) == before
+    assert ctl(state, "audit", "verify", old).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["3x", "-1h", "", "24"])
+def test_gc_bad_keep_finished_is_125(state, value):
+    r = ctl(state, "gc", "--keep-finished", value)
+    assert r.returncode == 125 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("corralctl: ")
+
+
+def test_registration_prunes_a_few_stale_runs_at_most_once_per_interval(state, dead_pid):
+    stale = {make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid) for _ in range(REG.PRUNE_BATCH + 3)}
+    recent = make_entry(state, "finished", age=3600, dead_pid=dead_pid)
+    stamp = state / REG.PRUNE_STAMP
+    assert stamp.exists() and stamp.stat().st_mode & 0o777 == 0o600  # made by the first registration
+    left = lambda: {run_id for run_id in stale if files_of(state, run_id)}  # noqa: E731
+    assert left() == stale  # the stamp is fresh: those registrations did not look
+
+    def corral_run():
+        proc = subprocess.run([*CORRAL, *FB, "--", "true"], env=env_for(state), capture_output=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+
+    os.utime(stamp, (0, 0))  # an hour and more ago
+    corral_run()
+    assert len(stale - left()) == REG.PRUNE_BATCH  # a bounded batch...
+    assert not {".json", ".log"} & set().union(*(files_of(state, i) for i in stale - left()))
+    corral_run()
+    assert left() == set()  # ... and the next registration goes on with the rest
+    assert files_of(state, recent) == {".json", ".log"}
+    again = make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid)
+    corral_run()
+    assert files_of(state, again) == {".json", ".log"}  # the stamp is fresh again: no scan
 
 
 # -- environment ----------------------------------------------------------------------------
