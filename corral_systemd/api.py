@@ -235,6 +235,7 @@ class _Execution:
 
 
 _NO_SYSTEMD = object()  # a Runner's session when no manager answered (auto mode)
+_NOT_READY = object()  # see Runner._session_if_ready
 
 
 class Runner:
@@ -270,6 +271,15 @@ class Runner:
                         raise
                     self._session = _NO_SYSTEMD
             return self._session
+
+    def _session_if_ready(self, spec: RunSpec):
+        """``_session_for`` when it would not block, else ``_NOT_READY``."""
+        if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
+            return None
+        with self._lock:
+            if self._session is not None and not self._closed:
+                return self._session
+        return _NOT_READY
 
     def close(self) -> None:
         with self._lock:
@@ -382,7 +392,9 @@ class RunHandle:
             on_out, on_err = self.stdout._feed_threadsafe, self.stderr._feed_threadsafe
         else:
             on_out, on_err = _writer(1), _writer(2)
-        session = await asyncio.to_thread(self._runner._session_for, self._spec)
+        session = self._runner._session_if_ready(self._spec)
+        if session is _NOT_READY:  # first systemd run of this Runner: connecting blocks
+            session = await asyncio.to_thread(self._runner._session_for, self._spec)
         stdin_r = 0
         if self._spec.stdin == "pipe":
             stdin_r, self._stdin_w = os.pipe2(os.O_CLOEXEC)

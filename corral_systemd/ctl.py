@@ -207,15 +207,14 @@ class _Bus:
         self.why = None
         try:
             from . import dbus
-            from .dbus.connection import Connection
             from .dbus.systemd1 import Manager
-            from .engines.systemd import _bus_address
+            from .engines.systemd import connect_manager
             from .errors import SetupError
 
             dbus.light_import = True
             try:
-                _kind, address = _bus_address("auto")
-                self.manager = Manager(Connection(address, timeout=5.0))
+                _kind, conn = connect_manager("auto", timeout=5.0)
+                self.manager = Manager(conn)
             except SetupError as exc:
                 self.why = str(exc)
         except Exception as exc:  # no bus: units are not checked, and we say so

@@ -71,6 +71,8 @@ class EngineInfo(BaseModel):
     manager: Optional[Literal["user", "system"]] = None
     unit: Optional[str] = None
     unit_type: Optional[Literal["scope", "service"]] = None
+    #: How corral reached the manager: its private socket, or a bus.
+    transport: Optional[Literal["private", "bus"]] = None
     invocation_id: Optional[str] = None
     control_group: Optional[str] = None
     unit_result: Optional[str] = None

@@ -111,11 +111,28 @@ def normalize_run_id(text: str) -> str:
 
 # -- process identity ---------------------------------------------------
 def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _boot_id = f.read().strip()
+        except OSError:
+            return ""
+    return _boot_id
+
+
+_boot_id: str | None = None
+_own_starttime: tuple[int, int | None] | None = None  # (pid, start time) of this process
+
+
+def own_starttime() -> int | None:
+    """This process's start time (cached per pid, so a forked child reads its own)."""
+    global _own_starttime
+    pid = os.getpid()
+    if _own_starttime is None or _own_starttime[0] != pid:
+        me = proc_stat(pid)
+        _own_starttime = (pid, me[4] if me else None)
+    return _own_starttime[1]
 
 
 def proc_stat(pid: int):
@@ -255,8 +272,11 @@ class EventLog:
     def append(self, event: str, data: dict | None = None) -> dict:
         line = {"seq": self.seq, "event": event, "time": time.time(), "monotonic": time.monotonic(),
                 "run_id": self.run_id, "data": data or {}, "prev": self.head}
-        line["hash"] = sha256(_canonical(line)).hexdigest()
-        os.write(self.fd, _canonical(line) + b"\n")
+        body = _canonical(line)
+        line["hash"] = sha256(body).hexdigest()
+        # The canonical form plus the hash as its last member: verifying
+        # pops "hash" and canonicalizes again, so the order does not matter.
+        os.write(self.fd, body[:-1] + b',"hash":"' + line["hash"].encode() + b'"}\n')
         os.fsync(self.fd)
         self.seq += 1
         self.head = line["hash"]
@@ -322,7 +342,6 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
     if not valid_run_id(run_id):
         raise OSError(f"run id {run_id!r} is not a registry id")
     now, mono = time.time(), time.monotonic()
-    me = proc_stat(os.getpid())
     entry = {
         "version": VERSION,
         "run_id": run_id,
@@ -330,7 +349,7 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
         # kind "corral": the owner is a corral process (SIGTERM makes it stop
         # the run, verified); "library": an application using the Python API,
         # which must never be signalled — its runs are stopped through the unit.
-        "owner": {"pid": os.getpid(), "starttime": me[4] if me else None, "pgid": os.getpgid(0),
+        "owner": {"pid": os.getpid(), "starttime": own_starttime(), "pgid": os.getpgid(0),
                   "sid": os.getsid(0), "uid": os.geteuid(), "boot_id": boot_id(), "kind": owner_kind},
         "mode": mode,
         "unit": unit,

@@ -154,3 +154,83 @@ async def test_corralctl_stop_of_library_run_stops_unit_not_application(marker):
     assert proc.returncode == 0, err
     assert result.verified and marked_pids(marker) == []
     # and this test process (the run's owner) was not signalled: we are here.
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+def test_runner_control_group_is_the_commands(unit_type, marker):
+    """The Runner derives a service's cgroup and takes a scope's from the
+    gated shell: both must be the cgroup the kernel puts the command in."""
+    if not user_manager_reachable():
+        pytest.skip("no user manager reachable")
+    with corral.Runner(mode="enforced", unit_type=unit_type) as runner:
+        results = [runner.run(["cat", "/proc/self/cgroup"], env=_env(marker)) for _ in range(3)]
+    for result in results:
+        lines = [line.split(":", 2) for line in result.stdout.decode().splitlines()]
+        own = {path for hierarchy, controllers, path in lines
+               if hierarchy == "0" or "name=systemd" in controllers.split(",")}
+        assert result.exit_code == 0 and result.engine.control_group in own, (own, result.engine)
+        assert result.engine.unit.endswith(f".{unit_type}") and result.engine.invocation_id
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+async def test_runner_routes_each_runs_own_signals(unit_type):
+    """32 concurrent runs over one shared manager connection: each gets its
+    own exit status (routed by unit), none waits on another's signals.
+
+    dash has no $RANDOM: every command exits at once, mostly non-zero, which
+    makes systemd 252 fail most services' Type=exec start jobs after the
+    command ran; those runs must still report their own status, not 125."""
+    if not user_manager_reachable():
+        pytest.skip("no user manager reachable")
+    markers = [new_marker() for _ in range(32)]
+    try:
+        async with corral.Runner(mode="enforced", unit_type=unit_type, wall=20) as runner:
+            results = await asyncio.gather(*(
+                runner.arun(["sh", "-c", f"sleep 0.$((RANDOM % 3)); exit {i}"], env=_env(m))
+                for i, m in enumerate(markers)))
+        assert [r.exit_code for r in results] == list(range(32))
+        assert all(r.verified and r.outcome == "exited" for r in results)
+        assert len({r.engine.unit for r in results}) == 32
+        assert all(marked_pids(m) == [] for m in markers)
+    finally:
+        for m in markers:
+            kill_marked(m)
+
+
+@pytest.mark.manager_kill
+def test_manager_killed_mid_library_run_is_reported_honestly(marker):
+    """Kills the user manager under a Runner's shared connection (run alone)."""
+    import signal
+    import threading
+
+    manager = int(os.environ["CORRAL_HARNESS_MANAGER_PID"])
+    with corral.Runner(mode="enforced", wall=3, grace=0.5) as runner:
+        outcome = {}
+        worker = threading.Thread(target=lambda: outcome.update(
+            result=_run_or_error(runner, DAEMON, env=_env(marker))))
+        worker.start()
+        deadline = time.monotonic() + 10
+        while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(marked_pids(marker)) >= 2, "run never started"
+        os.kill(manager, signal.SIGKILL)
+        worker.join(30)
+        assert not worker.is_alive(), "the run hung after the manager died"
+    left = marked_pids(marker)
+    try:
+        result = outcome["result"]
+        if left:  # unprovable: it must say so
+            assert isinstance(result, corral.Unverified), result
+        else:
+            assert isinstance(result, corral.Unverified) or result.exit_code in (124, 120), result
+    finally:
+        kill_marked(marker)
+
+
+def _run_or_error(runner, argv, **kw):
+    try:
+        return runner.run(argv, **kw)
+    except corral.CorralError as exc:
+        return exc

@@ -49,6 +49,20 @@ def test_record_names_the_unit(corral, unit_type):
     assert engine["unit"] == f"corral-{run.record['run_id']}.{unit_type}"
     assert engine["manager"] == "user" and engine["unit_type"] == unit_type
     assert engine["invocation_id"] and len(engine["invocation_id"]) == 32
+    expected = "bus" if os.environ.get("CORRAL_SYSTEMD_TRANSPORT") == "bus" else "private"
+    assert engine["transport"] == expected
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_record_control_group_is_the_commands(corral, unit_type):
+    """The cgroup corral watches and kills is the one the kernel puts the
+    command in (for a service it is derived, not asked for: prove it)."""
+    run = corral(mode_flags(unit_type) + ["--", "cat", "/proc/self/cgroup"])
+    assert run.returncode == 0, run.stderr
+    lines = [line.split(":", 2) for line in run.stdout.decode().splitlines()]
+    own = {path for hierarchy, controllers, path in lines
+           if hierarchy == "0" or "name=systemd" in controllers.split(",")}
+    assert run.record["engine"]["control_group"] in own, (own, run.record["engine"])
 
 
 def _start_daemon_run(unit_type, tmp_path, *extra, **popen):

@@ -29,3 +29,29 @@ def test_bad_sizes(text):
 def test_bad_counts(text):
     with pytest.raises(ValueError):
         parse_count(text)
+
+
+def test_cached_mount_table_follows_mounts(tmp_path):
+    """Mounts.current() (a Runner reads the table for every run) must be
+    parsed again after any mount or unmount, never served stale."""
+    import os
+    import subprocess
+    import sys
+
+    point = tmp_path / "point"
+    point.mkdir()
+    script = f"""
+import subprocess
+from corral_systemd.kernel.cgroupfs import Mounts
+a = Mounts.current(); assert Mounts.current() is a, "not cached"
+subprocess.run(["mount", "-t", "cgroup2", "none", "{point}"], check=True)
+b = Mounts.current(); assert b is not a and b.unified == "{point}", ("stale after mount", b.unified)
+assert Mounts.current() is b, "not cached after the change"
+subprocess.run(["umount", "{point}"], check=True)
+c = Mounts.current(); assert c is not b and c.unified != "{point}", "stale after umount"
+"""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a private mount namespace)")
+    run = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

@@ -9,6 +9,7 @@ import array
 import os
 import select
 import socket
+import threading
 import time
 from collections import deque
 
@@ -59,6 +60,7 @@ class Connection:
         self._serial = 0
         self.signals: deque[Message] = deque()
         self._replies: dict[int, Message] = {}
+        self._send_lock = threading.Lock()
         self.subscribed = False  # Manager.Subscribe done on this connection
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -111,25 +113,33 @@ class Connection:
         return line[:-2]
 
     # -- sending -------------------------------------------------------
-    def send(self, msg: Message) -> int:
-        self._serial += 1
-        msg.serial = self._serial
-        data = bytes(msg._marshall(True))
-        fds = msg.unix_fds
-        self.sock.setblocking(True)
-        self.sock.settimeout(self.timeout)
-        try:
-            if fds:
-                sent = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-                if sent < len(data):
-                    self.sock.sendall(data[sent:])
-            else:
-                self.sock.sendall(data)
-        except OSError as exc:
-            raise BusError(f"bus connection lost while sending: {exc}") from None
-        finally:
-            self.sock.setblocking(False)
-        return msg.serial
+    def send(self, msg: Message, on_serial=None) -> int:
+        """Send one message; returns its serial. Thread-safe: a shared
+        connection (``mux.Multiplexer``) sends from many threads while its
+        reader thread receives, so the socket stays non-blocking throughout
+        and a full send buffer is waited out with select(). ``on_serial``
+        is called with the serial before any byte is sent."""
+        with self._send_lock:
+            self._serial += 1
+            msg.serial = self._serial
+            if on_serial is not None:
+                on_serial(msg.serial)
+            data = memoryview(bytes(msg._marshall(True)))
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", msg.unix_fds))] if msg.unix_fds else []
+            end = time.monotonic() + self.timeout
+            try:
+                while data:
+                    try:
+                        sent = self.sock.sendmsg([data], ancillary)
+                    except BlockingIOError:
+                        left = end - time.monotonic()
+                        if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                            raise BusError("timed out sending to the bus") from None
+                        continue
+                    data, ancillary = data[sent:], []  # the fds went with the first byte
+            except OSError as exc:
+                raise BusError(f"bus connection lost while sending: {exc}") from None
+            return msg.serial
 
     def call(self, destination, path, interface, member, signature="", body=(), *, fds=(), timeout=None) -> Message:
         """Call a method and wait for its reply. Raises BusError on an error reply."""

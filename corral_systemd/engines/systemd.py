@@ -2,8 +2,10 @@
 
 The flow, as in systemd-run (run.c):
 
-1. connect to the manager's bus (user: session bus; system: system bus);
-2. AddMatch + Subscribe, so no JobRemoved / PropertiesChanged is missed;
+1. connect to the manager: its private socket where we may (as systemctl
+   does), else its bus (user: session bus; system: system bus);
+2. on a bus, AddMatch + Subscribe, so no JobRemoved / PropertiesChanged is
+   missed (a private connection receives every signal unasked);
 3. fork the *tether* (a tiny child of corral that dies with corral) and,
    for a scope, fork the command held at a gate before exec;
 4. StartTransientUnit: the run unit (limits, BindsTo+After the tether's
@@ -21,14 +23,15 @@ If corral is SIGKILLed, the tether exits (``tether.py``), its scope
 empties and stops, and BindsTo= makes the manager stop the run within
 TimeoutStopSec (= grace). RuntimeMaxSec is a further backstop.
 
-A library ``Runner`` passes a ``SystemdSession``: one bus connection and
-one tether shared by its runs, so a run costs one StartTransientUnit and
-no extra process. The CLI makes both per run (the tether scope then rides
-in the same StartTransientUnit call as an auxiliary unit).
+A library ``Runner`` passes a ``SystemdSession``: one manager connection
+(multiplexed between its concurrent runs) and one tether, so a run costs
+one StartTransientUnit and no extra process. The CLI makes both per run
+(the tether scope then rides in the same StartTransientUnit call as an
+auxiliary unit).
 """
 
-import errno
 import os
+import re
 import signal
 import time
 
@@ -37,7 +40,7 @@ from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interfa
 from ..errors import SetupError
 from ..kernel import cgroupfs, procfs
 from ..kernel.pidfd import signal_cgroup_members
-from ..kernel.spawn import ExecError, fork_command
+from ..kernel.spawn import fork_command, resolve_executable, spawn_gated_by_shell
 from .base import Engine
 from .tether import Tether
 
@@ -48,13 +51,28 @@ _USEC = 1_000_000
 RUNTIME_CALL_TIMEOUT = 1.0
 
 
-def _bus_address(manager: str) -> tuple[str, str]:
-    """(manager kind, bus address) or SetupError saying what is missing."""
+def _private_socket(kind: str) -> str | None:
+    """The manager's own socket (peer-to-peer, no bus daemon in between), as
+    systemctl uses it: $XDG_RUNTIME_DIR/systemd/private for the user
+    manager, /run/systemd/private (root only) for the system manager."""
+    if os.environ.get("CORRAL_SYSTEMD_TRANSPORT") == "bus":
+        return None
+    if kind == "user":
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        path = os.path.join(runtime, "systemd", "private") if runtime else None
+    else:
+        path = "/run/systemd/private" if os.geteuid() == 0 else None
+    return path if path and os.path.exists(path) else None
+
+
+def _bus_address(manager: str) -> tuple[str, str | None]:
+    """(manager kind, bus address or None if only the private socket is
+    there) or SetupError saying what is missing."""
     from . import session_bus_candidates
 
     if manager in ("auto", "user"):
         address = session_bus_candidates()
-        if address is not None:
+        if address is not None or _private_socket("user"):
             return "user", address
         if manager == "user":
             raise SetupError("no user manager bus: DBUS_SESSION_BUS_ADDRESS is unset and $XDG_RUNTIME_DIR/bus does not exist")
@@ -63,6 +81,30 @@ def _bus_address(manager: str) -> tuple[str, str]:
     if not os.path.isdir("/run/systemd/system"):
         raise SetupError("no system manager: this machine was not booted with systemd (/run/systemd/system missing)")
     return "system", os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
+
+
+def connect_manager(manager: str, timeout: float = 10.0) -> tuple[str, Connection]:
+    """(manager kind, connection): the manager's private socket where we
+    may use it, else its bus. SetupError if neither answers.
+
+    The private socket saves the bus daemon's hop on every message and the
+    Hello/AddMatch/Subscribe calls (the manager sends every signal to every
+    private connection); the price is that AddRef/UnrefUnit need a bus name
+    and are not available there (see ``SystemdEngine.direct``).
+    """
+    kind, address = _bus_address(manager)
+    private = _private_socket(kind)
+    if private is not None:
+        try:
+            return kind, Connection(f"unix:path={private}", timeout=timeout, bus=False)
+        except BusError:
+            pass  # not ours to use (e.g. another user's): try the bus
+    if address is None:
+        raise SetupError(f"{kind} manager unreachable: its private socket did not answer and there is no bus")
+    try:
+        return kind, Connection(address, timeout=timeout)
+    except BusError as exc:
+        raise SetupError(f"{kind} manager unreachable: {exc}") from None
 
 
 class SystemdEngine(Engine):
@@ -74,27 +116,32 @@ class SystemdEngine(Engine):
         super().__init__()
         self.spec = spec
         self._session = session
-        if session is None:
-            self.manager_kind, address = _bus_address(spec.manager)
-            self.conn = _connect(self.manager_kind, address)
-            self.tether_unit = f"corral-{spec.run_id}-tether.scope"
-        else:
-            self.manager_kind, self.conn = session.manager_kind, session.connect()
-            self.tether_unit = session.tether_unit
-        self.manager = Manager(self.conn)
         self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
         self._unit_path = unit_path(self.unit)
         self._unit_match = ("type='signal',sender='org.freedesktop.systemd1',"
                             f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'")
+        if session is None:
+            self.manager_kind, self.conn = connect_manager(spec.manager, START_TIMEOUT)
+            self.tether_unit = f"corral-{spec.run_id}-tether.scope"
+        else:
+            self.manager_kind, self.conn = session.manager_kind, session.channel(self.unit, self._unit_path)
+            self.tether_unit = session.tether_unit
+        #: A peer-to-peer connection to the manager: no bus name, so no
+        #: AddRef/UnrefUnit; the unit may be collected as soon as it ends,
+        #: and what we need of it arrives in PropertiesChanged before UnitRemoved.
+        self.direct = self.conn.unique_name is None
+        self.manager = Manager(self.conn)
         try:
-            _subscribe(self.conn, self.manager)
-            self.manager.add_match(self._unit_match)
+            if session is None:
+                _subscribe(self.conn, self.manager)
+                self.manager.add_match(self._unit_match)
         except BusError as exc:
             self.conn.close()
             raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
         self._child = None  # scope: the command, our child
         self._tether = None  # our own tether (no session)
         self._status: int | None = None
+        self._main_started = False  # a service's main process was started (PropertiesChanged)
         self._cgroup: str | None = None
         self._mounts = None
         self._oom_eventfd = None
@@ -106,7 +153,8 @@ class SystemdEngine(Engine):
         self._stopped_count = 0
         self._signalled: set[int] = set()
         self._last: list[int] = []
-        self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type}
+        self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type,
+                      "transport": "private" if self.direct else "bus"}
         self._peaks = {}
 
     # -- start ---------------------------------------------------------
@@ -119,7 +167,11 @@ class SystemdEngine(Engine):
         props = self._common_properties(argv)
         fds = []
         if spec.unit_type == "scope":
-            self._child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True)
+            # The CLI forks (one small thread, exact exec errors); a library
+            # Runner's host is multi-threaded and must not fork: a shell holds the gate.
+            start_gated = fork_command if self._session is None else spawn_gated_by_shell
+            self._child = start_gated(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+                                      **({"gated": True} if self._session is None else {}))
             props.append(prop("PIDs", "au", [self._child.pid]))
         else:
             props += self._service_properties(argv, env, cwd)
@@ -161,6 +213,22 @@ class SystemdEngine(Engine):
         """
         if self.spec.unit_type != "service":
             return False
+        # The manager says so in PropertiesChanged (ExecMainPID,
+        # ExecMainStartTimestampMonotonic), which may trail JobRemoved a
+        # little; the unit's final state ends the wait. Once collected (no
+        # AddRef on a private connection) it cannot be asked any more.
+        import select
+
+        end = time.monotonic() + RUNTIME_CALL_TIMEOUT
+        while not self._main_started and not self._unit_gone and self._active_state not in ("failed", "inactive"):
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self.conn.fileno()], [], [], left)[0]:
+                break
+            self.conn.read_pending()
+            while self.conn.signals:
+                self._handle_signal(self.conn.signals.popleft())
+        if self._main_started or self._unit_gone:
+            return self._main_started
         try:
             started = self.manager.get(self.unit, interface_for(self.unit), "ExecMainStartTimestampMonotonic")
         except BusError:
@@ -173,15 +241,17 @@ class SystemdEngine(Engine):
             prop("Description", "s", "corral: " + " ".join(argv)[:200]),
             prop("Slice", "s", spec.slice),
             prop("CollectMode", "s", "inactive-or-failed"),
-            prop("AddRef", "b", True),
             prop("SendSIGKILL", "b", True),
             prop("TimeoutStopUSec", "t", int(spec.grace * _USEC)),
             prop("BindsTo", "as", [self.tether_unit]),
             prop("After", "as", [self.tether_unit]),
-            prop("CPUAccounting", "b", True),
             prop("TasksAccounting", "b", True),
             prop("MemoryAccounting", "b", True),
         ]
+        if not self.direct:
+            # Keep the unit (and its result) until UnrefUnit, even if it is
+            # collected-eligible before we read it. Not on a direct connection.
+            props.append(prop("AddRef", "b", True))
         if spec.wall is not None:
             backstop = spec.wall + spec.grace + spec.verify_timeout
             props.append(prop("RuntimeMaxUSec", "t", int(backstop * _USEC)))
@@ -194,7 +264,7 @@ class SystemdEngine(Engine):
     def _service_properties(self, argv, env, cwd):
         unset = self._unset_for_explicit_env(env) if env is not None else []
         env = dict(os.environ if env is None else env)
-        path = _resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+        path = resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
         assignments = []
         for key, value in env.items():
             if _valid_env(key, value):
@@ -228,21 +298,24 @@ class SystemdEngine(Engine):
         return _wait_job(self.conn, job, self._handle_signal, what=self.unit)
 
     def _locate_cgroup(self):
-        """Find the unit's cgroup: the manager's ControlGroup, else (manager
-        lost) a scope's main process's own; then check limits, arm OOM watch."""
-        self._mounts = cgroupfs.Mounts()
-        try:
-            # A scope's cgroup is its (held) main process's: the kernel says
-            # so without a round trip. A service's we must ask for.
-            cg = self._cgroup_from_proc() or self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
-            inv = self.manager.get(self.unit, UNIT, "InvocationID")
-            self.facts["invocation_id"] = bytes(inv).hex() or None
-        except BusError as exc:
-            if exc.name == NO_SUCH_UNIT:
-                cg = ""  # already ran and was collected (a service exiting at once)
-            else:
-                self.warnings.append(f"could not read the unit's cgroup from the manager ({_why(exc)})")
-                cg = self._cgroup_from_proc()
+        """Find the unit's cgroup, then check limits and arm the OOM watch.
+
+        Without a round trip where the kernel can tell: a scope's is its
+        held main process's; a service's is its slice's (known from the
+        tether's scope in the same slice) plus its name, which is how
+        systemd names it. Else the manager's ControlGroup property.
+        """
+        self._mounts = cgroupfs.Mounts() if self._session is None else cgroupfs.Mounts.current()
+        cg = self._cgroup_from_proc() or self._cgroup_beside_tether()
+        if not cg:
+            try:
+                cg = self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
+            except BusError as exc:
+                if exc.name == NO_SUCH_UNIT:
+                    cg = ""  # already ran and was collected (a service exiting at once)
+                else:
+                    self.warnings.append(f"could not read the unit's cgroup from the manager ({_why(exc)})")
+                    cg = ""
         if cg and not self._is_unit_cgroup(cg):
             self.warnings.append(f"ignoring control group {cg!r}: not the unit's")
             cg = ""
@@ -252,25 +325,19 @@ class SystemdEngine(Engine):
         self._check_limits_enforced()
         self._arm_oom_eventfd()
 
-    def _cgroup_from_proc(self) -> str:
-        """A scope's cgroup as the kernel shows it for its (held) main process.
+    def _cgroup_beside_tether(self) -> str:
+        """The service's cgroup, from the tether scope's when both share a slice."""
+        if self._session is not None:
+            slice_cgroup = self._session.slice_cgroup if self._session.slice == self.spec.slice else None
+        else:
+            tether = self._tether
+            path = tether and _cgroup_of(tether.pid, self.tether_unit)
+            slice_cgroup = path.rsplit("/", 1)[0] if path else None
+        return f"{slice_cgroup}/{self.unit}" if slice_cgroup else ""
 
-        Only a path that ends in the unit's own name is accepted: a stale or
-        foreign path (e.g. a v1 hierarchy systemd does not manage, which
-        reads "/") must never become the group corral kills.
-        """
-        if self._child is None:
-            return ""  # a service's processes are not ours to look up
-        try:
-            with open(f"/proc/{self._child.pid}/cgroup") as f:
-                lines = [line.rstrip("\n").split(":", 2) for line in f]
-        except OSError:
-            return ""
-        # The unified line first (the tree systemd tracks processes in), then name=systemd.
-        for hierarchy, controllers, path in sorted(lines, key=lambda l: l[0] != "0"):
-            if (hierarchy == "0" or "name=systemd" in controllers.split(",")) and self._is_unit_cgroup(path):
-                return path
-        return ""
+    def _cgroup_from_proc(self) -> str:
+        """A scope's cgroup as the kernel shows it for its (held) main process."""
+        return _cgroup_of(self._child.pid, self.unit) if self._child is not None else ""
 
     def _is_unit_cgroup(self, path: str) -> bool:
         return path.endswith("/" + self.unit)
@@ -355,16 +422,23 @@ class SystemdEngine(Engine):
         """Track the unit from its PropertiesChanged signals, so that the
         common path needs no Get round trips: ActiveState (Unit), Result and,
         for a service, ExecMainCode/ExecMainStatus all emit changes."""
+        if msg.member == "UnitRemoved" and msg.body[0] == self.unit:
+            self._unit_gone = True  # collected: inactive, and no more calls about it
+            return
         if msg.member != "PropertiesChanged" or msg.path != self._unit_path:
             return
         interface, changed = msg.body[0], {k: v.value for k, v in msg.body[1].items()}
         if interface == UNIT:
             if "ActiveState" in changed:
                 self._active_state = changed["ActiveState"]
+            if changed.get("InvocationID") and "invocation_id" not in self.facts:
+                self.facts["invocation_id"] = bytes(changed["InvocationID"]).hex()
             return
         if "Result" in changed:
             self.facts["unit_result"] = changed["Result"]
         if self._child is None:
+            if changed.get("ExecMainPID") or changed.get("ExecMainStartTimestampMonotonic"):
+                self._main_started = True
             self._sample(changed)
             self._service_status_from(changed)
 
@@ -575,10 +649,11 @@ class SystemdEngine(Engine):
                     self.facts["unit_result"] = self.manager.get(self.unit, interface_for(self.unit), "Result")
                 except BusError:
                     pass
-            try:
-                self.manager.unref_unit(self.unit)
-            except BusError:
-                pass
+            if not self.direct:
+                try:
+                    self.manager.unref_unit(self.unit)
+                except BusError:
+                    pass
         self._end_tether()
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
@@ -586,14 +661,7 @@ class SystemdEngine(Engine):
         if self._oom_eventfd is not None:
             os.close(self._oom_eventfd)
             self._oom_eventfd = None
-        if self._session is None or self.manager.lost is not None:
-            self.conn.close()
-        else:
-            try:
-                self.manager.remove_match(self._unit_match)
-                self._session.release(self.conn)
-            except BusError:
-                self.conn.close()
+        self.conn.close()  # a session's channel: just stop routing to it
         self.conn = None
 
     def describe(self):
@@ -616,43 +684,53 @@ def _why(exc: BusError) -> str:
     return names.get(exc.name, str(exc))
 
 
-def _resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
-    """PATH lookup as execvp does it; ExecError(ENOENT/EACCES) when it fails."""
-    if "/" in name:
-        candidates = [os.path.join(cwd or os.getcwd(), name)]
-    else:
-        candidates = [os.path.join(d or ".", name) for d in path_env.split(":")]
-    denied = False
-    for candidate in candidates:
-        if os.path.isfile(candidate):
-            if os.access(candidate, os.X_OK):
-                return os.path.abspath(candidate)
-            denied = True
-        elif os.path.isdir(candidate) and "/" in name:
-            denied = True
-    raise ExecError(errno.EACCES if denied else errno.ENOENT, name)
+#: What systemd accepts in Environment= (env_assignment_is_valid): a name
+#: of [A-Za-z0-9_] not starting with a digit, a value with no control
+#: characters other than tab and newline.
+_ENV_NAME = re.compile(r"(?![0-9])[A-Za-z0-9_]+")
+_ENV_VALUE = re.compile(r"[^\x00-\x08\x0b-\x1f\x7f]*")
 
 
 def _valid_env(key: str, value: str) -> bool:
-    if not key or key[0].isdigit() or not all(c.isalnum() or c == "_" for c in key) or not key.isascii():
-        return False
-    return all(c in "\t\n" or ord(c) >= 32 for c in value) and ord(max(value, default="a")) != 0x7F
+    return _ENV_NAME.fullmatch(key) is not None and _ENV_VALUE.fullmatch(value) is not None
 
 
-def _subscribe(conn: Connection, manager: Manager) -> None:
-    """Match JobRemoved and Subscribe, once per connection (before any start)."""
-    if not getattr(conn, "subscribed", False):
+def _cgroup_of(pid: int, unit: str) -> str:
+    """``pid``'s cgroup path as the kernel shows it, if it is ``unit``'s.
+
+    Only a path that ends in the unit's own name is accepted: a stale or
+    foreign path (e.g. a v1 hierarchy systemd does not manage, which reads
+    "/") must never become the group corral kills.
+    """
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return ""
+    # The unified line first (the tree systemd tracks processes in), then name=systemd.
+    for hierarchy, controllers, path in sorted(lines, key=lambda l: l[0] != "0"):
+        if (hierarchy == "0" or "name=systemd" in controllers.split(",")) and path.endswith("/" + unit):
+            return path
+    return ""
+
+
+def _subscribe(conn: Connection, manager: Manager, *, all_units: bool = False) -> None:
+    """Make sure the manager's signals reach ``conn``, once per connection
+    (before any start). A private connection gets them all unasked. On a
+    bus: match JobRemoved (and, for a shared connection, every unit's
+    PropertiesChanged and UnitRemoved) and Subscribe."""
+    if getattr(conn, "subscribed", False):
+        return
+    if conn.unique_name is not None:
         manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
                           f"interface='{MANAGER}',member='JobRemoved'")
+        if all_units:
+            manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
+                              f"interface='{MANAGER}',member='UnitRemoved'")
+            manager.add_match("type='signal',sender='org.freedesktop.systemd1',interface='" + PROPS
+                              + "',member='PropertiesChanged',path_namespace='/org/freedesktop/systemd1/unit'")
         manager.subscribe()
-        conn.subscribed = True
-
-
-def _connect(kind: str, address: str) -> Connection:
-    try:
-        return Connection(address, timeout=START_TIMEOUT)
-    except BusError as exc:
-        raise SetupError(f"{kind} manager unreachable: {exc}") from None
+    conn.subscribed = True
 
 
 def _wait_job(conn, job: str, other=lambda msg: None, *, what: str) -> str:
@@ -669,7 +747,7 @@ def _wait_job(conn, job: str, other=lambda msg: None, *, what: str) -> str:
         left = end - time.monotonic()
         if left <= 0:
             raise SetupError(f"systemd did not start {what} within {START_TIMEOUT:g}s")
-        if select.select([conn.sock], [], [], left)[0]:
+        if select.select([conn.fileno()], [], [], left)[0]:
             conn.read_pending()
 
 
@@ -685,46 +763,48 @@ def _tether_properties(pid: int, slice_: str, for_what: str) -> list:
 class SystemdSession:
     """What a library Runner shares between its systemd runs.
 
-    One tether (and its scope) for all runs, started on first use; a pool of
-    idle bus connections, so concurrent runs in different threads each use
-    their own connection while sequential runs reuse one. Thread-safe.
-    Failure modes: SetupError from ``open`` when no manager answers.
+    One manager connection (the private socket where possible), shared by
+    all runs through a ``Multiplexer`` (a reader thread routes replies and
+    each unit's signals to its run), and one tether (with its scope) for all
+    runs, so a run costs one StartTransientUnit and no extra process or
+    connection. Thread-safe. Failure modes: SetupError from the constructor
+    when no manager answers or the tether cannot be started; once the
+    connection ends, every run's calls fail and its manager counts as lost.
     """
 
     def __init__(self, manager: str = "auto", slice_: str = "corral.slice"):
-        import threading
+        from ..dbus.mux import Multiplexer
 
-        self.manager_kind, self._address = _bus_address(manager)
-        self._slice = slice_
-        self._lock = threading.Lock()
-        self._idle: list[Connection] = []
+        self.slice = slice_
+        self.manager_kind, conn = connect_manager(manager, START_TIMEOUT)
+        try:
+            _subscribe(conn, Manager(conn), all_units=True)
+        except BusError as exc:
+            conn.close()
+            raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
+        self._mux = Multiplexer(conn)
         self._tether: Tether | None = None
         self.tether_unit = f"corral-runner-{os.getpid()}-{os.urandom(4).hex()}-tether.scope"
-        conn = self.connect()
+        #: The slice's cgroup, as the kernel shows it for the tether's scope.
+        self.slice_cgroup: str | None = None
         try:
-            self._start_tether(conn)
-        finally:
-            self.release(conn)
+            self._start_tether()
+        except BaseException:
+            self._mux.close()
+            raise
 
-    def connect(self) -> Connection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return _connect(self.manager_kind, self._address)
+    def channel(self, unit: str, path: str):
+        """A connection-like view for one unit's run (see ``mux.Channel``)."""
+        return self._mux.channel(unit, path)
 
-    def release(self, conn: Connection) -> None:
-        conn.signals.clear()
-        with self._lock:
-            self._idle.append(conn)
-
-    def _start_tether(self, conn: Connection) -> None:
-        manager = Manager(conn)
+    def _start_tether(self) -> None:
+        chan = self.channel(self.tether_unit, unit_path(self.tether_unit))
+        manager = Manager(chan)
         self._tether = Tether()
         try:
-            _subscribe(conn, manager)
             job = manager.start_transient_unit(self.tether_unit, _tether_properties(
-                self._tether.pid, self._slice, f"runner {os.getpid()}"))
-            result = _wait_job(conn, job, what=self.tether_unit)
+                self._tether.pid, self.slice, f"runner {os.getpid()}"))
+            result = _wait_job(chan, job, what=self.tether_unit)
             if result != "done":
                 raise SetupError(f"systemd could not start {self.tether_unit}: job {result}")
         except BusError as exc:
@@ -733,13 +813,14 @@ class SystemdSession:
         except BaseException:
             self._tether.close()
             raise
+        finally:
+            chan.close()
+        path = _cgroup_of(self._tether.pid, self.tether_unit)
+        self.slice_cgroup = path.rsplit("/", 1)[0] if path else None
 
     def close(self) -> None:
-        """End the tether (units bound to it stop) and close connections."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-            tether, self._tether = self._tether, None
+        """End the tether (units bound to it stop) and the connection."""
+        tether, self._tether = self._tether, None
         if tether is not None:
             tether.close()
-        for conn in idle:
-            conn.close()
+        self._mux.close()

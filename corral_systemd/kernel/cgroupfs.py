@@ -9,6 +9,7 @@ the caller's cgroup namespace.
 
 import errno
 import os
+import threading
 
 
 class Mounts:
@@ -38,6 +39,37 @@ class Mounts:
     @property
     def pure_v2(self) -> bool:
         return self.unified is not None and not self.v1
+
+    _cached: "Mounts | None" = None
+    _watch = None  # an open /proc/self/mounts: polls POLLPRI once the mount table changes
+
+    @classmethod
+    def current(cls) -> "Mounts":
+        """The mount table as of now, parsed again only when it changed.
+
+        For a long-lived process (a library Runner) that reads it for every
+        run. The kernel marks an open /proc/self/mounts with POLLPRI|POLLERR
+        after any mount or unmount in our namespace (proc(5)), so a cached
+        table is never used across a change.
+        """
+        import select
+
+        with _current_lock:
+            watch = cls._watch
+            if watch is None:
+                watch = select.poll()
+                cls._watch_file = open("/proc/self/mounts", "rb", buffering=0)
+                watch.register(cls._watch_file, select.POLLPRI | select.POLLERR)
+                cls._watch = watch
+            elif cls._cached is not None and not watch.poll(0):
+                return cls._cached
+            cls._watch_file.seek(0)  # reading it again re-arms the notification
+            cls._watch_file.read()
+            cls._cached = mounts = cls()
+            return mounts
+
+
+_current_lock = threading.Lock()
 
 
 def _is_cgroup_root(point: str) -> bool:

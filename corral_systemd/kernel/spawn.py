@@ -1,8 +1,10 @@
 """Starting the command: new session, exact stdio, exec errors reported.
 
-The child is forked, not posix_spawn()ed, because the systemd scope engine
-must hold it between fork and exec until the scope exists (the *gate*), so
-that nothing the command runs can start outside its unit.
+The systemd scope engine must hold the command between its start and its
+exec until the scope exists (the *gate*), so that nothing the command runs
+can start outside its unit. The CLI forks and holds the child in Python
+(``fork_command``); a library host, being multi-threaded, must not fork, and
+posix_spawn()s a shell that holds the gate (``spawn_gated_by_shell``).
 
 Exec failures travel back over a close-on-exec pipe as an errno, so the
 caller can map them to 127 (not found) or 126 (cannot execute) without
@@ -127,3 +129,86 @@ def fork_command(
         os.close(gate_r)
     pidfd = os.pidfd_open(pid)
     return Child(pid, pidfd, gate_w, err_r, argv[0])
+
+
+def resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
+    """PATH lookup as execvp does it; ExecError(ENOENT/EACCES) when it fails."""
+    if "/" in name:
+        candidates = [os.path.join(cwd or os.getcwd(), name)]
+    else:
+        candidates = [os.path.join(d or ".", name) for d in path_env.split(":")]
+    denied = False
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            if os.access(candidate, os.X_OK):
+                return os.path.abspath(candidate)
+            denied = True
+        elif os.path.isdir(candidate) and "/" in name:
+            denied = True
+    raise ExecError(errno.EACCES if denied else errno.ENOENT, name)
+
+
+#: The gate, as a shell: wait for corral's go (a line on fd 3; EOF means
+#: corral gave up), then become the command in its working directory.
+_GATE_SCRIPT = 'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; shift; exec "$@"'
+
+
+class ShellGatedChild:
+    """A command held at a gate by ``/bin/sh``; ``release()`` lets it exec."""
+
+    def __init__(self, pid: int, pidfd: int, gate_w: int):
+        self.pid = pid
+        self.pidfd = pidfd
+        self._gate_w = gate_w
+
+    def release(self) -> None:
+        """Open the gate. Returns at once: the shell then execs the command."""
+        if self._gate_w is not None:
+            try:
+                os.write(self._gate_w, b"go\n")
+            finally:
+                os.close(self._gate_w)
+                self._gate_w = None
+
+    def abandon(self) -> None:
+        """Kill a gated child that will never be released (setup failed)."""
+        if self._gate_w is not None:
+            os.close(self._gate_w)
+            self._gate_w = None
+        from .pidfd import kill_and_reap
+
+        kill_and_reap(self.pid, self.pidfd)
+        self.pidfd = -1
+
+
+def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: int,
+                         env: dict[str, str] | None, cwd: str | None) -> ShellGatedChild:
+    """Start the command held at a gate, without fork()ing the caller.
+
+    For a multi-threaded host (a library Runner: reader thread, supervisor
+    threads, an event loop) fork() is both costly (page tables, copy-on-write
+    faults while the child runs Python) and unsafe (locks held by other
+    threads stay held in the child). ``posix_spawn`` (vfork-based) starts
+    ``/bin/sh`` in a new session with default signal dispositions and an
+    empty mask; the shell waits at the gate and then execs the command.
+
+    Exec errors: the executable is resolved here first (ExecError with
+    ENOENT/EACCES, before anything starts). A later exec failure (e.g. a
+    format the kernel refuses) is the shell's: it prints why and exits
+    126/127, which corral reports as the command's exit.
+    """
+    env = dict(os.environ if env is None else env)
+    path = resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
+        actions.append((os.POSIX_SPAWN_DUP2, gate_r, 3))
+        pid = os.posix_spawn("/bin/sh", ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."),
+                                         path, *argv[1:]], env, file_actions=actions, setsid=True,
+                             setsigmask=(), setsigdef=[getattr(signal, name) for name in _DEFAULT_IN_CHILD])
+    except BaseException:
+        os.close(gate_w)
+        raise
+    finally:
+        os.close(gate_r)
+    return ShellGatedChild(pid, os.pidfd_open(pid), gate_w)
