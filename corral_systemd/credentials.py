@@ -1,30 +1,51 @@
 """--credential NAME=PATH: secrets that exist only while the run does.
 
-Every mode (fallback, --cgroup-parent, scope and service) gets the same
-thing: a private directory (0700, files 0400) on a tmpfs, named in
-``$CREDENTIALS_DIRECTORY``, holding a copy of each credential under its
-NAME. corral reads the source file once and never logs its contents.
+The command finds a copy of each credential as ``$CREDENTIALS_DIRECTORY/NAME``.
+Who makes that directory depends on the mode (the record and the registry
+say which: ``credentials_delivery``):
 
-The directory is removed:
-- by corral when the run ends, whatever the outcome (``finally``);
-- if corral is SIGKILLed, by a *watcher*: a tiny child forked before the
-  run starts, in its own session, ignoring terminal signals, that blocks
-  reading a pipe whose only write end corral holds. When corral dies for
-  any reason the kernel closes that end, the read returns EOF, and the
-  watcher removes the directory and exits. It costs one fork and no
-  polling, and needs no systemd (so it covers fallback runs, whose
-  leftover processes cannot be stopped once corral is gone).
-- as a last resort by ``corralctl gc`` (a watcher killed by hand).
+- a systemd service (``--unit-type service``): **systemd**, through its own
+  credential mechanism. corral passes ``LoadCredential=NAME:PATH`` (PATH made
+  absolute; only the path goes over D-Bus and into the transient unit file,
+  the manager reads the file itself, as the manager's user) and the manager
+  mounts a private ramfs on ``$XDG_RUNTIME_DIR/credentials/<unit>`` (the user
+  manager) or ``/run/credentials/<unit>`` (the system manager), which it
+  removes whenever the unit stops: the command ended, corral stopped the run,
+  or corral died and the tether made the manager stop the unit.
+  Delivery is verified inside the unit before the command runs: an
+  ``ExecStartPre=`` checks that every NAME is a readable file in
+  ``$CREDENTIALS_DIRECTORY`` and exits ``CHECK_FAILED`` otherwise. That
+  matters: systemd 252 builds the directory in a mount namespace of its own
+  and moves it into place, which reaches the unit only if ``/run`` (or
+  ``$XDG_RUNTIME_DIR``) is a *shared* mount; where it is not (a container, a
+  test harness) every unit silently gets an empty directory. A file the
+  manager cannot read fails the unit with status 243 (EXIT_CREDENTIALS).
+  Either way the run fails as a setup error (125, one line) before the
+  command starts, and nothing is recorded as the command's result.
+- fallback, ``--cgroup-parent`` and scopes: **corral**, a private directory
+  (0700, files 0400) on a tmpfs. corral reads the source file once and never
+  logs its contents. The directory is removed:
 
-Why not systemd's LoadCredential=/SetCredential= for services: on the
-systemd 252 user manager we test against the credentials directory is
-created but stays empty (or exec fails with EXIT_CREDENTIALS), so corral
-could not promise the file exists; the private directory works the same
-everywhere and is removed by the same means.
+  - by corral when the run ends, whatever the outcome (``finally``);
+  - if corral is SIGKILLed, by a *watcher*: a tiny child forked before the
+    run starts, in its own session, ignoring terminal signals, that blocks
+    reading a pipe whose only write end corral holds. When corral dies for
+    any reason the kernel closes that end, the read returns EOF, and the
+    watcher removes the directory and exits. It costs one fork and no
+    polling, and needs no systemd (so it covers fallback runs, whose
+    leftover processes cannot be stopped once corral is gone).
+  - as a last resort by ``corralctl gc`` (a watcher killed by hand).
 
-Where: ``<state dir>/credentials/<run id>`` when the state directory is on
-a tmpfs or ramfs, else ``/dev/shm/corral-<uid>/<run id>``; a directory that
-is not a tmpfs is refused (a secret must not reach a disk).
+  A scope cannot use systemd's mechanism: scopes run no process of the
+  manager's making, so systemd has no credentials for them.
+
+``SetCredential=`` is never used: it would put the secret itself into the
+transient unit file and expose it as a D-Bus property of the unit.
+
+Where corral's directory lives: ``<state dir>/credentials/<run id>`` when the
+state directory is on a tmpfs or ramfs, else ``/dev/shm/corral-<uid>/<run
+id>``; a directory that is not a tmpfs is refused (a secret must not reach a
+disk).
 """
 
 import os
@@ -34,6 +55,14 @@ from .errors import SetupError, UsageError
 
 MAX_CREDENTIAL_SIZE = 1024 * 1024  # systemd's limit too
 _MEMORY_FS = ("tmpfs", "ramfs")
+#: Exit status of the service's ExecStartPre= check when a credential is missing.
+CHECK_FAILED = 87
+#: systemd's EXIT_CREDENTIALS: the manager could not load a credential.
+EXIT_CREDENTIALS = 243
+#: The ExecStartPre= check, run by /bin/sh with the NAMEs as arguments. It
+#: must contain neither "${" nor "$$": systemd expands those in command lines.
+CHECK_SCRIPT = ('for n do [ -f "$CREDENTIALS_DIRECTORY/$n" ] && [ -r "$CREDENTIALS_DIRECTORY/$n" ] '
+                f'|| exit {CHECK_FAILED}; done')
 
 
 def parse_credential(text: str) -> tuple[str, str]:
@@ -44,6 +73,35 @@ def parse_credential(text: str) -> tuple[str, str]:
             or not name.isascii():
         raise UsageError(f"invalid --credential name {name!r}: letters, digits, '.', '_' and '-' only")
     return name, os.path.abspath(path)
+
+
+def check_unique(pairs: list[tuple[str, str]]) -> list[str]:
+    """The NAMEs, or UsageError when one is given twice."""
+    names = [n for n, _ in pairs]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise UsageError(f"--credential {sorted(dup)[0]!r} given twice")
+    return names
+
+
+def source_problem(pairs: list[tuple[str, str]]) -> str | None:
+    """Why a source could not be loaded, as corral sees it ("NAME: PATH: reason"), or None.
+
+    Only to explain a failure the manager reported; never reads the contents.
+    """
+    import stat
+
+    for name, path in pairs:
+        try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                return f"{name}: {path} is not a regular file"
+            if st.st_size > MAX_CREDENTIAL_SIZE:
+                return f"{name}: {path} is larger than 1 MiB"
+            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
+        except OSError as exc:
+            return f"{name}: {path}: {exc.strerror}"
+    return None
 
 
 def fstype(path: str) -> str | None:
@@ -78,12 +136,8 @@ class PrivateCredentials:
     """The private directory, its files and its watcher."""
 
     def __init__(self, pairs: list[tuple[str, str]], run_id: str, state_directory: str):
-        names = [n for n, _ in pairs]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise UsageError(f"--credential {sorted(dup)[0]!r} given twice")
         self.pairs = pairs
-        self.names = names
+        self.names = check_unique(pairs)
         self.path = None
         self.watcher_pid = None
         self._pipe_w = None

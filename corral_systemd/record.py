@@ -122,6 +122,9 @@ class RunRecord(_Strict):
     warnings: list[str] = []
     environment: Optional[EnvironmentNames] = None
     credentials: list[str] = []
+    #: Who made $CREDENTIALS_DIRECTORY: "systemd" (a service's LoadCredential=)
+    #: or "corral" (its private tmpfs directory); None without --credential.
+    credentials_delivery: Optional[Literal["systemd", "corral"]] = None
 
 
 def from_result(result, cls=None, **extra) -> RunRecord:
@@ -139,6 +142,7 @@ def from_result(result, cls=None, **extra) -> RunRecord:
         remaining_pids=result.remaining_pids, verified=result.verified, output_bytes=result.output_bytes,
         engine=EngineInfo(**result.engine), warnings=result.warnings,
         environment=getattr(result, "environment", None), credentials=getattr(result, "credentials", []),
+        credentials_delivery=getattr(result, "credentials_delivery", None),
     )
 
 

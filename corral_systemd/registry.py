@@ -4,7 +4,8 @@ Layout of the state directory (0700; every file 0600)::
 
     <dir>/<run id>.json    the run's entry, replaced atomically on each state change
     <dir>/<run id>.log     its events, JSON lines, append-only, hash-chained
-    <dir>/credentials/     private credential directories (only if <dir> is a tmpfs)
+    <dir>/credentials/     corral's private credential directories (only if <dir> is a tmpfs;
+                           a systemd service's are the manager's, see credentials.py)
     <dir>/.pruned          its mtime: when registration last looked for stale entries
 
 The directory is ``$CORRAL_STATE_DIR`` if set, else ``/run/corral`` for
@@ -328,8 +329,8 @@ class Registration:
 
 def register(spec, *, mode: str, unit: str | None = None, control_group: str | None = None,
              environment: dict | None = None, credentials: list | None = None,
-             credentials_directory: str | None = None, helper_pids=(), directory: str | None = None,
-             owner_kind: str = "corral") -> Registration:
+             credentials_directory: str | None = None, credentials_delivery: str | None = None,
+             helper_pids=(), directory: str | None = None, owner_kind: str = "corral") -> Registration:
     """Write the run's entry (state ``active``) and its ``registered`` event.
 
     Raises OSError when the state directory or the files cannot be written:
@@ -365,6 +366,9 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
         "cwd": os.path.abspath(spec.cwd or os.getcwd()),
         "environment": environment,
         "credentials": list(credentials or []),
+        # "systemd" (a service's LoadCredential=; the manager owns and removes
+        # the directory) or "corral" (credentials_directory is corral's own)
+        "credentials_delivery": credentials_delivery,
         "credentials_directory": credentials_directory,
         "helper_pids": list(helper_pids),
     }
@@ -373,7 +377,7 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
         reg = Registration(directory, entry, log)
         reg.event("registered", {k: entry[k] for k in (
             "owner", "mode", "unit", "control_group", "wall", "deadline_at", "command", "cwd", "environment",
-            "credentials")})
+            "credentials", "credentials_delivery")})
         reg.save()
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

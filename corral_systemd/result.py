@@ -45,6 +45,7 @@ class RunOutcome:
     warnings: list[str] = field(default_factory=list)
     environment: dict | None = None  # --env-*: names kept and dropped, never values
     credentials: list[str] = field(default_factory=list)  # --credential names, never contents
+    credentials_delivery: str | None = None  # who made $CREDENTIALS_DIRECTORY: "systemd" or "corral"
 
     @property
     def wall_time(self) -> float:

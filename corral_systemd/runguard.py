@@ -1,8 +1,9 @@
 """What the CLI wraps around a run: registry entry, audit log, credentials.
 
-    with RunGuard(spec, ...) as guard:          # credentials ready (before any engine)
+    with RunGuard(spec, ...) as guard:          # corral's credentials ready (before any engine)
         engine = open_engine(spec)
-        observer = guard.register(engine)       # entry + "registered" on disk, or SetupError
+        observer = guard.register(engine)       # credentials settled (a systemd service: by
+                                                # systemd); entry + "registered" on disk, or SetupError
         result = Supervisor(..., observer=observer).run()
         guard.annotate(result)
     # credentials removed, log closed, whatever happened
@@ -25,22 +26,51 @@ class RunGuard:
         self.use_registry = registry
         self.registration = None
         self.creds = None
+        #: Who makes $CREDENTIALS_DIRECTORY: "systemd" (a service) or "corral".
+        self.delivery = None
         self._state_dir = None
 
     def __enter__(self):
         if self.credential_pairs:
-            from .credentials import PrivateCredentials
-            from .registry import state_dir
+            from .credentials import check_unique
 
-            self.creds = PrivateCredentials(self.credential_pairs, self.spec.run_id, state_dir())
-            self.creds.create()  # forks the watcher: before the engine, so fallback counts it as foreign
-            env = dict(os.environ if self.spec.env is None else self.spec.env)
-            env["CREDENTIALS_DIRECTORY"] = self.creds.path
-            self.spec.env = env
+            check_unique(self.credential_pairs)
+            if not _may_be_systemd_service(self.spec):
+                self._private_credentials()  # before the engine, so fallback counts the watcher as foreign
         return self
 
+    def _private_credentials(self):
+        from .credentials import PrivateCredentials
+        from .registry import state_dir
+
+        self.creds = PrivateCredentials(self.credential_pairs, self.spec.run_id, state_dir())
+        self.creds.create()  # forks the watcher
+        env = dict(os.environ if self.spec.env is None else self.spec.env)
+        env["CREDENTIALS_DIRECTORY"] = self.creds.path
+        self.spec.env = env
+        self.delivery = "corral"
+
+    def _credentials_for(self, engine) -> None:
+        """A run that may be a systemd service: now that the engine is known, who delivers."""
+        if engine.mode == "systemd" and self.spec.unit_type == "service":
+            self.spec.credentials = list(self.credential_pairs)  # LoadCredential=, checked before the command
+            self.delivery = "systemd"
+            return
+        try:  # auto mode fell back: corral's private directory after all
+            self._private_credentials()
+        except BaseException:
+            engine.close()
+            raise
+        engine.ignore_child(self.creds.watcher_pid)  # forked after the engine: not the run's
+
     def register(self, engine):
-        """Write the entry before the command starts; the observer for the supervisor (or None)."""
+        """Settle the credentials; write the entry before the command starts.
+
+        Returns the observer for the supervisor (or None without a registry);
+        SetupError/UsageError (the engine closed) when the run cannot start.
+        """
+        if self.credential_pairs and self.delivery is None:
+            self._credentials_for(engine)
         if not self.use_registry:
             return None
         from .registry import RegistryObserver, register
@@ -50,7 +80,7 @@ class RunGuard:
             self.registration = register(
                 self.spec, mode=engine.mode, unit=getattr(engine, "unit", None),
                 control_group=facts.get("control_group"), environment=self.environment,
-                credentials=self.creds.names if self.creds else [],
+                credentials=[n for n, _ in self.credential_pairs], credentials_delivery=self.delivery,
                 credentials_directory=self.creds.path if self.creds else None,
                 helper_pids=[self.creds.watcher_pid] if self.creds else [], owner_kind=self.owner_kind)
         except OSError as exc:
@@ -60,7 +90,8 @@ class RunGuard:
 
     def annotate(self, result) -> None:
         result.environment = self.environment
-        result.credentials = list(self.creds.names) if self.creds else []
+        result.credentials = [n for n, _ in self.credential_pairs]
+        result.credentials_delivery = self.delivery
 
     def __exit__(self, exc_type, exc, tb):
         try:
@@ -78,3 +109,8 @@ class RunGuard:
                     pass
                 reg.close()
         return False
+
+
+def _may_be_systemd_service(spec) -> bool:
+    """Could this run become a systemd service? (auto mode knows only once the engine is open)"""
+    return spec.unit_type == "service" and spec.cgroup_parent is None and spec.cgroup_mode != "fallback"

@@ -35,6 +35,11 @@ class RunSpec:
     slice: str = "corral.slice"
     env: dict[str, str] | None = None  # None: corral's own environment
     cwd: str | None = None  # None: corral's own working directory
+    #: --credential (NAME, absolute PATH) pairs the engine delivers itself: set
+    #: by RunGuard for a systemd service (LoadCredential=). For every other
+    #: mode it stays empty; RunGuard makes corral's private directory instead
+    #: and sets $CREDENTIALS_DIRECTORY in ``env``.
+    credentials: list = field(default_factory=list)
     run_id: str = field(default_factory=new_run_id)
 
     def limits(self) -> dict:

@@ -411,7 +411,9 @@ class Supervisor:
 
     def _finish(self, spawn_exit: int | None = None) -> R.RunOutcome:
         res, engine = self.result, self.engine
-        status = engine.main_status()
+        # A setup failure (125) means the command did not run: whatever the
+        # engine saw (e.g. a service that failed before exec) is not its result.
+        status = engine.main_status() if res.reason != R.SETUP_FAILED else None
         if status is not None:
             if os.WIFSIGNALED(status):
                 res.command_signal = os.WTERMSIG(status)

@@ -504,8 +504,30 @@ def test_credential_fallback_readable_then_gone(state, tmp_path):
     cred_dir = Path(where.read_text().strip())
     assert cred_dir.is_relative_to(state) and not cred_dir.exists()
     record = json.loads(rec.read_text())
-    assert record["credentials"] == ["api"]
+    assert record["credentials"] == ["api"] and record["credentials_delivery"] == "corral"
+    [run_id] = run_ids(state)
+    entry = json.loads((state / f"{run_id}.json").read_text())
+    assert entry["credentials_delivery"] == "corral" and entry["credentials_directory"] == str(cred_dir)
     _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
+
+
+def test_credential_service_without_systemd_falls_back_to_corrals_directory(state, tmp_path):
+    """auto mode, --unit-type service, no manager: the fallback run gets corral's private
+    directory, made after the engine opened; its watcher is not taken for a run process."""
+    src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
+    env = {k: v for k, v in env_for(state).items() if k not in ("DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR")}
+    proc = subprocess.run([*CORRAL, "--manager", "user", "--unit-type", "service", "--json", str(rec),
+                           "--credential", f"api={src}", "--", "sh", "-c", CRED_PROBE.format("exit 0"), "probe",
+                           str(src), str(where)], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
+    record = json.loads(rec.read_text())
+    assert record["mode"] == "fallback" and record["credentials_delivery"] == "corral"
+    assert record["processes_stopped"] == 0 and record["processes_seen"] == 1, record
+    cred_dir = Path(where.read_text().strip())
+    assert cred_dir.is_relative_to(state) and not cred_dir.exists()
+    bad = subprocess.run([*CORRAL, "--manager", "user", "--unit-type", "service", "--credential",
+                          f"api={tmp_path}/missing", "--", "true"], env=env, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 125 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_credential_contents_in_no_record_or_log(state, tmp_path):
@@ -530,6 +552,22 @@ def test_credential_removed_when_corral_is_sigkilled(state, tmp_path, markers):
     proc.wait()
     wait_for(lambda: not cred_dir.exists(), timeout=2)  # the watcher saw corral die
     _assert_secret_nowhere(state)
+
+
+def test_service_credential_check_script(tmp_path):
+    """The ExecStartPre= check a systemd service runs before its command (see credentials.py)."""
+    from corral_systemd.credentials import CHECK_FAILED, CHECK_SCRIPT
+
+    assert "${" not in CHECK_SCRIPT and "$$" not in CHECK_SCRIPT  # systemd would expand those
+    (tmp_path / "api").write_text("x")
+    (tmp_path / "adir").mkdir()
+
+    def check(*names, env=None):
+        return subprocess.run(["/bin/sh", "-c", CHECK_SCRIPT, "check", *names], timeout=10,
+                              env={"CREDENTIALS_DIRECTORY": str(tmp_path)} if env is None else env).returncode
+
+    assert check("api") == 0
+    assert check("api", "missing") == check("adir") == check("api", env={}) == CHECK_FAILED
 
 
 def test_credential_bad_input_is_125(state, tmp_path):

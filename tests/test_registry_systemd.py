@@ -1,5 +1,9 @@
 """Issue 5 against a real manager: credentials, environment, ps/stop/gc for units
-(run under tests/harness/with-user-manager; see tests/run)."""
+(run under tests/harness/with-user-manager; see tests/run).
+
+Credentials: a scope gets corral's private directory, a service systemd's own
+($XDG_RUNTIME_DIR/credentials/<unit>, LoadCredential=), checked inside the unit
+before the command runs."""
 
 import json
 import os
@@ -25,16 +29,102 @@ def _unit_state(unit: str) -> str:
     return r.stdout.strip() or "gone"
 
 
+def _systemd_credentials_dir(unit: str) -> Path:
+    return Path(os.environ["XDG_RUNTIME_DIR"]) / "credentials" / unit
+
+
+DELIVERY = {"scope": "corral", "service": "systemd"}
+
+
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_credential_readable_then_gone(state, tmp_path, unit_type):
     src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
+    # an inherited $CREDENTIALS_DIRECTORY must not win over the run's own
+    env = env_for(state, CREDENTIALS_DIRECTORY=str(tmp_path))
     proc = subprocess.run([*CORRAL, *mode_flags(unit_type), "--json", str(rec), "--credential", f"api={src}", "--",
                            "sh", "-c", CRED_PROBE.format("exit 0"), "probe", str(src), str(where)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
+    cred_dir = Path(where.read_text().strip())
+    record = json.loads(rec.read_text())
+    unit = record["engine"]["unit"]
+    if unit_type == "service":
+        assert cred_dir == _systemd_credentials_dir(unit)  # systemd's, not corral's
+    else:
+        assert cred_dir.is_relative_to(state)
+    assert not cred_dir.exists()  # gone when corral returns
+    assert record["credentials"] == ["api"] and record["credentials_delivery"] == DELIVERY[unit_type]
+    entry = json.loads((state / f"{record['run_id']}.json").read_text())
+    assert entry["credentials"] == ["api"] and entry["credentials_delivery"] == DELIVERY[unit_type]
+    assert entry["credentials_directory"] == (None if unit_type == "service" else str(cred_dir))
+    assert entry["helper_pids"] == [] if unit_type == "service" else len(entry["helper_pids"]) == 1
+    _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
+
+
+def test_service_credentials_are_systemds_and_gone_after_a_timeout(state, tmp_path):
+    src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
+    (tmp_path / "second").write_text("two")
+    proc = subprocess.run([*CORRAL, *mode_flags("service"), "--wall", "500ms", "--grace", "300ms", "--json", str(rec),
+                           "--credential", f"api={src}", "--credential", f"second.key={tmp_path / 'second'}", "--",
+                           "sh", "-c", 'echo "$CREDENTIALS_DIRECTORY" > "$0"; cat "$CREDENTIALS_DIRECTORY/second.key"; '
+                           'ls -ld "$CREDENTIALS_DIRECTORY" "$CREDENTIALS_DIRECTORY"/*; trap "" TERM; sleep 30',
+                           str(where)],
+                          env=env_for(state), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 124, proc.stderr
+    record = json.loads(rec.read_text())
+    cred_dir = Path(where.read_text().strip())
+    assert cred_dir == _systemd_credentials_dir(record["engine"]["unit"])
+    assert proc.stdout.startswith("two") and "dr-x------" in proc.stdout and "-r--------" in proc.stdout
+    assert record["steps"]["kill_sent"] is not None  # ignored SIGTERM: killed
+    assert not cred_dir.exists()
+    _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
+
+
+def test_service_credential_source_missing_is_125_nothing_runs(state, tmp_path, marker):
+    witness, rec = tmp_path / "ran", tmp_path / "r.json"
+    proc = subprocess.run([*CORRAL, *mode_flags("service"), "--json", str(rec), "--credential",
+                           f"api={tmp_path}/missing", "--", "sh", "-c", 'touch "$0"; sleep 30', str(witness)],
+                          env=env_for(state, marker), capture_output=True, text=True, timeout=60)
+    left = marked_pids(marker)
+    assert proc.returncode == 125, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could not load the credentials" in lines[0] and "243" in lines[0], lines
+    assert f"api: {tmp_path}/missing: No such file or directory" in lines[0]
+    assert left == [] and not witness.exists()
+    record = json.loads(rec.read_text())
+    assert record["outcome"] == "setup_failed" and record["exit_code"] == 125
+    assert record["command_exit_status"] is None and record["command_signal"] is None
+    assert record["credentials_delivery"] == "systemd"
+    unit = record["engine"]["unit"]
+    assert _unit_state(unit) in ("inactive", "failed", "gone") and not _systemd_credentials_dir(unit).exists()
+
+
+@pytest.mark.private_run
+def test_service_credentials_not_delivered_is_125(state, tmp_path, marker):
+    """systemd 252 with a private /run: the unit's directory stays empty, silently.
+    corral's ExecStartPre= check must notice before the command runs (tests/run runs
+    this alone, in a harness with CORRAL_HARNESS_RUN_PROPAGATION=private)."""
+    if os.environ.get("CORRAL_HARNESS_RUN_PROPAGATION") != "private":
+        pytest.skip("needs CORRAL_HARNESS_RUN_PROPAGATION=private (tests/run)")
+    src, witness, rec = _secret_file(tmp_path), tmp_path / "ran", tmp_path / "r.json"
+    proc = subprocess.run([*CORRAL, *mode_flags("service"), "--json", str(rec), "--credential", f"api={src}", "--",
+                           "sh", "-c", 'touch "$0"; sleep 30', str(witness)],
+                          env=env_for(state, marker), capture_output=True, text=True, timeout=60)
+    left = marked_pids(marker)
+    assert proc.returncode == 125, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did not deliver the credentials" in lines[0], lines
+    assert "use --unit-type scope" in lines[0]
+    assert left == [] and not witness.exists()
+    record = json.loads(rec.read_text())
+    assert record["outcome"] == "setup_failed" and record["command_exit_status"] is None
+    assert _unit_state(record["engine"]["unit"]) in ("inactive", "failed", "gone")
+    _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
+    # a scope does not depend on the manager's mounts: corral's directory works there
+    proc = subprocess.run([*CORRAL, *mode_flags("scope"), "--credential", f"api={src}", "--",
+                           "sh", "-c", CRED_PROBE.format("exit 0"), "probe", str(src), str(tmp_path / "where")],
                           env=env_for(state), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
-    assert not Path(where.read_text().strip()).exists()
-    assert json.loads(rec.read_text())["credentials"] == ["api"]
-    _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
 
 
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
@@ -50,6 +140,18 @@ def test_credential_gone_and_unit_stopped_when_corral_is_sigkilled(state, tmp_pa
     unit = f"corral-{run_id}.{unit_type}"
     rows = json.loads(ctl(state, "ps", "--json").stdout)
     assert rows[0]["unit"] == unit and rows[0]["processes"] == 3, rows
+    if unit_type == "service":
+        assert cred_dir == _systemd_credentials_dir(unit)
+        # the manager knows the path, never the secret: properties, unit file, Description
+        show = subprocess.run(["systemctl", "--user", "show", "--all", unit], capture_output=True, text=True).stdout
+        load = subprocess.run(["busctl", "--user", "get-property", "org.freedesktop.systemd1",
+                               f"/org/freedesktop/systemd1/unit/{unit.replace('-', '_2d').replace('.', '_2e')}",
+                               "org.freedesktop.systemd1.Service", "LoadCredential"],
+                              capture_output=True, text=True).stdout
+        assert load.strip() == f'a(ss) 1 "api" "{src}"', load
+        transient = Path(os.environ["XDG_RUNTIME_DIR"]) / "systemd" / "transient" / unit
+        assert f"LoadCredential=api:{src}" in transient.read_text()
+        _assert_secret_nowhere(state, show, transient.read_text())
     proc.kill()
     proc.wait()
     wait_for(lambda: not cred_dir.exists(), timeout=2)

@@ -107,6 +107,10 @@ class Engine:
         """Kernel proof that the run is gone: [] if proven, else what remains."""
         raise NotImplementedError
 
+    def ignore_child(self, pid: int) -> None:
+        """``pid``, a child of corral forked after the engine was opened but
+        before the run (the credentials watcher), is not part of the run."""
+
     def close(self) -> None:
         """Release resources (cgroups, units, fds). Safe to call twice."""
 

@@ -47,6 +47,9 @@ class FallbackEngine(Engine):
         self._main_reaped = False
         self._last: list[procfs.ProcInfo] = []
 
+    def ignore_child(self, pid):
+        self._foreign.add(pid)
+
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
         child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=False)

@@ -175,12 +175,15 @@ class SystemdEngine(Engine):
             props.append(prop("PIDs", "au", [self._child.pid]))
         else:
             props += self._service_properties(argv, env, cwd)
+            props += self._credential_properties(props)
             props += [prop("StandardInputFileDescriptor", "h", 0), prop("StandardOutputFileDescriptor", "h", 1),
                       prop("StandardErrorFileDescriptor", "h", 2)]
             fds = [stdin, stdout, stderr]
         try:
             job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
             result = self._wait_job(job)
+            if result != "done":
+                self._check_credentials_delivered()  # SetupError if systemd did not deliver them
             if result != "done" and not self._service_ran():
                 raise SetupError(f"systemd could not start {self.unit}: job {result}")
         except BusError as exc:
@@ -234,6 +237,55 @@ class SystemdEngine(Engine):
         except BusError:
             return False
         return bool(started)
+
+    # -- --credential for a service (see credentials.py) ---------------
+    def _credential_properties(self, props) -> list:
+        """LoadCredential= for each credential (the manager reads the file:
+        only the path goes over the bus) and an ExecStartPre= that checks,
+        inside the unit and before the command, that each one arrived."""
+        from ..credentials import CHECK_SCRIPT
+
+        pairs = self.spec.credentials
+        if not pairs:
+            return []
+        for i, (name, value) in enumerate(props):
+            if name == "Environment":  # an inherited CREDENTIALS_DIRECTORY= would override systemd's
+                props[i] = prop(name, "as", [a for a in value.value if not a.startswith("CREDENTIALS_DIRECTORY=")])
+        return [
+            prop("LoadCredential", "a(ss)", [(n, path) for n, path in pairs]),
+            prop("ExecStartPre", "a(sasb)", [("/bin/sh", ["/bin/sh", "-c", CHECK_SCRIPT, "corral-credentials",
+                                                          *(n for n, _ in pairs)], False)]),
+        ]
+
+    def _check_credentials_delivered(self) -> None:
+        """After a failed start job: SetupError if the credentials are why.
+
+        The check exited CHECK_FAILED (the directory arrived empty), or the
+        manager could not load a source (EXIT_CREDENTIALS, in ExecStartPre or,
+        if the file vanished in between, in the main process before exec).
+        """
+        from ..credentials import CHECK_FAILED, EXIT_CREDENTIALS, source_problem
+
+        if self.spec.unit_type != "service" or not self.spec.credentials:
+            return
+        try:
+            pre = self.manager.get(self.unit, interface_for(self.unit), "ExecStartPre")
+            main = (self.manager.get(self.unit, interface_for(self.unit), "ExecMainCode"),
+                    self.manager.get(self.unit, interface_for(self.unit), "ExecMainStatus"))
+        except BusError:
+            return
+        check = (pre[0][8], pre[0][9]) if pre else (0, 0)  # (code, status): CLD_EXITED is 1
+        if check == (1, CHECK_FAILED):
+            raise SetupError(f"systemd did not deliver the credentials to {self.unit} ($CREDENTIALS_DIRECTORY "
+                             "empty or incomplete in the unit: is the manager's runtime directory a shared mount?); "
+                             "use --unit-type scope or fix the manager")
+        if (1, EXIT_CREDENTIALS) in (check, main):
+            why = source_problem(self.spec.credentials)
+            raise SetupError(f"systemd could not load the credentials for {self.unit} (exit status "
+                             f"{EXIT_CREDENTIALS}/CREDENTIALS{'; ' + why if why else ''})")
+        if check[0] and check != (1, 0):
+            raise SetupError(f"systemd did not deliver the credentials to {self.unit} (the check could not run: "
+                             f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager")
 
     def _common_properties(self, argv):
         spec = self.spec
