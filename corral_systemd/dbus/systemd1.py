@@ -78,6 +78,9 @@ class Manager:
     def stop_unit(self, name: str) -> str:
         return self._call(DEST, PATH, MANAGER, "StopUnit", "ss", [name, "replace"]).body[0]
 
+    def reset_failed_unit(self, name: str) -> None:
+        self._call(DEST, PATH, MANAGER, "ResetFailedUnit", "s", [name])
+
     def unref_unit(self, name: str) -> None:
         self._call(DEST, PATH, MANAGER, "UnrefUnit", "s", [name])
 

@@ -287,12 +287,21 @@ class SystemdEngine(Engine):
             raise SetupError(f"systemd did not deliver the credentials to {self.unit} (the check could not run: "
                              f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager")
 
+    @property
+    def _keep_failed(self) -> bool:
+        """A failed start of a service with credentials is explained by its
+        ExecStartPre's status, read after the fact; without AddRef only
+        CollectMode=inactive keeps a failed unit loaded for that (it is
+        reset in close()). The credentials are known once the run guard
+        has seen the engine, before start()."""
+        return self.direct and self.spec.unit_type == "service" and bool(self.spec.credentials)
+
     def _common_properties(self, argv):
         spec = self.spec
         props = [
             prop("Description", "s", "corral: " + " ".join(argv)[:200]),
             prop("Slice", "s", spec.slice),
-            prop("CollectMode", "s", "inactive-or-failed"),
+            prop("CollectMode", "s", "inactive" if self._keep_failed else "inactive-or-failed"),
             prop("SendSIGKILL", "b", True),
             prop("TimeoutStopUSec", "t", int(spec.grace * _USEC)),
             prop("BindsTo", "as", [self.tether_unit]),
@@ -706,6 +715,11 @@ class SystemdEngine(Engine):
                     self.manager.unref_unit(self.unit)
                 except BusError:
                     pass
+        if self._keep_failed and not self._unit_gone and self.manager.lost is None:
+            try:
+                self.manager.reset_failed_unit(self.unit)
+            except BusError:
+                pass  # not failed (already collected) or gone
         self._end_tether()
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
