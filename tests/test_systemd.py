@@ -184,3 +184,13 @@ def test_manager_killed_mid_run_is_reported_honestly(unit_type, tmp_path):
     finally:
         proc.kill()
         kill_marked(marker)
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_arguments_reach_the_command_verbatim(corral, unit_type):
+    """systemd expands $VAR, ${VAR} and $$ in a service's ExecStart=; corral's
+    arguments must reach the command as given (ExecStartEx, no-env-expand)."""
+    args = ["${USER}x", "$USER", "$$", "a$b", "%n", "\\t"]
+    run = corral(mode_flags(unit_type) + ["--", "printf", "[%s]\\n", *args])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.decode().splitlines() == [f"[{a}]" for a in args]

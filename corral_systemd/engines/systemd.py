@@ -334,7 +334,10 @@ class SystemdEngine(Engine):
                 self.warnings.append(f"environment variable {key!r} not passed to the service (systemd rejects it)")
         return [
             prop("Type", "s", "exec"),
-            prop("ExecStart", "a(sasb)", [(path, list(argv), False)]),
+            # ExecStartEx with no-env-expand (the ":" prefix): the arguments
+            # reach the command as given; plain ExecStart would have systemd
+            # expand "$VAR", "${VAR}" and "$$" in them.
+            prop("ExecStartEx", "a(sasas)", [(path, list(argv), ["no-env-expand"])]),
             prop("Environment", "as", assignments),
             *([prop("UnsetEnvironment", "as", unset)] if unset else []),
             prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),
