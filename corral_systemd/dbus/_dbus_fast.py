@@ -26,8 +26,8 @@ if light_import and "dbus_fast" not in sys.modules:
 # Order matters: message first, as dbus_fast's own __init__ does (the
 # unmarshaller and signature modules import each other through it).
 from dbus_fast.message import Message  # noqa: E402, I001
-from dbus_fast.constants import MessageType  # noqa: E402
+from dbus_fast.constants import MessageFlag, MessageType  # noqa: E402
 from dbus_fast.signature import Variant  # noqa: E402
 from dbus_fast._private.unmarshaller import Unmarshaller  # noqa: E402
 
-__all__ = ["Message", "MessageType", "Unmarshaller", "Variant"]
+__all__ = ["Message", "MessageFlag", "MessageType", "Unmarshaller", "Variant"]

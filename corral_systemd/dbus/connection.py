@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 
-from ._dbus_fast import Message, MessageType, Unmarshaller
+from ._dbus_fast import Message, MessageFlag, MessageType, Unmarshaller
 
 _BUS = "org.freedesktop.DBus"
 
@@ -77,7 +77,10 @@ class Connection:
                 raise BusError(f"cannot connect to {path.lstrip(chr(0))}: {exc.strerror}") from None
             self._authenticate()
             self.sock.setblocking(False)
-            self._unmarshaller = Unmarshaller(None, self.sock, True)
+            # We send descriptors (a service's stdio) but never receive any:
+            # without fd support the unmarshaller reads greedily, several
+            # messages per recv() instead of two recvmsg() per message.
+            self._unmarshaller = Unmarshaller(None, self.sock, False)
             self.unique_name = None
             if bus:
                 self.unique_name = self.call(_BUS, "/org/freedesktop/DBus", _BUS, "Hello").body[0]
@@ -151,6 +154,12 @@ class Connection:
             text = reply.body[0] if reply.body else reply.error_name
             raise BusError(f"{member}: {text}", reply.error_name)
         return reply
+
+    def call_no_reply(self, destination, path, interface, member, signature="", body=()) -> None:
+        """Send a method call and do not wait: the bus sends no reply (and
+        no error) for it. For nudges whose effect arrives as a signal."""
+        self.send(Message(destination=destination, path=path, interface=interface, member=member,
+                          signature=signature, body=list(body), flags=MessageFlag.NO_REPLY_EXPECTED))
 
     def wait_reply(self, serial: int, timeout: float) -> Message:
         end = time.monotonic() + timeout

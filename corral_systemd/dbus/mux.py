@@ -179,6 +179,11 @@ class Channel:
             raise BusError(f"{member}: {text}", reply.error_name)
         return reply
 
+    def call_no_reply(self, destination, path, interface, member, signature="", body=()) -> None:
+        if self._mux.lost is not None:
+            raise BusError(f"the bus connection ended: {self._mux.lost}")
+        self._mux._conn.call_no_reply(destination, path, interface, member, signature, body)
+
     def _deliver(self, msg: Message) -> None:  # reader thread
         self.signals.append(msg)
         self._wake()

@@ -81,6 +81,12 @@ class Manager:
     def reset_failed_unit(self, name: str) -> None:
         self._call(DEST, PATH, MANAGER, "ResetFailedUnit", "s", [name])
 
+    def stop_unit_nowait(self, name: str) -> None:
+        """StopUnit without waiting for the job: its effect comes as signals."""
+        if self.lost is not None:
+            raise BusError(f"manager lost: {self.lost}", MANAGER_LOST)
+        self.conn.call_no_reply(DEST, PATH, MANAGER, "StopUnit", "ss", [name, "replace"])
+
     def unref_unit(self, name: str) -> None:
         self._call(DEST, PATH, MANAGER, "UnrefUnit", "s", [name])
 

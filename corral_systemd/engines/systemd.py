@@ -39,6 +39,7 @@ from ..dbus.connection import BusError, Connection
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
 from ..kernel import cgroupfs, procfs
+from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import signal_cgroup_members
 from ..kernel.spawn import fork_command, resolve_executable, spawn_gated_by_shell
 from .base import Engine
@@ -666,9 +667,10 @@ class SystemdEngine(Engine):
         if self._inactive_checks == 2 and self.spec.unit_type == "scope" and self._cgroup and self._started \
                 and self.manager.lost is None:
             # An empty scope is stopped by the manager once it notices the
-            # empty cgroup; nudge it rather than wait for that round trip.
+            # empty cgroup; nudge it rather than wait for that. The reply
+            # does not matter (PropertiesChanged tells), so none is awaited.
             try:
-                self.manager.stop_unit(self.unit)
+                self.manager.stop_unit_nowait(self.unit)
             except BusError:
                 pass
         if self._inactive_checks <= 4:
@@ -772,8 +774,7 @@ def _cgroup_of(pid: int, unit: str) -> str:
     "/") must never become the group corral kills.
     """
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
+        lines = [line.split(":", 2) for line in read_bytes(f"/proc/{pid}/cgroup").decode().splitlines()]
     except OSError:
         return ""
     # The unified line first (the tree systemd tracks processes in), then name=systemd.

@@ -11,6 +11,8 @@ import errno
 import os
 import threading
 
+from .fsread import read_bytes, write_bytes
+
 
 class Mounts:
     """Mount points of cgroup2 and of the v1 hierarchies we use.
@@ -88,23 +90,21 @@ def v1_dir(mounts: Mounts, controller: str, path: str) -> str | None:
 def read_keyed(path: str) -> dict[str, int]:
     """A flat keyed file (cgroup.events, memory.events, oom_control)."""
     out = {}
-    with open(path) as f:
-        for line in f:
-            key, _, value = line.partition(" ")
-            try:
-                out[key] = int(value)
-            except ValueError:
-                pass
+    for line in read_bytes(path).decode().splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            pass
     return out
 
 
 def read_int(path: str) -> int | None:
     try:
-        with open(path) as f:
-            text = f.read().strip()
+        text = read_bytes(path).strip()
     except OSError:
         return None
-    return None if text == "max" else int(text)
+    return None if text == b"max" else int(text)
 
 
 def procs_below(directory: str) -> list[int]:
@@ -113,8 +113,7 @@ def procs_below(directory: str) -> list[int]:
     for root, _dirs, files in os.walk(directory):
         if "cgroup.procs" in files:
             try:
-                with open(os.path.join(root, "cgroup.procs")) as f:
-                    pids.extend(int(x) for x in f.read().split())
+                pids.extend(int(x) for x in read_bytes(os.path.join(root, "cgroup.procs")).split())
             except OSError:
                 pass  # removed while walking: it is empty now
     return pids
@@ -138,8 +137,7 @@ def populated(directory: str) -> bool | None:
 def kill(directory: str) -> bool:
     """Write cgroup.kill (v2, Linux >= 5.14). False if unavailable."""
     try:
-        with open(os.path.join(directory, "cgroup.kill"), "w") as f:
-            f.write("1")
+        write_bytes(os.path.join(directory, "cgroup.kill"), b"1")
         return True
     except FileNotFoundError:
         return False
@@ -149,7 +147,6 @@ def kill(directory: str) -> bool:
 
 def controllers(directory: str) -> set[str]:
     try:
-        with open(os.path.join(directory, "cgroup.controllers")) as f:
-            return set(f.read().split())
+        return set(read_bytes(os.path.join(directory, "cgroup.controllers")).decode().split())
     except OSError:
         return set()

@@ -8,6 +8,8 @@ field 22 of /proc/PID/stat) tells a recycled pid from the original.
 
 import os
 
+from .fsread import read_bytes
+
 
 class ProcInfo:
     __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime")
@@ -27,8 +29,7 @@ class ProcInfo:
 def read_stat(pid: int) -> ProcInfo | None:
     """The process's stat line, or None if it is gone (or unreadable)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = read_bytes(f"/proc/{pid}/stat")
     except OSError:
         return None
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
@@ -64,8 +65,7 @@ def descendants(table: dict[int, ProcInfo], root: int) -> list[ProcInfo]:
 def resident_bytes(pid: int) -> int:
     """Resident set size of one process (0 if it is gone)."""
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE_SIZE
+        return int(read_bytes(f"/proc/{pid}/statm").split()[1]) * PAGE_SIZE
     except (OSError, IndexError, ValueError):
         return 0
 
@@ -73,8 +73,7 @@ def resident_bytes(pid: int) -> int:
 def cmdline(pid: int) -> list[str]:
     """argv of a process, for reports ([] if gone or a kernel thread)."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+        return [a.decode(errors="replace") for a in read_bytes(f"/proc/{pid}/cmdline").split(b"\0")[:-1]]
     except OSError:
         return []
 
