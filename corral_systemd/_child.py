@@ -44,6 +44,7 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
                 _write(result_fd, {"error": str(exc)})
                 return 125
             outcome = Supervisor(spec, engine, signals=signals, cancel_fd=cancel_fd, observer=observer).run()
+            guard.annotate(outcome)
     _write(result_fd, asdict(outcome))
     return outcome.exit_code
 

@@ -82,7 +82,8 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
               max_output: Size = None, grace: Duration = 2.0, verify_timeout: Duration = 2.0,
               mode: str = "auto", unit_type: str = "service", manager: str = "auto", slice: str = "corral.slice",
               cgroup_parent: Optional[str] = None, stdin: Union[None, bytes, str] = None,
-              env: Optional[dict] = None, cwd: Optional[str] = None) -> RunSpec:
+              env: Optional[dict] = None, cwd: Optional[str] = None,
+              credentials: Optional[dict] = None) -> RunSpec:
     """Validate the library's keyword arguments into a RunSpec (UsageError if bad).
 
     ``unit_type`` defaults to "service" here (the CLI's default is "scope"):
@@ -91,6 +92,10 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
     goes to pipes anyway, and a service costs the host about a third less
     CPU per run (bench/runner_bench.py). "scope" keeps the command a child
     of the host (its exact environment, argv[0] as resolved by the shell gate).
+
+    ``credentials`` maps NAME to a file PATH, as ``--credential NAME=PATH``:
+    the command finds a copy as ``$CREDENTIALS_DIRECTORY/NAME``, removed when
+    the run ends (a bad NAME, or one given twice, is a UsageError).
     """
     argv = [os.fspath(a) for a in argv]
     if not argv or not argv[0]:
@@ -107,6 +112,14 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
         raise UsageError("stdin must be None, bytes, 'null', 'inherit' or 'pipe'")
     if cwd is not None and not os.path.isdir(cwd):
         raise UsageError(f"cwd {cwd!r} is not a directory")
+    requests = []
+    if credentials:
+        from .credentials import check_unique, parse_credential
+
+        # {NAME: PATH}, as --credential NAME=PATH: the run sees a copy of PATH
+        # as $CREDENTIALS_DIRECTORY/NAME, gone when the run ends.
+        requests = [parse_credential(f"{name}={os.fspath(path)}") for name, path in credentials.items()]
+        check_unique(requests)
     return RunSpec(
         argv=argv, wall=_seconds(wall, "wall"), grace=_seconds(grace, "grace"),
         verify_timeout=_seconds(verify_timeout, "verify_timeout"), mem=_bytes(mem, "mem"), pids=pids,
@@ -114,6 +127,7 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
         stdin=stdin, manager=manager, unit_type=unit_type, slice=slice,
         env=None if env is None else {str(k): str(v) for k, v in env.items()},
         cwd=None if cwd is None else os.path.abspath(cwd),
+        credential_requests=requests,
     )
 
 
@@ -165,8 +179,10 @@ class _Execution:
             with RunGuard(self.spec, registry=self._register, owner_kind="library") as guard:
                 engine = self._engine = open_engine(self.spec, self._session)
                 observer = guard.register(engine)  # visible to corralctl ps/status/stop
-                return Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
-                                  stderr=self._on_stderr, stdin_fd=self._stdin_fd, observer=observer).run()
+                outcome = Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
+                                     stderr=self._on_stderr, stdin_fd=self._stdin_fd, observer=observer).run()
+                guard.annotate(outcome)
+                return outcome
         finally:
             with self._lock:
                 self._done = True

@@ -22,7 +22,7 @@ class RunGuard:
         self.spec = spec
         self.owner_kind = owner_kind
         self.environment = environment
-        self.credential_pairs = list(credentials)
+        self.credential_pairs = [tuple(pair) for pair in (credentials or spec.credential_requests)]
         self.use_registry = registry
         self.registration = None
         self.creds = None

@@ -40,6 +40,9 @@ class RunSpec:
     #: mode it stays empty; RunGuard makes corral's private directory instead
     #: and sets $CREDENTIALS_DIRECTORY in ``env``.
     credentials: list = field(default_factory=list)
+    #: The (NAME, absolute PATH) pairs asked for (--credential, the library's
+    #: ``credentials=``); RunGuard decides who delivers them.
+    credential_requests: list = field(default_factory=list)
     run_id: str = field(default_factory=new_run_id)
 
     def limits(self) -> dict:

@@ -234,3 +234,41 @@ def _run_or_error(runner, argv, **kw):
         return runner.run(argv, **kw)
     except corral.CorralError as exc:
         return exc
+
+
+CREDENTIAL_CASES = [
+    pytest.param("fallback", "scope", "corral", id="fallback"),
+    pytest.param("enforced", "scope", "corral", id="scope", marks=pytest.mark.systemd),
+    pytest.param("enforced", "service", "systemd", id="service", marks=pytest.mark.systemd),
+]
+
+
+@pytest.mark.parametrize("mode,unit_type,delivery", CREDENTIAL_CASES)
+def test_library_credentials_exist_only_while_the_run_does(mode, unit_type, delivery, tmp_path, marker):
+    if mode == "enforced" and not user_manager_reachable():
+        pytest.skip("no user manager reachable")
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-library")
+    result = corral.run(["sh", "-c", 'echo "$CREDENTIALS_DIRECTORY"; cat "$CREDENTIALS_DIRECTORY/api"'],
+                        mode=mode, unit_type=unit_type, credentials={"api": secret}, env=_env(marker))
+    directory, content = result.stdout.decode().splitlines()
+    assert content == "s3cret-library" and result.exit_code == 0
+    assert not os.path.exists(directory), "the credential outlived the run"
+    assert result.credentials_delivery == delivery
+    assert "s3cret-library" not in result.model_dump_json(exclude={"stdout", "stderr"})
+    from corral_systemd.registry import state_dir
+
+    for path in _files_below(state_dir()):  # the registry entry and audit log
+        with open(path, "rb") as f:
+            assert b"s3cret-library" not in f.read(), path
+    assert marked_pids(marker) == []
+
+
+def test_library_credentials_bad_name_is_a_usage_error(tmp_path):
+    with pytest.raises(corral.UsageError):
+        corral.run(["true"], credentials={"../x": tmp_path})
+
+
+def _files_below(directory):
+    for root, _dirs, files in os.walk(directory):
+        yield from (os.path.join(root, name) for name in files)
