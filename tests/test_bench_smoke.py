@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from modes import user_manager_reachable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,3 +56,20 @@ def test_compare_smoke(tmp_path):
                 assert row[runner]["exits"] == [0]
             else:
                 assert row[runner]["cell"] == "n/a"
+
+
+
+@pytest.mark.systemd
+def test_runner_bench_smoke(tmp_path):
+    """bench/runner_bench.py runs and writes its figures (not judged here)."""
+    if not user_manager_reachable():
+        pytest.skip("no user manager reachable")
+    out = tmp_path / "runner.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "runner_bench.py"), "--rounds", "2",
+                           "--runs", "16", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["per_run"]) == {"systemd-run", "runner-scope", "runner-service"}
+    assert all(row["p50_ms"] > 0 for row in data["per_run"].values())
+    assert set(data["throughput"]) == {"systemd-run xargs -P8", "runner-scope x8", "runner-service x8"}
