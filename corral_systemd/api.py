@@ -285,6 +285,11 @@ class Runner:
         with self._lock:
             if self._closed:
                 raise SetupError("runner is closed")
+            if self._session not in (None, _NO_SYSTEMD) and self._session.lost:
+                # The manager went away or re-executed (daemon-reexec closes
+                # every private connection): runs from now on need a new one.
+                stale, self._session = self._session, None
+                stale.close()
             if self._session is None:
                 from .engines.systemd import SystemdSession
 
@@ -300,9 +305,15 @@ class Runner:
         """``_session_for`` when it would not block, else ``_NOT_READY``."""
         if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
             return None
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # a session is being made: that blocks
+            return _NOT_READY
+        try:
+            if self._session not in (None, _NO_SYSTEMD) and self._session.lost:
+                return _NOT_READY  # reconnecting blocks
             if self._session is not None and not self._closed:
                 return self._session
+        finally:
+            self._lock.release()
         return _NOT_READY
 
     def close(self) -> None:

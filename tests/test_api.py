@@ -201,12 +201,15 @@ async def test_runner_routes_each_runs_own_signals(unit_type):
 
 @pytest.mark.manager_kill
 def test_manager_killed_mid_library_run_is_reported_honestly(marker):
-    """Kills the user manager under a Runner's shared connection (run alone)."""
+    """Kills the user manager under a Runner's shared connection (run alone).
+
+    No wall: a service's end is known only through the manager, so the run
+    must notice the loss and stop (and prove) it, not wait forever."""
     import signal
     import threading
 
     manager = int(os.environ["CORRAL_HARNESS_MANAGER_PID"])
-    with corral.Runner(mode="enforced", wall=3, grace=0.5) as runner:
+    with corral.Runner(mode="enforced", grace=0.5) as runner:
         outcome = {}
         worker = threading.Thread(target=lambda: outcome.update(
             result=_run_or_error(runner, DAEMON, env=_env(marker))))
@@ -272,3 +275,22 @@ def test_library_credentials_bad_name_is_a_usage_error(tmp_path):
 def _files_below(directory):
     for root, _dirs, files in os.walk(directory):
         yield from (os.path.join(root, name) for name in files)
+
+
+@pytest.mark.manager_kill  # disturbs every run on the manager: a harness of its own
+def test_runner_survives_a_manager_reexec(marker):
+    """daemon-reexec (package upgrades run it) closes every private
+    connection: a Runner must reconnect for its next runs, not fail them."""
+    import shutil
+    import subprocess
+
+    if not user_manager_reachable() or shutil.which("systemctl") is None:
+        pytest.skip("no user manager reachable")
+    if not os.environ.get("CORRAL_HARNESS_MANAGER_PID"):
+        pytest.skip("re-executes the manager: only inside tests/harness/with-user-manager")
+    with corral.Runner(mode="enforced") as runner:
+        assert runner.run(["true"], env=_env(marker)).exit_code == 0
+        subprocess.run(["systemctl", "--user", "daemon-reexec"], check=True, timeout=30)
+        results = [runner.run(["sh", "-c", "exit 7"], env=_env(marker)) for _ in range(2)]
+    assert [(r.exit_code, r.verified) for r in results] == [(7, True), (7, True)]
+    assert marked_pids(marker) == []

@@ -18,6 +18,13 @@ from ._dbus_fast import Message, MessageFlag, MessageType, Unmarshaller
 _BUS = "org.freedesktop.DBus"
 
 
+def wait_fd(fd: int, timeout: float, events: int = select.POLLIN) -> bool:
+    """poll() one fd (select() fails on fds >= FD_SETSIZE, common in servers)."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
+
+
 class BusError(Exception):
     def __init__(self, message: str, name: str | None = None):
         super().__init__(message)
@@ -120,7 +127,7 @@ class Connection:
         """Send one message; returns its serial. Thread-safe: a shared
         connection (``mux.Multiplexer``) sends from many threads while its
         reader thread receives, so the socket stays non-blocking throughout
-        and a full send buffer is waited out with select(). ``on_serial``
+        and a full send buffer is waited out with poll(). ``on_serial``
         is called with the serial before any byte is sent."""
         with self._send_lock:
             self._serial += 1
@@ -130,18 +137,27 @@ class Connection:
             data = memoryview(bytes(msg._marshall(True)))
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", msg.unix_fds))] if msg.unix_fds else []
             end = time.monotonic() + self.timeout
+            total = len(data)
             try:
                 while data:
                     try:
                         sent = self.sock.sendmsg([data], ancillary)
                     except BlockingIOError:
                         left = end - time.monotonic()
-                        if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                        if left <= 0 or not wait_fd(self.sock.fileno(), left, select.POLLOUT):
                             raise BusError("timed out sending to the bus") from None
                         continue
                     data, ancillary = data[sent:], []  # the fds went with the first byte
             except OSError as exc:
                 raise BusError(f"bus connection lost while sending: {exc}") from None
+            finally:
+                if data and len(data) != total:
+                    # Half a message is on the stream: nothing after it can be
+                    # understood. End the connection so every user sees it lost.
+                    try:
+                        self.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
             return msg.serial
 
     def call(self, destination, path, interface, member, signature="", body=(), *, fds=(), timeout=None) -> Message:
@@ -167,7 +183,7 @@ class Connection:
             left = end - time.monotonic()
             if left <= 0:
                 raise BusError(f"no reply from the bus within {timeout:g}s")
-            if not select.select([self.sock], [], [], left)[0]:
+            if not wait_fd(self.sock.fileno(), left):
                 continue
             self.read_pending()
         return self._replies.pop(serial)

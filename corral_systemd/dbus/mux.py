@@ -64,12 +64,11 @@ class Multiplexer:
             self._by_path[path] = chan
         return chan
 
-    def _drop(self, chan: "Channel") -> None:
-        with self._lock:
-            if self._by_unit.get(chan.unit) is chan:
-                del self._by_unit[chan.unit]
-            if self._by_path.get(chan.path) is chan:
-                del self._by_path[chan.path]
+    def _drop_locked(self, chan: "Channel") -> None:
+        if self._by_unit.get(chan.unit) is chan:
+            del self._by_unit[chan.unit]
+        if self._by_path.get(chan.path) is chan:
+            del self._by_path[chan.path]
 
     def _call(self, msg: Message, timeout: float) -> Message:
         pending = _PendingCall()
@@ -98,22 +97,26 @@ class Multiplexer:
     # -- the reader thread -------------------------------------------------
     def _read_loop(self) -> None:
         conn = self._conn
+        poller = select.poll()  # not select(): the host may hold fds >= FD_SETSIZE
+        poller.register(conn.sock, select.POLLIN)
         try:
             while True:
-                select.select([conn.sock], [], [])
+                poller.poll()
                 conn.read_pending()
                 self._route(conn)
-        except (BusError, OSError, ValueError) as exc:  # ValueError: select on a closed socket
-            reason = str(exc) or type(exc).__name__
-        self._route(conn)
+        except Exception as exc:  # any failure ends the connection for all runs, loudly
+            reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, BusError) else str(exc)
+        try:
+            self._route(conn)
+        except Exception:
+            pass
         with self._lock:
             self.lost = reason
             pending, self._pending = list(self._pending.values()), {}
-            channels = list(self._by_unit.values())
-        for call in pending:
-            call.event.set()
-        for chan in channels:
-            chan._wake()
+            for call in pending:
+                call.event.set()
+            for chan in self._by_unit.values():
+                chan._wake()
 
     def _route(self, conn: Connection) -> None:
         if conn._replies:
@@ -126,9 +129,10 @@ class Multiplexer:
                         call.event.set()
         while conn.signals:
             msg = conn.signals.popleft()
-            chan = self._channel_for(msg)
-            if chan is not None:
-                chan._deliver(msg)
+            with self._lock:  # a channel is closed (its eventfd too) only under this lock
+                chan = self._channel_for(msg)
+                if chan is not None:
+                    chan._deliver(msg)
 
     def _channel_for(self, msg: Message) -> "Channel | None":
         member = msg.member
@@ -188,11 +192,9 @@ class Channel:
         self.signals.append(msg)
         self._wake()
 
-    def _wake(self) -> None:
-        try:
+    def _wake(self) -> None:  # under the multiplexer's lock
+        if self._efd >= 0:
             os.eventfd_write(self._efd, 1)
-        except OSError:
-            pass  # closed: the run is over
 
     def read_pending(self) -> None:
         """Signals are already queued by the reader; clear the wakeup."""
@@ -207,7 +209,8 @@ class Channel:
         return self._efd
 
     def close(self) -> None:
-        self._mux._drop(self)
-        if self._efd >= 0:
-            os.close(self._efd)
-            self._efd = -1
+        with self._mux._lock:  # never while the reader writes to the eventfd
+            self._mux._drop_locked(self)
+            if self._efd >= 0:
+                os.close(self._efd)
+                self._efd = -1

@@ -35,7 +35,7 @@ import re
 import signal
 import time
 
-from ..dbus.connection import BusError, Connection
+from ..dbus.connection import BusError, Connection, wait_fd
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
 from ..kernel import cgroupfs, procfs
@@ -63,7 +63,12 @@ def _private_socket(kind: str) -> str | None:
         path = os.path.join(runtime, "systemd", "private") if runtime else None
     else:
         path = "/run/systemd/private" if os.geteuid() == 0 else None
-    return path if path and os.path.exists(path) else None
+    try:
+        # Ours only: root with an inherited XDG_RUNTIME_DIR (su, sudo -E) must
+        # not land in another user's manager, whose private socket root may use.
+        return path if path and os.stat(path).st_uid == os.geteuid() else None
+    except OSError:
+        return None
 
 
 def _bus_address(manager: str) -> tuple[str, str | None]:
@@ -108,6 +113,10 @@ def connect_manager(manager: str, timeout: float = 10.0) -> tuple[str, Connectio
         raise SetupError(f"{kind} manager unreachable: {exc}") from None
 
 
+class ManagerLost(RuntimeError):
+    """The manager went away while it alone could tell how a service ended."""
+
+
 class SystemdEngine(Engine):
     mode = "systemd"
     #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
@@ -143,6 +152,8 @@ class SystemdEngine(Engine):
         self._tether = None  # our own tether (no session)
         self._status: int | None = None
         self._main_started = False  # a service's main process was started (PropertiesChanged)
+        self._conn_dead = False  # the manager connection ended
+        self._lost_reported = False
         self._cgroup: str | None = None
         self._mounts = None
         self._oom_eventfd = None
@@ -221,12 +232,10 @@ class SystemdEngine(Engine):
         # ExecMainStartTimestampMonotonic), which may trail JobRemoved a
         # little; the unit's final state ends the wait. Once collected (no
         # AddRef on a private connection) it cannot be asked any more.
-        import select
-
         end = time.monotonic() + RUNTIME_CALL_TIMEOUT
         while not self._main_started and not self._unit_gone and self._active_state not in ("failed", "inactive"):
             left = end - time.monotonic()
-            if left <= 0 or not select.select([self.conn.fileno()], [], [], left)[0]:
+            if left <= 0 or not wait_fd(self.conn.fileno(), left):
                 break
             self.conn.read_pending()
             while self.conn.signals:
@@ -371,13 +380,21 @@ class SystemdEngine(Engine):
         systemd names it. Else the manager's ControlGroup property.
         """
         self._mounts = cgroupfs.Mounts() if self._session is None else cgroupfs.Mounts.current()
-        cg = self._cgroup_from_proc() or self._cgroup_beside_tether()
-        if not cg:
+        cg = self._cgroup_from_proc()
+        derived = "" if cg else self._cgroup_beside_tether()
+        if derived and (self._cgroup_dir_exists(derived) or self._ended_per_signals()):
+            cg = derived
+        elif not cg:
+            # A derived path must be seen to exist while the unit runs, or a
+            # wrong guess would read as an empty group: ask the manager.
             try:
                 cg = self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
+                # "" (or, below, no such unit): the unit has no cgroup any more,
+                # it ran and ended, so the derived path's absence is the truth.
+                cg = cg or derived
             except BusError as exc:
                 if exc.name == NO_SUCH_UNIT:
-                    cg = ""  # already ran and was collected (a service exiting at once)
+                    cg = derived  # already ran and was collected (a service exiting at once)
                 else:
                     self.warnings.append(f"could not read the unit's cgroup from the manager ({_why(exc)})")
                     cg = ""
@@ -389,6 +406,18 @@ class SystemdEngine(Engine):
             self.facts["control_group"] = cg
         self._check_limits_enforced()
         self._arm_oom_eventfd()
+
+    def _cgroup_dir_exists(self, cg: str) -> bool:
+        mounts = self._mounts
+        for d in (cgroupfs.unified_dir(mounts, cg), cgroupfs.v1_dir(mounts, "name=systemd", cg)):
+            if d is not None and os.path.isdir(d):
+                return True
+        return False
+
+    def _ended_per_signals(self) -> bool:
+        """The manager has told us the unit ended (a service that exited at once)."""
+        self.poll_events()
+        return self._unit_gone or self._active_state in ("inactive", "failed")
 
     def _cgroup_beside_tether(self) -> str:
         """The service's cgroup, from the tether scope's when both share a slice."""
@@ -408,9 +437,18 @@ class SystemdEngine(Engine):
         return path.endswith("/" + self.unit)
 
     def _abandon(self):
+        """Undo a start that failed after StartTransientUnit may have been
+        accepted: a service's start job may still be queued or running (a
+        Runner's shared tether would not stop it), so cancel and kill it."""
         if self._child is not None:
             self._child.abandon()
             self._child = None
+        elif self.spec.unit_type == "service" and self.manager.lost is None:
+            for action in (self.manager.stop_unit_nowait, lambda unit: self.manager.kill_unit(unit, "all", signal.SIGKILL)):
+                try:
+                    action(self.unit)
+                except BusError:
+                    pass  # no such unit: nothing to undo
         self._end_tether()
 
     # -- the unit's directories -----------------------------------------
@@ -466,7 +504,8 @@ class SystemdEngine(Engine):
 
     # -- watching ------------------------------------------------------
     def wait_fds(self):
-        fds = [self.conn.fileno(), *super().wait_fds()]
+        # A dead connection polls readable (EOF) forever: stop watching it.
+        fds = [*([] if self._conn_dead else [self.conn.fileno()]), *super().wait_fds()]
         if self._oom_eventfd is not None:
             fds.append(self._oom_eventfd)
         return fds
@@ -474,10 +513,21 @@ class SystemdEngine(Engine):
     def poll_events(self):
         try:
             self.conn.read_pending()
-        except BusError:
-            pass  # manager gone: verification will tell what we can prove
+        except BusError as exc:
+            # Manager gone: verification will tell what we can prove.
+            self._conn_dead = True
+            if self.manager.lost is None:
+                self.manager.lost = str(exc)
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
+        if self._conn_dead and self._started and self._child is None and self._status is None \
+                and not self._lost_reported:
+            # A service's end and exit status come only from the manager:
+            # watching on would wait forever. Raised once, while watching; the
+            # supervisor then stops the run and proves it empty from the cgroup.
+            self._lost_reported = True
+            raise ManagerLost(f"systemd manager lost ({self.manager.lost}): the service's exit status "
+                              "cannot be known; stopping it")
         if self._child is None and self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
             self._refresh_service_status()  # it ended, yet no ExecMain* change reached us: ask
         self._reap_child()
@@ -805,8 +855,6 @@ def _subscribe(conn: Connection, manager: Manager, *, all_units: bool = False) -
 
 def _wait_job(conn, job: str, other=lambda msg: None, *, what: str) -> str:
     """Wait for JobRemoved of ``job``; pass other signals to ``other``."""
-    import select
-
     end = time.monotonic() + START_TIMEOUT
     while True:
         while conn.signals:
@@ -817,7 +865,7 @@ def _wait_job(conn, job: str, other=lambda msg: None, *, what: str) -> str:
         left = end - time.monotonic()
         if left <= 0:
             raise SetupError(f"systemd did not start {what} within {START_TIMEOUT:g}s")
-        if select.select([conn.fileno()], [], [], left)[0]:
+        if wait_fd(conn.fileno(), left):
             conn.read_pending()
 
 
@@ -862,6 +910,11 @@ class SystemdSession:
         except BaseException:
             self._mux.close()
             raise
+
+    @property
+    def lost(self) -> bool:
+        """The connection ended (manager gone or re-executed): make a new session."""
+        return self._mux.lost is not None
 
     def channel(self, unit: str, path: str):
         """A connection-like view for one unit's run (see ``mux.Channel``)."""

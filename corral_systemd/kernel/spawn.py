@@ -199,16 +199,28 @@ def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: in
     """
     env = dict(os.environ if env is None else env)
     path = resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+    import fcntl
+
     gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+    sources = []
     try:
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
-        actions.append((os.POSIX_SPAWN_DUP2, gate_r, 3))
+        # Copies above every target first: if the host has closed 0, 1 or 2,
+        # a source (the gate itself) may sit on a target another dup2 would
+        # overwrite, and the shell would read its "go" from the wrong file.
+        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (stdin, stdout, stderr, gate_r)]
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(sources)]
         pid = os.posix_spawn("/bin/sh", ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."),
                                          path, *argv[1:]], env, file_actions=actions, setsid=True,
                              setsigmask=(), setsigdef=[getattr(signal, name) for name in _DEFAULT_IN_CHILD])
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        os.close(gate_w)
+        raise ExecError(exc.errno or errno.EIO, "/bin/sh") from None
     except BaseException:
         os.close(gate_w)
         raise
     finally:
         os.close(gate_r)
-    return ShellGatedChild(pid, os.pidfd_open(pid), gate_w)
+        for fd in sources:
+            os.close(fd)
+    return ShellGatedChild(pid, pidfd, gate_w)
