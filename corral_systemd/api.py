@@ -136,6 +136,11 @@ def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult
     if outcome.reason == R.SPAWN_FAILED:
         raise (NotFound if outcome.exit_code == 127 else CannotExecute)(outcome.detail, result)
     if outcome.exit_code == 120:
+        if outcome.reason == R.INTERNAL_ERROR and not outcome.remaining_pids and outcome.verified:
+            # Stopped and proven empty, but how the command ended is unknown
+            # (e.g. the manager died under a service): still not a result.
+            raise Unverified(f"the run was stopped and proven empty, but its outcome is unknown: {outcome.detail}",
+                             result)
         raise Unverified(f"could not prove every process stopped; remaining: {outcome.remaining_pids}", result)
     if outcome.reason == R.SETUP_FAILED:
         raise SetupError(outcome.detail)
