@@ -306,6 +306,9 @@ class Supervisor:
                 # An OOM kill ends the main process like any SIGKILL: ask.
                 res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
                 return
+            if (why := engine.lost_track()) is not None:
+                res.reason, res.detail = R.INTERNAL_ERROR, why
+                return
             now = self._now()
             if deadline is not None and now >= deadline:
                 self._step("deadline")

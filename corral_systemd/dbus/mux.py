@@ -163,8 +163,6 @@ class Multiplexer:
 class Channel:
     """One unit's view of a shared connection, with Connection's interface."""
 
-    subscribed = True  # the session subscribed the shared connection once
-
     def __init__(self, mux: Multiplexer, unit: str, path: str):
         self._mux = mux
         self.unit = unit

@@ -47,6 +47,11 @@ class Engine:
         """Consume whatever made a ``wait_fds()`` descriptor ready."""
         self.reap()
 
+    def lost_track(self) -> str | None:
+        """Why the engine can no longer tell how the run ends (then the
+        supervisor stops it and proves it empty), else None."""
+        return None
+
     def main_status(self) -> int | None:
         """The main process's wait status once it has exited, else None."""
         return self._status
@@ -117,3 +122,30 @@ class Engine:
     def describe(self) -> dict:
         """Engine-specific facts for the record (unit, cgroup, resources)."""
         return {}
+
+
+class CgroupMemoryLimit:
+    """``--mem`` for engines whose cgroup the kernel may limit (systemd, --cgroup-parent).
+
+    Mixed in before ``Engine``; needs ``spec``, ``oom_killed()``, ``live_pids()``
+    and ``limits_enforced["mem"]`` ("kernel", or "watch" where the kernel
+    cannot: then corral sums the run's resident memory itself).
+    """
+
+    #: How often the supervisor asks (an OOM kill, or the watched total).
+    LIMIT_WATCH_INTERVAL = 0.025
+
+    def watch_interval(self):
+        return self.LIMIT_WATCH_INTERVAL if self.spec.mem is not None else None
+
+    def check_limits(self):
+        if self.spec.mem is None:
+            return None
+        if self.oom_killed():
+            return "memory"
+        if self.limits_enforced.get("mem") == "watch":
+            from ..kernel.procfs import resident_bytes
+
+            if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
+                return "memory"
+        return None

@@ -13,15 +13,14 @@ import os
 import signal
 
 from ..errors import SetupError
-from ..kernel import cgroupfs, procfs
+from ..kernel import cgroupfs
 from ..kernel.pidfd import signal_cgroup_members
 from ..kernel.spawn import fork_command
-from .base import Engine
-
-LIMIT_WATCH_INTERVAL = 0.025
+from .base import CgroupMemoryLimit, Engine
 
 
-class CgroupEngine(Engine):
+
+class CgroupEngine(CgroupMemoryLimit, Engine):
     mode = "cgroup"
 
     def __init__(self, spec):
@@ -89,9 +88,6 @@ class CgroupEngine(Engine):
         child.release()
 
     # -- limits --------------------------------------------------------
-    def watch_interval(self):
-        return LIMIT_WATCH_INTERVAL if self.spec.mem is not None else None
-
     def oom_killed(self):
         if self.spec.mem is None or self._removed:
             return False
@@ -99,16 +95,6 @@ class CgroupEngine(Engine):
             return cgroupfs.read_keyed(os.path.join(self.path, "memory.events")).get("oom_kill", 0) > 0
         except OSError:
             return False
-
-    def check_limits(self):
-        if self.spec.mem is None:
-            return None
-        if self.oom_killed():
-            return "memory"
-        if self.limits_enforced.get("mem") == "watch":
-            if sum(procfs.resident_bytes(pid) for pid in self._procs()) > self.spec.mem:
-                return "memory"
-        return None
 
     # -- stopping ------------------------------------------------------
     def _procs(self) -> list[int]:

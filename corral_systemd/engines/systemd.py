@@ -38,14 +38,13 @@ import time
 from ..dbus.connection import BusError, Connection, wait_fd
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
-from ..kernel import cgroupfs, procfs
+from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import signal_cgroup_members
 from ..kernel.spawn import fork_command, resolve_executable, spawn_gated_by_shell
-from .base import Engine
+from .base import CgroupMemoryLimit, Engine
 from .tether import Tether
 
-LIMIT_WATCH_INTERVAL = 0.025
 START_TIMEOUT = 10.0
 _USEC = 1_000_000
 #: Once the unit runs, a call that gets no answer within this is a lost manager.
@@ -113,11 +112,7 @@ def connect_manager(manager: str, timeout: float = 10.0) -> tuple[str, Connectio
         raise SetupError(f"{kind} manager unreachable: {exc}") from None
 
 
-class ManagerLost(RuntimeError):
-    """The manager went away while it alone could tell how a service ended."""
-
-
-class SystemdEngine(Engine):
+class SystemdEngine(CgroupMemoryLimit, Engine):
     mode = "systemd"
     #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
     kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
@@ -153,7 +148,6 @@ class SystemdEngine(Engine):
         self._status: int | None = None
         self._main_started = False  # a service's main process was started (PropertiesChanged)
         self._conn_dead = False  # the manager connection ended
-        self._lost_reported = False
         self._cgroup: str | None = None
         self._mounts = None
         self._oom_eventfd = None
@@ -232,14 +226,8 @@ class SystemdEngine(Engine):
         # ExecMainStartTimestampMonotonic), which may trail JobRemoved a
         # little; the unit's final state ends the wait. Once collected (no
         # AddRef on a private connection) it cannot be asked any more.
-        end = time.monotonic() + RUNTIME_CALL_TIMEOUT
-        while not self._main_started and not self._unit_gone and self._active_state not in ("failed", "inactive"):
-            left = end - time.monotonic()
-            if left <= 0 or not wait_fd(self.conn.fileno(), left):
-                break
-            self.conn.read_pending()
-            while self.conn.signals:
-                self._handle_signal(self.conn.signals.popleft())
+        _pump_signals(self.conn, self._handle_signal, lambda: self._main_started or self._unit_gone
+                      or self._active_state in ("failed", "inactive"), RUNTIME_CALL_TIMEOUT)
         if self._main_started or self._unit_gone:
             return self._main_started
         try:
@@ -520,18 +508,18 @@ class SystemdEngine(Engine):
                 self.manager.lost = str(exc)
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
-        if self._conn_dead and self._started and self._child is None and self._status is None \
-                and not self._lost_reported:
-            # A service's end and exit status come only from the manager:
-            # watching on would wait forever. Raised once, while watching; the
-            # supervisor then stops the run and proves it empty from the cgroup.
-            self._lost_reported = True
-            raise ManagerLost(f"systemd manager lost ({self.manager.lost}): the service's exit status "
-                              "cannot be known; stopping it")
         if self._child is None and self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
             self._refresh_service_status()  # it ended, yet no ExecMain* change reached us: ask
         self._reap_child()
         self._oom_event()
+
+    def lost_track(self):
+        # A service's end and exit status come only from the manager: with
+        # the connection gone, watching on would wait forever.
+        if self._conn_dead and self._started and self._child is None and self._status is None:
+            return (f"systemd manager lost ({self.manager.lost}): the service's exit status cannot be "
+                    "known; stopped it")
+        return None
 
     def _handle_signal(self, msg):
         """Track the unit from its PropertiesChanged signals, so that the
@@ -582,20 +570,6 @@ class SystemdEngine(Engine):
             except BlockingIOError:
                 pass
         return self._oom_seen
-
-    def watch_interval(self):
-        return LIMIT_WATCH_INTERVAL if self.spec.mem is not None else None
-
-    def check_limits(self):
-        if self.spec.mem is None:
-            return None
-        if self.oom_killed():
-            return "memory"
-        if self.limits_enforced.get("mem") == "watch":
-            total = sum(procfs.resident_bytes(pid) for pid in self._pids())
-            if total > self.spec.mem:
-                return "memory"
-        return None
 
     def oom_killed(self):
         if self.spec.mem is None:
@@ -839,7 +813,7 @@ def _subscribe(conn: Connection, manager: Manager, *, all_units: bool = False) -
     (before any start). A private connection gets them all unasked. On a
     bus: match JobRemoved (and, for a shared connection, every unit's
     PropertiesChanged and UnitRemoved) and Subscribe."""
-    if getattr(conn, "subscribed", False):
+    if conn.subscribed:
         return
     if conn.unique_name is not None:
         manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
@@ -853,20 +827,33 @@ def _subscribe(conn: Connection, manager: Manager, *, all_units: bool = False) -
     conn.subscribed = True
 
 
+def _pump_signals(conn, handle, done, timeout: float) -> bool:
+    """Feed ``conn``'s signals to ``handle`` until ``done()`` or ``timeout``; return ``done()``."""
+    end = time.monotonic() + timeout
+    while True:
+        while conn.signals and not done():
+            handle(conn.signals.popleft())
+        if done():
+            return True
+        left = end - time.monotonic()
+        if left <= 0 or not wait_fd(conn.fileno(), left):
+            return done()
+        conn.read_pending()
+
+
 def _wait_job(conn, job: str, other=lambda msg: None, *, what: str) -> str:
     """Wait for JobRemoved of ``job``; pass other signals to ``other``."""
-    end = time.monotonic() + START_TIMEOUT
-    while True:
-        while conn.signals:
-            msg = conn.signals.popleft()
-            if msg.member == "JobRemoved" and msg.body[1] == job:
-                return msg.body[3]
+    result = []
+
+    def handle(msg):
+        if msg.member == "JobRemoved" and msg.body[1] == job:
+            result.append(msg.body[3])
+        else:
             other(msg)
-        left = end - time.monotonic()
-        if left <= 0:
-            raise SetupError(f"systemd did not start {what} within {START_TIMEOUT:g}s")
-        if wait_fd(conn.fileno(), left):
-            conn.read_pending()
+
+    if not _pump_signals(conn, handle, lambda: bool(result), START_TIMEOUT):
+        raise SetupError(f"systemd did not start {what} within {START_TIMEOUT:g}s")
+    return result[0]
 
 
 def _tether_properties(pid: int, slice_: str, for_what: str) -> list:

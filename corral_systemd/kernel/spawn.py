@@ -34,7 +34,7 @@ class ExecError(Exception):
 class Child:
     """A forked child; ``release()`` lets it exec (only when gated)."""
 
-    def __init__(self, pid: int, pidfd: int, gate_w: int | None, err_r: int, argv0: str):
+    def __init__(self, pid: int, pidfd: int, gate_w: int | None, err_r: int | None, argv0: str):
         self.pid = pid
         self.pidfd = pidfd
         self._gate_w = gate_w
@@ -70,7 +70,9 @@ class Child:
 
         kill_and_reap(self.pid, self.pidfd)
         self.pidfd = -1
-        os.close(self._err_r)
+        if self._err_r is not None:
+            os.close(self._err_r)
+            self._err_r = None
 
 
 def fork_command(
@@ -153,13 +155,13 @@ def resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
 _GATE_SCRIPT = 'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; shift; exec "$@"'
 
 
-class ShellGatedChild:
-    """A command held at a gate by ``/bin/sh``; ``release()`` lets it exec."""
+class ShellGatedChild(Child):
+    """A command held at a gate by ``/bin/sh``; ``release()`` lets it exec.
+
+    No exec-error pipe: the shell reports a failed exec as its exit status."""
 
     def __init__(self, pid: int, pidfd: int, gate_w: int):
-        self.pid = pid
-        self.pidfd = pidfd
-        self._gate_w = gate_w
+        super().__init__(pid, pidfd, gate_w, None, "/bin/sh")
 
     def release(self) -> None:
         """Open the gate. Returns at once: the shell then execs the command."""
@@ -169,16 +171,6 @@ class ShellGatedChild:
             finally:
                 os.close(self._gate_w)
                 self._gate_w = None
-
-    def abandon(self) -> None:
-        """Kill a gated child that will never be released (setup failed)."""
-        if self._gate_w is not None:
-            os.close(self._gate_w)
-            self._gate_w = None
-        from .pidfd import kill_and_reap
-
-        kill_and_reap(self.pid, self.pidfd)
-        self.pidfd = -1
 
 
 def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: int,
