@@ -23,7 +23,9 @@ command started is gone, proven — or ``Unverified`` is raised.
   results (``result.outcome`` is ``"timeout"``, ``"memory"``, ``"output"``).
 - Threads: each run's supervisor loop runs in a worker thread (it is
   synchronous, the same code the CLI runs); a ``Runner`` is safe to share
-  between threads and tasks.
+  between threads and tasks. The systemd runs of one Runner take turns
+  running Python and hand over only while they wait (``baton.py``): a run
+  waiting for its command never holds up the others.
 - Fallback runs (no systemd) execute in a child process of their own
   (``_child.py``), because the fallback engine needs its process to own
   all of its descendants.
@@ -35,6 +37,7 @@ import os
 import subprocess
 import sys
 import threading
+from contextlib import nullcontext
 from dataclasses import asdict
 from typing import AsyncIterator, Callable, Optional, Sequence, Union
 
@@ -181,7 +184,11 @@ class _Execution:
 
             from .runguard import RunGuard
 
-            with RunGuard(self.spec, registry=self._register, owner_kind="library") as guard:
+            # A shared session's runs take turns (baton.py): one of them runs
+            # Python at a time and hands over only while it waits.
+            baton = getattr(self._session, "baton", None)
+            with baton.held() if baton is not None else nullcontext(), \
+                    RunGuard(self.spec, registry=self._register, owner_kind="library") as guard:
                 engine = self._engine = open_engine(self.spec, self._session)
                 observer = guard.register(engine)  # visible to corralctl ps/status/stop
                 outcome = Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
@@ -560,9 +567,14 @@ def _in_thread(loop, fn, *, name: str) -> asyncio.Future:
 
 
 def _writer(fd: int) -> Callable[[bytes], None]:
+    from . import baton
     from .supervisor import _write_all
 
-    return lambda data: _write_all(fd, data)
+    def write(data: bytes) -> None:
+        with baton.released():  # our stdout's reader may be slow: not the other runs' problem
+            _write_all(fd, data)
+
+    return write
 
 
 # -- module-level faces: a run without a shared Runner ------------------

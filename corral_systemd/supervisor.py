@@ -23,6 +23,7 @@ import select
 import signal
 import time
 
+from . import baton
 from . import result as R
 from .errors import SetupError
 from .kernel.spawn import ExecError
@@ -125,7 +126,7 @@ class OutputPump:
             poller = select.poll()
             for fd in self.routes:
                 poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll(timeout):
+            for fd, _ in baton.poll(poller, timeout):
                 self.pump(fd)
         self.close()
 
@@ -352,7 +353,7 @@ class Supervisor:
             poller.register(self.cancel_fd, select.POLLIN)
         ms = None if timeout is None else max(0, timeout * 1000)
         try:
-            events = poller.poll(ms)
+            events = baton.poll(poller, ms)
         except InterruptedError:
             events = []
         stop_sig = None

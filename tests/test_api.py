@@ -199,6 +199,26 @@ async def test_runner_routes_each_runs_own_signals(unit_type):
             kill_marked(m)
 
 
+@pytest.mark.systemd
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+async def test_a_waiting_run_does_not_hold_up_the_others(unit_type, marker):
+    """A Runner's runs take turns running Python (baton.py); one that is
+    waiting for its command must let the others start, run and finish.
+    If a wait kept the turn, the short runs could finish only after the
+    long one ended (its wall), so it would be done by then."""
+    if not user_manager_reachable():
+        pytest.skip("no user manager reachable")
+    async with corral.Runner(mode="enforced", unit_type=unit_type) as runner:
+        async with runner.start(["sh", "-c", "echo up; exec sleep 60"], env=_env(marker), wall=8) as long_run:
+            assert await long_run.stdout.readline() == b"up\n"
+            shorts = await asyncio.gather(*(runner.arun(["sh", "-c", f"exit {i}"]) for i in range(4)))
+            assert [r.exit_code for r in shorts] == [0, 1, 2, 3]
+            assert not long_run.done
+            result = await long_run.stop()
+    assert result.outcome == "interrupted" and result.verified
+    assert marked_pids(marker) == []
+
+
 @pytest.mark.manager_kill
 def test_manager_killed_mid_library_run_is_reported_honestly(marker):
     """Kills the user manager under a Runner's shared connection (run alone).

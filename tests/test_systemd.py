@@ -194,3 +194,75 @@ def test_arguments_reach_the_command_verbatim(corral, unit_type):
     run = corral(mode_flags(unit_type) + ["--", "printf", "[%s]\\n", *args])
     assert run.returncode == 0, run.stderr
     assert run.stdout.decode().splitlines() == [f"[{a}]" for a in args]
+
+
+@pytest.fixture
+def cutting_proxy(tmp_path):
+    from busproxy import CuttingProxy
+
+    real = os.path.join(os.environ["XDG_RUNTIME_DIR"], "systemd", "private")
+    proxies = []
+
+    def make(cut):
+        proxies.append(CuttingProxy(real, str(tmp_path / "runtime"), cut))
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+def _proxied_env(proxy, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_SYSTEMD_TRANSPORT"}
+    env["XDG_RUNTIME_DIR"] = str(tmp_path / "runtime")  # its systemd/private is the proxy
+    return env
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_connection_lost_before_the_start_call_is_retried_once(corral, cutting_proxy, tmp_path, unit_type):
+    """The private socket ended under StartTransientUnit before the manager
+    saw it (seen once in CI as ECONNRESET): corral starts the unit on a new
+    connection, and the command runs exactly once."""
+    proxy = cutting_proxy("before")
+    witness = tmp_path / "ran"
+    run = corral(mode_flags(unit_type) + ["--", "sh", "-c", f'echo x >> "{witness}"; exit 7'],
+                 env=_proxied_env(proxy, tmp_path))
+    assert proxy.cut_unit == run.record["engine"]["unit"], (proxy.cut_unit, run.stderr)
+    assert run.returncode == 7, run.stderr
+    assert witness.read_text() == "x\n"
+    assert proxy.connections == 2 and run.record["engine"]["transport"] == "private"
+    assert any("retried once" in w for w in run.record["warnings"]), run.record["warnings"]
+    assert run.survivors == [] and run.record["verified"]
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_connection_lost_after_the_manager_took_the_start_call_is_125(corral, cutting_proxy, tmp_path,
+                                                                       unit_type):
+    """The manager created the unit but its reply was lost with the
+    connection: the retry must not start the command a second time (the
+    unit name is the run's own: UnitExists), and nothing is left running."""
+    proxy = cutting_proxy("after")
+    witness = tmp_path / "ran"
+    run = corral(mode_flags(unit_type) + ["--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
+                 env=_proxied_env(proxy, tmp_path))
+    assert run.returncode == 125, run.stderr
+    lines = run.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "after the manager had created it" in lines[0], lines
+    assert proxy.cut_unit == run.record["engine"]["unit"]
+    # A scope's command is held at its gate until the unit exists: it never
+    # ran. A service's ran at most once, started by the first request.
+    runs = witness.read_text().count("x") if witness.exists() else 0
+    assert runs == (0 if unit_type == "scope" else runs) and runs <= 1
+    assert run.survivors == []
+    _wait_unit_gone(proxy.cut_unit)
+
+
+def _wait_unit_gone(unit):
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        state = subprocess.run(["systemctl", "--user", "show", "-p", "ActiveState", "--value", unit],
+                               capture_output=True, text=True).stdout.strip()
+        if state in ("inactive", "failed", ""):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{unit} still {state}")

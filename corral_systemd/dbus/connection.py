@@ -13,15 +13,25 @@ import threading
 import time
 from collections import deque
 
+from .. import baton
 from ._dbus_fast import Message, MessageFlag, MessageType, Unmarshaller
 
 _BUS = "org.freedesktop.DBus"
 
 
 def wait_fd(fd: int, timeout: float, events: int = select.POLLIN) -> bool:
-    """poll() one fd (select() fails on fds >= FD_SETSIZE, common in servers)."""
+    """poll() one fd (select() fails on fds >= FD_SETSIZE, common in servers).
+
+    A library Runner's run gives its baton up while it waits (``baton.py``)."""
     poller = select.poll()
     poller.register(fd, events)
+    return bool(baton.poll(poller, max(0.0, timeout) * 1000))
+
+
+def _wait_writable(fd: int, timeout: float) -> bool:
+    """Keeps the baton: called under the send lock, which another run may need."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
     return bool(poller.poll(max(0.0, timeout) * 1000))
 
 
@@ -29,6 +39,15 @@ class BusError(Exception):
     def __init__(self, message: str, name: str | None = None):
         super().__init__(message)
         self.name = name
+
+
+class BusDisconnected(BusError):
+    """The connection ended (EOF, reset, a failed send) after it was up:
+    nothing more can be sent or received on it. Unlike a timeout, a call
+    in flight then may or may not have reached the other side."""
+
+    def __init__(self, message: str):
+        super().__init__(message, None)
 
 
 def _unix_address(address: str) -> str:
@@ -144,12 +163,12 @@ class Connection:
                         sent = self.sock.sendmsg([data], ancillary)
                     except BlockingIOError:
                         left = end - time.monotonic()
-                        if left <= 0 or not wait_fd(self.sock.fileno(), left, select.POLLOUT):
+                        if left <= 0 or not _wait_writable(self.sock.fileno(), left):
                             raise BusError("timed out sending to the bus") from None
                         continue
                     data, ancillary = data[sent:], []  # the fds went with the first byte
             except OSError as exc:
-                raise BusError(f"bus connection lost while sending: {exc}") from None
+                raise BusDisconnected(f"bus connection lost while sending: {exc}") from None
             finally:
                 if data and len(data) != total:
                     # Half a message is on the stream: nothing after it can be
@@ -195,9 +214,9 @@ class Connection:
             try:
                 msg = self._unmarshaller.unmarshall()
             except EOFError:
-                raise BusError("the bus closed the connection") from None
+                raise BusDisconnected("the bus closed the connection") from None
             except OSError as exc:
-                raise BusError(f"bus connection lost: {exc}") from None
+                raise BusDisconnected(f"bus connection lost: {exc}") from None
             if msg is None:
                 return
             if msg.message_type == MessageType.SIGNAL:

@@ -24,8 +24,9 @@ import select
 import threading
 from collections import deque
 
+from .. import baton
 from ._dbus_fast import Message, MessageType
-from .connection import BusError, Connection
+from .connection import BusDisconnected, BusError, Connection
 
 _MANAGER_PATH = "/org/freedesktop/systemd1"
 #: Manager signals whose first string argument names the unit ...
@@ -78,20 +79,20 @@ class Multiplexer:
             # reach the reader before its serial is known.
             with self._lock:
                 if self.lost is not None:
-                    raise BusError(f"the bus connection ended: {self.lost}")
+                    raise BusDisconnected(f"the bus connection ended: {self.lost}")
                 self._pending[serial] = pending
 
         serial = None
         try:
             serial = self._conn.send(msg, on_serial=register)
-            if not pending.event.wait(timeout):
+            if not baton.wait_event(pending.event, timeout):  # the baton is free meanwhile
                 raise BusError(f"no reply from the bus within {timeout:g}s")
         finally:
             if serial is not None:
                 with self._lock:
                     self._pending.pop(serial, None)
         if pending.reply is None:
-            raise BusError(f"the bus connection ended: {self.lost}")
+            raise BusDisconnected(f"the bus connection ended: {self.lost}")
         return pending.reply
 
     # -- the reader thread -------------------------------------------------
@@ -183,7 +184,7 @@ class Channel:
 
     def call_no_reply(self, destination, path, interface, member, signature="", body=()) -> None:
         if self._mux.lost is not None:
-            raise BusError(f"the bus connection ended: {self._mux.lost}")
+            raise BusDisconnected(f"the bus connection ended: {self._mux.lost}")
         self._mux._conn.call_no_reply(destination, path, interface, member, signature, body)
 
     def _deliver(self, msg: Message) -> None:  # reader thread
@@ -201,7 +202,7 @@ class Channel:
         except (BlockingIOError, OSError):
             pass
         if self._mux.lost is not None and not self.signals:
-            raise BusError(f"the bus connection ended: {self._mux.lost}")
+            raise BusDisconnected(f"the bus connection ended: {self._mux.lost}")
 
     def fileno(self) -> int:
         return self._efd

@@ -35,7 +35,7 @@ import re
 import signal
 import time
 
-from ..dbus.connection import BusError, Connection, wait_fd
+from ..dbus.connection import BusDisconnected, BusError, Connection, wait_fd
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
 from ..kernel import cgroupfs
@@ -49,6 +49,7 @@ START_TIMEOUT = 10.0
 _USEC = 1_000_000
 #: Once the unit runs, a call that gets no answer within this is a lost manager.
 RUNTIME_CALL_TIMEOUT = 1.0
+UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 
 
 def _private_socket(kind: str) -> str | None:
@@ -126,23 +127,16 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._unit_match = ("type='signal',sender='org.freedesktop.systemd1',"
                             f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'")
         if session is None:
-            self.manager_kind, self.conn = connect_manager(spec.manager, START_TIMEOUT)
+            self._open_own_connection()
             self.tether_unit = f"corral-{spec.run_id}-tether.scope"
         else:
             self.manager_kind, self.conn = session.manager_kind, session.channel(self.unit, self._unit_path)
+            self.manager = Manager(self.conn)
             self.tether_unit = session.tether_unit
         #: A peer-to-peer connection to the manager: no bus name, so no
         #: AddRef/UnrefUnit; the unit may be collected as soon as it ends,
         #: and what we need of it arrives in PropertiesChanged before UnitRemoved.
         self.direct = self.conn.unique_name is None
-        self.manager = Manager(self.conn)
-        try:
-            if session is None:
-                _subscribe(self.conn, self.manager)
-                self.manager.add_match(self._unit_match)
-        except BusError as exc:
-            self.conn.close()
-            raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
         self._child = None  # scope: the command, our child
         self._tether = None  # our own tether (no session)
         self._status: int | None = None
@@ -162,6 +156,17 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type,
                       "transport": "private" if self.direct else "bus"}
         self._peaks = {}
+
+    def _open_own_connection(self) -> None:
+        """A connection of this run's own (the CLI), subscribed to the unit's signals."""
+        self.manager_kind, self.conn = connect_manager(self.spec.manager, START_TIMEOUT)
+        self.manager = Manager(self.conn)
+        try:
+            _subscribe(self.conn, self.manager)
+            self.manager.add_match(self._unit_match)
+        except BusError as exc:
+            self.conn.close()
+            raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
@@ -186,7 +191,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                       prop("StandardErrorFileDescriptor", "h", 2)]
             fds = [stdin, stdout, stderr]
         try:
-            job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+            job = self._start_transient_unit(props, aux, fds)
             result = self._wait_job(job)
             if result != "done":
                 self._check_credentials_delivered()  # SetupError if systemd did not deliver them
@@ -210,6 +215,36 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         # socket will not poll readable for them: handle them now (a fast
         # service's exit status may be among them).
         self.poll_events()
+
+    def _start_transient_unit(self, props, aux, fds) -> str:
+        """StartTransientUnit; once more on a fresh connection if ours ended under the call.
+
+        A connection of the CLI's own can end mid-call (seen once in CI:
+        ECONNRESET from the private socket, the manager busy with 8 runs).
+        The retry cannot start the command twice: the unit name is this
+        run's own, so if the first request did reach the manager the second
+        fails with UnitExists, and the start fails (125) and is undone
+        (``_abandon``). A Runner's shared connection is not retried here:
+        the session counts as lost and the Runner reconnects for later runs.
+        """
+        try:
+            return self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+        except BusDisconnected as exc:
+            if self._session is not None:
+                raise
+            first = exc
+        self.conn.close()
+        self._open_own_connection()
+        try:
+            job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+        except BusError as exc:
+            if exc.name == UNIT_EXISTS:
+                raise SetupError(f"the manager connection ended while starting {self.unit} ({first}), after "
+                                 "the manager had created it; the unit is stopped") from None
+            raise
+        self.warnings.append(f"the manager connection ended while starting the unit ({first}); "
+                             "retried once on a new connection")
+        return job
 
     def _service_ran(self) -> bool:
         """A failed start job does not always mean the command never ran.
@@ -878,6 +913,7 @@ class SystemdSession:
     """
 
     def __init__(self, manager: str = "auto", slice_: str = "corral.slice"):
+        from ..baton import Baton
         from ..dbus.mux import Multiplexer
 
         self.slice = slice_
@@ -888,6 +924,8 @@ class SystemdSession:
             conn.close()
             raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
         self._mux = Multiplexer(conn)
+        #: Its runs take turns running Python (see ``baton.py``).
+        self.baton = Baton()
         self._tether: Tether | None = None
         self.tether_unit = f"corral-runner-{os.getpid()}-{os.urandom(4).hex()}-tether.scope"
         #: The slice's cgroup, as the kernel shows it for the tether's scope.

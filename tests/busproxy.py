@@ -1,0 +1,136 @@
+"""A stand-in for the manager's private socket that can end a connection mid-call.
+
+``CuttingProxy(real_socket, directory, cut="before"|"after")`` listens at
+``directory/systemd/private`` (point ``XDG_RUNTIME_DIR`` at ``directory``)
+and forwards each connection to the real socket byte for byte, both ways,
+with the file descriptors a client sends (a service's stdio). The *first*
+connection whose client sends a StartTransientUnit call is ended there:
+
+- ``cut="before"``: the call is never forwarded; the manager never sees it
+  (the client's connection ends as with a reset before the request left);
+- ``cut="after"``: the call is forwarded and the connection is ended once
+  the manager shows the unit loaded (the request was acted on, the reply lost).
+
+Later connections are forwarded untouched. ``connections`` counts them.
+"""
+
+import array
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+
+_TRIGGER = b"StartTransientUnit"
+_UNIT = re.compile(rb"corral-[0-9a-f]+\.(?:scope|service)")
+
+
+class CuttingProxy:
+    def __init__(self, real: str, directory: str, cut: str):
+        assert cut in ("before", "after")
+        self.real = real
+        self.cut = cut
+        self.connections = 0
+        self.cut_unit: str | None = None  # the unit whose call was cut
+        self._done_cutting = False
+        self._lock = threading.Lock()
+        os.makedirs(os.path.join(directory, "systemd"), exist_ok=True)
+        self.path = os.path.join(directory, "systemd", "private")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self._listener.bind(self.path)
+        self._listener.listen(16)
+        self._threads: list[threading.Thread] = []
+        self._socks: list[socket.socket] = []
+        self._spawn(self._accept_loop)
+
+    def _spawn(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            server.connect(self.real)
+            with self._lock:
+                self.connections += 1
+                self._socks += [client, server]
+            muted = threading.Event()  # set: the manager's replies are dropped
+            self._spawn(self._client_to_server, client, server, muted)
+            self._spawn(self._server_to_client, server, client, muted)
+
+    def _client_to_server(self, client: socket.socket, server: socket.socket, muted: threading.Event) -> None:
+        fd_size = socket.CMSG_SPACE(16 * array.array("i").itemsize)
+        try:
+            while True:
+                data, ancillary, _, _ = client.recvmsg(65536, fd_size)
+                fds = []
+                for level, kind, payload in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        fds += array.array("i", payload[: len(payload) - len(payload) % 4])
+                if not data:
+                    break
+                cutting = False
+                with self._lock:
+                    if _TRIGGER in data and not self._done_cutting:
+                        self._done_cutting = cutting = True
+                        found = _UNIT.search(data)
+                        self.cut_unit = found.group().decode() if found else None
+                if cutting and self.cut == "before":
+                    for fd in fds:
+                        os.close(fd)
+                    break
+                if cutting:
+                    muted.set()  # the reply to this call must never reach the client
+                server.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+                for fd in fds:
+                    os.close(fd)
+                if cutting:  # "after": let the manager act on it, then lose its reply
+                    self._wait_loaded(self.cut_unit)
+                    break
+        except OSError:
+            pass
+        for s in (client, server):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @staticmethod
+    def _wait_loaded(unit: str | None) -> None:
+        end = time.monotonic() + 10
+        while unit and time.monotonic() < end:
+            state = subprocess.run(["systemctl", "--user", "show", "-p", "LoadState", "--value", unit],
+                                   capture_output=True, text=True).stdout.strip()
+            if state == "loaded":
+                return
+            time.sleep(0.01)
+
+    def _server_to_client(self, server: socket.socket, client: socket.socket, muted: threading.Event) -> None:
+        try:
+            while data := server.recv(65536):
+                if not muted.is_set():
+                    client.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone would not
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+        for t in self._threads:
+            t.join(5)
