@@ -66,10 +66,13 @@ def test_runner_bench_smoke(tmp_path):
         pytest.skip("no user manager reachable")
     out = tmp_path / "runner.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "runner_bench.py"), "--rounds", "2",
-                           "--runs", "16", "--out", str(out)],
+                           "--runs", "16", "--throughput-rounds", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert set(data["per_run"]) == {"systemd-run", "runner-scope", "runner-service"}
     assert all(row["p50_ms"] > 0 for row in data["per_run"].values())
     assert set(data["throughput"]) == {"systemd-run xargs -P8", "runner-scope x8", "runner-service x8"}
+    for name in ("runner-scope x8", "runner-service x8"):
+        row = data["throughput"][name]
+        assert len(row["ratio_to_xargs_per_round"]) == 2 and row["cpu_ms_per_run"] > 0

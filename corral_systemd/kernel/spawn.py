@@ -15,6 +15,8 @@ import errno
 import os
 import signal
 
+from .. import baton
+
 _DEFAULT_IN_CHILD = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGQUIT")
 
 
@@ -201,9 +203,12 @@ def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: in
         # overwrite, and the shell would read its "go" from the wrong file.
         sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (stdin, stdout, stderr, gate_r)]
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(sources)]
-        pid = os.posix_spawn("/bin/sh", ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."),
-                                         path, *argv[1:]], env, file_actions=actions, setsid=True,
-                             setsigmask=(), setsigdef=[getattr(signal, name) for name in _DEFAULT_IN_CHILD])
+        # vfork: we are suspended until the shell has exec'd (about a
+        # millisecond); a Runner's other runs need not wait for that.
+        with baton.released():
+            pid = os.posix_spawn("/bin/sh", ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."),
+                                             path, *argv[1:]], env, file_actions=actions, setsid=True,
+                                 setsigmask=(), setsigdef=[getattr(signal, name) for name in _DEFAULT_IN_CHILD])
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
         os.close(gate_w)
