@@ -3,13 +3,19 @@
 ``CuttingProxy(real_socket, directory, cut="before"|"after")`` listens at
 ``directory/systemd/private`` (point ``XDG_RUNTIME_DIR`` at ``directory``)
 and forwards each connection to the real socket byte for byte, both ways,
-with the file descriptors a client sends (a service's stdio). The *first*
-connection whose client sends a StartTransientUnit call is ended there:
+with the file descriptors a client sends (a service's stdio). With
+``slow_begin``, it reads a client's BEGIN 0.5 s late, as a busy manager
+would (and whatever the client sent after it in the same read). The *first*
+connection whose client sends a StartTransientUnit call is ended there
+(``cut=None``: none is):
 
 - ``cut="before"``: the call is never forwarded; the manager never sees it
   (the client's connection ends as with a reset before the request left);
 - ``cut="after"``: the call is forwarded and the connection is ended once
-  the manager shows the unit loaded (the request was acted on, the reply lost).
+  the manager shows the run's tether scope loaded (created by the same
+  call: the request was acted on), the reply lost;
+- ``cut="after-ended"``: as "after", but only once the unit itself is gone
+  again (a command that exited at once, its unit collected).
 
 Later connections are forwarded untouched. ``connections`` counts them.
 """
@@ -27,10 +33,11 @@ _UNIT = re.compile(rb"corral-[0-9a-f]+\.(?:scope|service)")
 
 
 class CuttingProxy:
-    def __init__(self, real: str, directory: str, cut: str):
-        assert cut in ("before", "after")
+    def __init__(self, real: str, directory: str, cut: str | None, slow_begin: bool = False):
+        assert cut in (None, "before", "after", "after-ended")
         self.real = real
         self.cut = cut
+        self.slow_begin = slow_begin
         self.connections = 0
         self.cut_unit: str | None = None  # the unit whose call was cut
         self._done_cutting = False
@@ -78,7 +85,7 @@ class CuttingProxy:
                 cutting = False
                 with self._lock:
                     if _TRIGGER in data and not self._done_cutting:
-                        self._done_cutting = cutting = True
+                        self._done_cutting = cutting = self.cut is not None
                         found = _UNIT.search(data)
                         self.cut_unit = found.group().decode() if found else None
                 if cutting and self.cut == "before":
@@ -90,8 +97,12 @@ class CuttingProxy:
                 server.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
                 for fd in fds:
                     os.close(fd)
+                if data.endswith(b"BEGIN\r\n"):
+                    _wait_until_read(server)  # as a client must (Connection._wait_until_read)
+                elif self.slow_begin and b"NEGOTIATE_UNIX_FD" in data:
+                    time.sleep(0.5)  # a busy manager: BEGIN, and whatever follows it, is read late
                 if cutting:  # "after": let the manager act on it, then lose its reply
-                    self._wait_loaded(self.cut_unit)
+                    self._wait_taken(self.cut_unit)
                     break
         except OSError:
             pass
@@ -101,13 +112,13 @@ class CuttingProxy:
             except OSError:
                 pass
 
-    @staticmethod
-    def _wait_loaded(unit: str | None) -> None:
+    def _wait_taken(self, unit: str | None) -> None:
+        if unit is None:
+            return
+        tether = unit.rsplit(".", 1)[0] + "-tether.scope"
         end = time.monotonic() + 10
-        while unit and time.monotonic() < end:
-            state = subprocess.run(["systemctl", "--user", "show", "-p", "LoadState", "--value", unit],
-                                   capture_output=True, text=True).stdout.strip()
-            if state == "loaded":
+        while time.monotonic() < end:
+            if _load_state(tether) == "loaded" and (self.cut != "after-ended" or _load_state(unit) != "loaded"):
                 return
             time.sleep(0.01)
 
@@ -134,3 +145,20 @@ class CuttingProxy:
                 s.close()
         for t in self._threads:
             t.join(5)
+
+
+def _load_state(unit: str) -> str:
+    return subprocess.run(["systemctl", "--user", "show", "-p", "LoadState", "--value", unit],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _wait_until_read(sock: socket.socket) -> None:
+    import fcntl
+    import struct
+    import termios
+
+    end = time.monotonic() + 5
+    while struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]:
+        if time.monotonic() > end:
+            return
+        time.sleep(0.0001)

@@ -203,8 +203,8 @@ def cutting_proxy(tmp_path):
     real = os.path.join(os.environ["XDG_RUNTIME_DIR"], "systemd", "private")
     proxies = []
 
-    def make(cut):
-        proxies.append(CuttingProxy(real, str(tmp_path / "runtime"), cut))
+    def make(cut, **kw):
+        proxies.append(CuttingProxy(real, str(tmp_path / "runtime"), cut, **kw))
         return proxies[-1]
 
     yield make
@@ -216,6 +216,20 @@ def _proxied_env(proxy, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CORRAL_SYSTEMD_TRANSPORT"}
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "runtime")  # its systemd/private is the proxy
     return env
+
+
+def test_first_call_survives_a_manager_slow_to_read_begin(corral, cutting_proxy, tmp_path):
+    """systemd 252's private socket mishandles a first message that arrives
+    in the same read as BEGIN: read with the handshake, its file descriptors
+    are lost and the connection is dropped (a service's StartTransientUnit
+    carries its stdio: the ECONNRESET seen in CI under load); one without
+    descriptors waits for the manager's next wake-up. corral sends nothing
+    after BEGIN until the manager has read it. (Service only: the scope's
+    call, without descriptors, is answered late but answered.)"""
+    proxy = cutting_proxy(None, slow_begin=True)
+    run = corral(mode_flags("service") + ["--", "sh", "-c", "exit 7"], env=_proxied_env(proxy, tmp_path))
+    assert run.returncode == 7, run.stderr
+    assert proxy.connections == 1 and run.record["warnings"] == [], run.record["warnings"]
 
 
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
@@ -231,30 +245,51 @@ def test_connection_lost_before_the_start_call_is_retried_once(corral, cutting_p
     assert run.returncode == 7, run.stderr
     assert witness.read_text() == "x\n"
     assert proxy.connections == 2 and run.record["engine"]["transport"] == "private"
-    assert any("retried once" in w for w in run.record["warnings"]), run.record["warnings"]
+    assert any("asked again on a new connection" in w for w in run.record["warnings"]), run.record["warnings"]
     assert run.survivors == [] and run.record["verified"]
 
 
-@pytest.mark.parametrize("unit_type", UNIT_TYPES)
-def test_connection_lost_after_the_manager_took_the_start_call_is_125(corral, cutting_proxy, tmp_path,
-                                                                       unit_type):
-    """The manager created the unit but its reply was lost with the
-    connection: the retry must not start the command a second time (the
-    unit name is the run's own: UnitExists), and nothing is left running."""
+def test_connection_lost_after_the_manager_took_a_scope_start_is_125(corral, cutting_proxy, tmp_path):
+    """The manager created the scope but its reply was lost with the
+    connection: the command, held at its gate, never ran, and never will."""
     proxy = cutting_proxy("after")
     witness = tmp_path / "ran"
-    run = corral(mode_flags(unit_type) + ["--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
+    run = corral(mode_flags("scope") + ["--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
                  env=_proxied_env(proxy, tmp_path))
     assert run.returncode == 125, run.stderr
     lines = run.stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and "after the manager had created it" in lines[0], lines
-    assert proxy.cut_unit == run.record["engine"]["unit"]
-    # A scope's command is held at its gate until the unit exists: it never
-    # ran. A service's ran at most once, started by the first request.
-    runs = witness.read_text().count("x") if witness.exists() else 0
-    assert runs == (0 if unit_type == "scope" else runs) and runs <= 1
-    assert run.survivors == []
+    assert len(lines) == 1 and "the command never ran" in lines[0], lines
+    assert proxy.cut_unit == run.record["engine"]["unit"] and proxy.connections == 2
+    assert not witness.exists() and run.survivors == []
     _wait_unit_gone(proxy.cut_unit)
+
+
+def test_connection_lost_after_the_manager_took_a_service_start_watches_it(corral, cutting_proxy, tmp_path):
+    """The manager started the service but its reply was lost: the run goes
+    on with that start (never a second one), watched on a new connection."""
+    proxy = cutting_proxy("after")
+    witness = tmp_path / "ran"
+    run = corral(mode_flags("service") + ["--wall", "2s", "--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
+                 env=_proxied_env(proxy, tmp_path))
+    assert run.returncode == 124, run.stderr
+    assert proxy.cut_unit == run.record["engine"]["unit"] and proxy.connections == 2
+    assert witness.read_text() == "x\n"
+    assert any("watching that start" in w for w in run.record["warnings"]), run.record["warnings"]
+    assert run.record["verified"] and run.survivors == []
+
+
+def test_connection_lost_after_a_service_ran_unseen_is_120(corral, cutting_proxy, tmp_path):
+    """The service started by the lost request has already ended and been
+    collected: its exit status is gone. Not a result, not "not started":
+    120, with the run proven empty, and no second start."""
+    proxy = cutting_proxy("after-ended")
+    witness = tmp_path / "ran"
+    run = corral(mode_flags("service") + ["--", "sh", "-c", f'echo x >> "{witness}"; exit 7'],
+                 env=_proxied_env(proxy, tmp_path))
+    assert run.returncode == 120, run.stderr
+    assert run.record["outcome"] == "internal_error" and run.record["verified"]
+    assert "ended unseen" in run.record["detail"], run.record["detail"]
+    assert witness.read_text() == "x\n" and run.survivors == []
 
 
 def _wait_unit_gone(unit):

@@ -90,6 +90,16 @@ class Manager:
     def unref_unit(self, name: str) -> None:
         self._call(DEST, PATH, MANAGER, "UnrefUnit", "s", [name])
 
+    def unit_loaded(self, name: str) -> bool:
+        """Whether the manager has the unit loaded (GetUnit; NoSuchUnit: no)."""
+        try:
+            self._call(DEST, PATH, MANAGER, "GetUnit", "s", [name])
+        except BusError as exc:
+            if exc.name == NO_SUCH_UNIT:
+                return False
+            raise
+        return True
+
     def get_all(self, name: str, interface: str) -> dict:
         reply = self._call(DEST, unit_path(name), PROPS, "GetAll", "s", [interface])
         return {k: v.value for k, v in reply.body[0].items()}

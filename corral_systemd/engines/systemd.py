@@ -142,6 +142,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._status: int | None = None
         self._main_started = False  # a service's main process was started (PropertiesChanged)
         self._conn_dead = False  # the manager connection ended
+        self._start_reply_lost: str | None = None  # see _adopt_service
         self._cgroup: str | None = None
         self._mounts = None
         self._oom_eventfd = None
@@ -192,7 +193,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             fds = [stdin, stdout, stderr]
         try:
             job = self._start_transient_unit(props, aux, fds)
-            result = self._wait_job(job)
+            result = self._wait_job(job) if job is not None else "done"
             if result != "done":
                 self._check_credentials_delivered()  # SetupError if systemd did not deliver them
             if result != "done" and not self._service_ran():
@@ -216,35 +217,64 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         # service's exit status may be among them).
         self.poll_events()
 
-    def _start_transient_unit(self, props, aux, fds) -> str:
+    def _start_transient_unit(self, props, aux, fds) -> str | None:
         """StartTransientUnit; once more on a fresh connection if ours ended under the call.
 
         A connection of the CLI's own can end mid-call (seen once in CI:
         ECONNRESET from the private socket, the manager busy with 8 runs).
-        The retry cannot start the command twice: the unit name is this
-        run's own, so if the first request did reach the manager the second
-        fails with UnitExists, and the start fails (125) and is undone
-        (``_abandon``). A Runner's shared connection is not retried here:
-        the session counts as lost and the Runner reconnects for later runs.
+        The command never starts twice: whether the first request reached
+        the manager is read from this run's tether scope, created by the
+        same call and kept while our tether process lives (the unit itself
+        may already be collected if its command exited at once). Not taken:
+        the call is made again. Taken: a scope's command is still held at
+        its gate, never ran, and the start fails (125); a service was
+        started by that request, and None is returned (``_adopt_service``).
+        A Runner's shared connection is not retried: the session counts as
+        lost, and the Runner reconnects for later runs.
         """
         try:
             return self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
         except BusDisconnected as exc:
             if self._session is not None:
                 raise
-            first = exc
+            first = f"the manager connection ended while starting {self.unit} ({exc})"
+        direct = self.direct
         self.conn.close()
-        self._open_own_connection()
         try:
+            self._open_own_connection()
+        except SetupError as exc:
+            raise SetupError(f"{first}, and a new one failed: {exc}") from None
+        if (self.conn.unique_name is None) != direct:
+            # The unit's properties were chosen for the first transport (AddRef only on the bus).
+            raise SetupError(f"{first}; not retried: a new connection would use another transport")
+        if not self.manager.unit_loaded(self.tether_unit):
             job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
-        except BusError as exc:
-            if exc.name == UNIT_EXISTS:
-                raise SetupError(f"the manager connection ended while starting {self.unit} ({first}), after "
-                                 "the manager had created it; the unit is stopped") from None
-            raise
-        self.warnings.append(f"the manager connection ended while starting the unit ({first}); "
-                             "retried once on a new connection")
-        return job
+            self.warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
+            return job
+        if self._child is not None:
+            raise SetupError(f"{first}, after the manager had created it; the command never ran (held at its gate)")
+        self._adopt_service(first)
+        return None
+
+    def _adopt_service(self, why: str) -> None:
+        """The manager took our StartTransientUnit, its reply was lost: the
+        service was started by that request. If it still runs (or its start
+        job is pending), watch it as any run: its end arrives on the new
+        connection, which is subscribed. If it already ended, how it ended
+        cannot be known any more: ``lost_track`` says so, and the run is
+        stopped and proven empty from its cgroup (exit 120)."""
+        state, job = None, None
+        try:
+            if self.manager.unit_loaded(self.unit):
+                state = self.manager.get(self.unit, UNIT, "ActiveState")
+                job = self.manager.get(self.unit, UNIT, "Job")
+        except BusError:
+            pass
+        if state in ("active", "activating", "reloading", "deactivating") or (job and job[0]):
+            self._active_state = state
+            self.warnings.append(f"{why}, after the manager had started it; watching that start")
+        else:
+            self._start_reply_lost = f"{why}, after the manager had started it; it ended unseen, so its exit status cannot be known"
 
     def _service_ran(self) -> bool:
         """A failed start job does not always mean the command never ran.
@@ -549,6 +579,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._oom_event()
 
     def lost_track(self):
+        if self._start_reply_lost is not None and self._status is None:
+            return self._start_reply_lost
         # A service's end and exit status come only from the manager: with
         # the connection gone, watching on would wait forever.
         if self._conn_dead and self._started and self._child is None and self._status is None:
