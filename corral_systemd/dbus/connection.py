@@ -143,6 +143,9 @@ class Connection:
         is dropped (a service's StartTransientUnit: ECONNRESET), and one
         without waits unanswered until the manager wakes up for something
         else (measured: GetUnit sent together with BEGIN, no reply in 2 s).
+        Known sd-bus bugs: the trailing SASL buffer's descriptors are not
+        attached to the first message (systemd PR #5520, never merged), and a
+        server may stay in its auth phase until more input comes (PR #24875).
         A busy manager reads late, so BEGIN and the first call could be
         queued together; this keeps them apart (it costs 30-150 us).
         """
