@@ -33,7 +33,9 @@ Guarantees and failure modes:
   and so does passing output on to the host's own stdout/stderr.
 - Interrupts: a KeyboardInterrupt (``Runner.run`` in the main thread) that
   arrives while a thread waits to get the baton back is held until the
-  baton is back, then raised, so ownership is never lost or doubled.
+  baton is back, then raised, so ownership is neither lost nor doubled.
+  (Python can still raise it between two bytecodes of the hand-off
+  itself, a window of a few instructions, not guarded.)
 """
 
 from _thread import _local, allocate_lock  # not threading: the CLI imports this module too
@@ -58,8 +60,9 @@ class Baton:
 
     def _take(self) -> BaseException | None:
         """Get the baton (queueing behind earlier waiters). Never gives up
-        half-way: an exception raised while blocked is returned, to be
-        raised by the caller once the baton is held."""
+        half-way: an exception raised while blocked (KeyboardInterrupt, in
+        the main thread) is returned, to be raised by the caller once the
+        baton is held."""
         with self._mutex:
             if not self._held:
                 self._held = True
@@ -73,8 +76,14 @@ class Baton:
             try:
                 handoff.acquire()  # released by _give, which passes the baton to us
                 break
-            except BaseException as exc:  # noqa: B036 - re-raised once the baton is ours
+            except BaseException as exc:  # noqa: B036 - raised once the baton is ours
                 pending = pending or exc
+                # Interrupted just before or just after getting it? _give
+                # dequeues under the mutex: no longer queued means ours.
+                with self._mutex:
+                    if handoff not in self._waiters:
+                        handoff.acquire(False)  # already ours either way
+                        break
         self._since = monotonic()
         return pending
 
@@ -119,10 +128,12 @@ def released():
         yield
         return
     baton._give()
+    _local.baton = None  # not ours meanwhile: a nested wait must not give it again
     try:
         yield
     finally:
         pending = baton._take()
+        _local.baton = baton
         if pending is not None:
             raise pending
 

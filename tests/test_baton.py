@@ -36,7 +36,7 @@ def test_a_thread_always_ready_still_hands_over():
             end = time.monotonic() + 5
             while time.monotonic() < end and not other_got_it.is_set():
                 assert baton.poll(poller, 1000)  # always ready: returns at once
-        busy_done.set()
+            busy_done.set()  # inside: set before an ordinary hand-over at the end
 
     def other():
         busy_started.wait()
@@ -92,3 +92,15 @@ def test_without_a_baton_poll_just_polls():
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_nested_release_does_not_hand_out_the_baton_twice():
+    shared = baton.Baton()
+    inside = []
+    with shared.held():
+        with baton.released():
+            with baton.released():  # nothing to give: not ours in here
+                pass
+            with shared.held():  # a fresh take, not a re-entry
+                inside.append(len(shared._waiters))
+    assert inside == [0] and not shared._held and not shared._waiters

@@ -142,7 +142,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._status: int | None = None
         self._main_started = False  # a service's main process was started (PropertiesChanged)
         self._conn_dead = False  # the manager connection ended
-        self._start_reply_lost: str | None = None  # see _adopt_service
+        self._adopted: str | None = None  # see _adopt_service
+        self._start_reply_lost: str | None = None
         self._cgroup: str | None = None
         self._mounts = None
         self._oom_eventfd = None
@@ -243,38 +244,51 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         try:
             self._open_own_connection()
         except SetupError as exc:
-            raise SetupError(f"{first}, and a new one failed: {exc}") from None
-        if (self.conn.unique_name is None) != direct:
-            # The unit's properties were chosen for the first transport (AddRef only on the bus).
-            raise SetupError(f"{first}; not retried: a new connection would use another transport")
-        if not self.manager.unit_loaded(self.tether_unit):
+            may_run = "" if self._child is not None else "; if the first request started the service, ending this run's tether stops it"
+            raise SetupError(f"{first}, and a new one failed: {exc}{may_run}") from None
+        try:
+            taken = self.manager.unit_loaded(self.tether_unit)
+        except BusError as exc:
+            taken = None
+            unknown = f"{first}; whether the manager had taken it could not be asked ({_why(exc)})"
+        if taken is False:
+            if (self.conn.unique_name is None) != direct:
+                # The unit's properties were chosen for the first transport (AddRef only on the bus).
+                raise SetupError(f"{first}; the manager had not taken it, and it is not asked again: a new "
+                                 "connection would use another transport")
             job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
             self.warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
             return job
         if self._child is not None:
-            raise SetupError(f"{first}, after the manager had created it; the command never ran (held at its gate)")
-        self._adopt_service(first)
+            raise SetupError(f"{first}, and the manager may have created it; the command never ran (held at its gate)")
+        if taken is None:
+            self._adopted = self._start_reply_lost = f"{unknown}: how the service ran cannot be known"
+        else:
+            self._adopt_service(first)
         return None
 
     def _adopt_service(self, why: str) -> None:
         """The manager took our StartTransientUnit, its reply was lost: the
-        service was started by that request. If it still runs (or its start
-        job is pending), watch it as any run: its end arrives on the new
-        connection, which is subscribed. If it already ended, how it ended
-        cannot be known any more: ``lost_track`` says so, and the run is
-        stopped and proven empty from its cgroup (exit 120)."""
-        state, job = None, None
+        service was started by that request. Watch it as any run: its end
+        arrives on the new connection (subscribed before we looked), its
+        status read as usual if it has already ended but is still loaded.
+        If it was collected, or cannot be asked about, how it ended cannot
+        be known: ``lost_track`` says so, and the run is stopped and proven
+        empty from its cgroup (exit 120)."""
+        why = f"{why}, after the manager had started it"
+        self._adopted = why
         try:
-            if self.manager.unit_loaded(self.unit):
-                state = self.manager.get(self.unit, UNIT, "ActiveState")
-                job = self.manager.get(self.unit, UNIT, "Job")
-        except BusError:
-            pass
-        if state in ("active", "activating", "reloading", "deactivating") or (job and job[0]):
-            self._active_state = state
-            self.warnings.append(f"{why}, after the manager had started it; watching that start")
+            loaded = self.manager.unit_loaded(self.unit)
+            if loaded:
+                self._active_state = self.manager.get(self.unit, UNIT, "ActiveState")
+        except BusError as exc:
+            self._start_reply_lost = f"{why}; the manager could not be asked about it ({_why(exc)}), so how it ran cannot be known"
+            return
+        if not loaded:
+            self._unit_gone = True
+            self._start_reply_lost = f"{why}; it ended unseen and was collected, so its exit status cannot be known"
         else:
-            self._start_reply_lost = f"{why}, after the manager had started it; it ended unseen, so its exit status cannot be known"
+            self.warnings.append(f"{why}; watching that start")
 
     def _service_ran(self) -> bool:
         """A failed start job does not always mean the command never ran.
@@ -581,6 +595,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
     def lost_track(self):
         if self._start_reply_lost is not None and self._status is None:
             return self._start_reply_lost
+        if self._adopted and self._status is None and (self._unit_gone or self._active_state in ("inactive", "failed")):
+            # Its start job may have failed before the command ran (we never saw the job).
+            return f"{self._adopted}; it ended without an exit status of its command"
         # A service's end and exit status come only from the manager: with
         # the connection gone, watching on would wait forever.
         if self._conn_dead and self._started and self._child is None and self._status is None:
