@@ -38,7 +38,7 @@ Guarantees and failure modes:
   itself, a window of a few instructions, not guarded.)
 """
 
-from _thread import _local, allocate_lock  # not threading: the CLI imports this module too
+from _thread import _local as _ThreadLocal, allocate_lock  # not threading: the CLI imports this module too
 from collections import deque
 from contextlib import contextmanager
 from time import monotonic
@@ -46,7 +46,7 @@ from time import monotonic
 #: The longest a thread keeps the baton, while others wait, when it never has to wait itself.
 TURN = 0.005
 
-_local = _local()
+_local = _ThreadLocal()  # .baton: the baton this thread holds, if any
 
 
 class Baton:
@@ -100,7 +100,7 @@ class Baton:
     @contextmanager
     def held(self):
         """Run the body holding the baton (waits in it give it up)."""
-        outer = getattr(_local, "baton", None)
+        outer = _current()
         if outer is self:  # re-entry: already ours
             yield
             return

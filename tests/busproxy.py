@@ -24,9 +24,11 @@ import array
 import os
 import re
 import socket
-import subprocess
 import threading
 import time
+
+from corral_systemd.dbus.connection import wait_until_peer_read
+from modes import unit_property
 
 _TRIGGER = b"StartTransientUnit"
 _UNIT = re.compile(rb"corral-[0-9a-f]+\.(?:scope|service)")
@@ -98,7 +100,7 @@ class CuttingProxy:
                 for fd in fds:
                     os.close(fd)
                 if data.endswith(b"BEGIN\r\n"):
-                    _wait_until_read(server)  # as a client must (Connection._wait_until_read)
+                    _wait_until_read(server)  # as a client must
                 elif self.slow_begin and b"NEGOTIATE_UNIX_FD" in data:
                     time.sleep(0.5)  # a busy manager: BEGIN, and whatever follows it, is read late
                 if cutting:  # "after": let the manager act on it, then lose its reply
@@ -118,7 +120,8 @@ class CuttingProxy:
         tether = unit.rsplit(".", 1)[0] + "-tether.scope"
         end = time.monotonic() + 10
         while time.monotonic() < end:
-            if _load_state(tether) == "loaded" and (self.cut != "after-ended" or _load_state(unit) != "loaded"):
+            if unit_property(tether, "LoadState") == "loaded" and (
+                    self.cut != "after-ended" or unit_property(unit, "LoadState") != "loaded"):
                 return
             time.sleep(0.01)
 
@@ -147,18 +150,8 @@ class CuttingProxy:
             t.join(5)
 
 
-def _load_state(unit: str) -> str:
-    return subprocess.run(["systemctl", "--user", "show", "-p", "LoadState", "--value", unit],
-                          capture_output=True, text=True).stdout.strip()
-
-
 def _wait_until_read(sock: socket.socket) -> None:
-    import fcntl
-    import struct
-    import termios
-
-    end = time.monotonic() + 5
-    while struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]:
-        if time.monotonic() > end:
-            return
-        time.sleep(0.0001)
+    try:
+        wait_until_peer_read(sock, 5)
+    except socket.timeout:
+        pass  # the manager is stuck: the test fails on its own

@@ -24,6 +24,14 @@ def user_manager_reachable() -> bool:
     return probe.returncode == 0
 
 
+def unit_property(unit: str, name: str) -> str:
+    """``systemctl --user show -p NAME --value UNIT`` ("" when the manager has no such unit)."""
+    import subprocess
+
+    return subprocess.run(["systemctl", "--user", "show", "-p", name, "--value", unit],
+                          capture_output=True, text=True).stdout.strip()
+
+
 def delegated_cgroup_parent() -> str | None:
     """A writable cgroup v2 directory for --cgroup-parent tests (harness-provided)."""
     path = os.environ.get("CORRAL_TEST_CGROUP_PARENT")

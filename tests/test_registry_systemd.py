@@ -9,13 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import CORRAL
-from modes import mode_flags
+from modes import mode_flags, unit_property
 from procscan import marked_pids
 from test_registry import (CRED_PROBE, SECRET, _assert_secret_nowhere, _secret_file, ctl, env_for, events, markers,  # noqa: F401
                            run_ids, state, wait_for)
@@ -25,8 +24,7 @@ UNIT_TYPES = ["scope", "service"]
 
 
 def _unit_state(unit: str) -> str:
-    r = subprocess.run(["systemctl", "--user", "show", "-P", "ActiveState", unit], capture_output=True, text=True)
-    return r.stdout.strip() or "gone"
+    return unit_property(unit, "ActiveState") or "gone"
 
 
 def _systemd_credentials_dir(unit: str) -> Path:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import CORRAL, FAULTS
-from modes import mode_flags
+from modes import mode_flags, unit_property
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 pytestmark = pytest.mark.systemd
@@ -293,11 +293,6 @@ def test_connection_lost_after_a_service_ran_unseen_is_120(corral, cutting_proxy
 
 
 def _wait_unit_gone(unit):
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        state = subprocess.run(["systemctl", "--user", "show", "-p", "ActiveState", "--value", unit],
-                               capture_output=True, text=True).stdout.strip()
-        if state in ("inactive", "failed", ""):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{unit} still {state}")
+    from test_registry import wait_for
+
+    wait_for(lambda: unit_property(unit, "ActiveState") in ("inactive", "failed", ""), timeout=10)

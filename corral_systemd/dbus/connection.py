@@ -19,12 +19,12 @@ from ._dbus_fast import Message, MessageFlag, MessageType, Unmarshaller
 _BUS = "org.freedesktop.DBus"
 
 
-def wait_fd(fd: int, timeout: float, events: int = select.POLLIN) -> bool:
-    """poll() one fd (select() fails on fds >= FD_SETSIZE, common in servers).
+def wait_fd(fd: int, timeout: float) -> bool:
+    """poll() one fd for input (select() fails on fds >= FD_SETSIZE, common in servers).
 
     A library Runner's run gives its baton up while it waits (``baton.py``)."""
     poller = select.poll()
-    poller.register(fd, events)
+    poller.register(fd, select.POLLIN)
     return bool(baton.poll(poller, max(0.0, timeout) * 1000))
 
 
@@ -33,6 +33,40 @@ def _wait_writable(fd: int, timeout: float) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     return bool(poller.poll(max(0.0, timeout) * 1000))
+
+
+def wait_until_peer_read(sock: socket.socket, timeout: float) -> None:
+    """Return once the peer has read everything sent on ``sock`` (SIOCOUTQ is 0).
+
+    systemd's own server (the manager's private socket, systemd 252)
+    mishandles a message that arrives in the same read as BEGIN: read
+    with the handshake, its file descriptors are lost and the connection
+    is dropped (a service's StartTransientUnit: ECONNRESET), and one
+    without waits unanswered until the manager wakes up for something
+    else (measured: GetUnit sent together with BEGIN, no reply in 2 s).
+    Known sd-bus bugs: the trailing SASL buffer's descriptors are not
+    attached to the first message (systemd PR #5520, never merged), and a
+    server may stay in its auth phase until more input comes (PR #24875).
+    A busy manager reads late, so BEGIN and the first call could be
+    queued together; this keeps them apart (it costs 30-150 us).
+    """
+    import fcntl
+    import struct
+    import termios
+
+    end = time.monotonic() + timeout
+    delay = 0.00005
+    while True:
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return  # cannot tell here (not Linux, a sandbox): go on as before
+        if not queued:
+            return
+        if time.monotonic() >= end:
+            raise socket.timeout
+        time.sleep(delay)
+        delay = min(delay * 2, 0.002)
 
 
 class BusError(Exception):
@@ -45,9 +79,6 @@ class BusDisconnected(BusError):
     """The connection ended (EOF, reset, a failed send) after it was up:
     nothing more can be sent or received on it. Unlike a timeout, a call
     in flight then may or may not have reached the other side."""
-
-    def __init__(self, message: str):
-        super().__init__(message, None)
 
 
 def _unix_address(address: str) -> str:
@@ -128,44 +159,11 @@ class Connection:
                 raise BusError("bus does not pass file descriptors")
             self.sock.sendall(b"BEGIN\r\n")
             if not bus:
-                self._wait_until_read()
+                wait_until_peer_read(self.sock, self.timeout)
         except socket.timeout:
             raise BusError("timed out authenticating to the bus") from None
         except OSError as exc:
             raise BusError(f"bus connection failed during authentication: {exc.strerror}") from None
-
-    def _wait_until_read(self) -> None:
-        """Return once the peer has read everything we sent (SIOCOUTQ is 0).
-
-        systemd's own server (the manager's private socket, systemd 252)
-        mishandles a message that arrives in the same read as BEGIN: read
-        with the handshake, its file descriptors are lost and the connection
-        is dropped (a service's StartTransientUnit: ECONNRESET), and one
-        without waits unanswered until the manager wakes up for something
-        else (measured: GetUnit sent together with BEGIN, no reply in 2 s).
-        Known sd-bus bugs: the trailing SASL buffer's descriptors are not
-        attached to the first message (systemd PR #5520, never merged), and a
-        server may stay in its auth phase until more input comes (PR #24875).
-        A busy manager reads late, so BEGIN and the first call could be
-        queued together; this keeps them apart (it costs 30-150 us).
-        """
-        import fcntl
-        import struct
-        import termios
-
-        end = time.monotonic() + self.timeout
-        delay = 0.00005
-        while True:
-            try:
-                queued = struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-            except OSError:
-                return  # cannot tell here (not Linux, a sandbox): go on as before
-            if not queued:
-                return
-            if time.monotonic() >= end:
-                raise socket.timeout
-            time.sleep(delay)
-            delay = min(delay * 2, 0.002)
 
     def _auth_line(self) -> bytes:
         line = b""

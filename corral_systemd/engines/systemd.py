@@ -49,7 +49,6 @@ START_TIMEOUT = 10.0
 _USEC = 1_000_000
 #: Once the unit runs, a call that gets no answer within this is a lost manager.
 RUNTIME_CALL_TIMEOUT = 1.0
-UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 
 
 def _private_socket(kind: str) -> str | None:
