@@ -15,7 +15,8 @@ Guarantees:
 
 The loop is synchronous (select.poll) so the fallback path never imports
 asyncio; engines that talk to systemd hand their bus socket to the loop
-through ``wait_fds()``.
+through ``wait_fds()`` (polled for input) and open cgroup notification
+files through ``priority_fds()`` (polled for POLLPRI only).
 """
 
 import os
@@ -344,6 +345,9 @@ class Supervisor:
         engine_fds = self.engine.wait_fds()
         for fd in engine_fds:
             poller.register(fd, select.POLLIN)
+        for fd in self.engine.priority_fds():  # cgroup files: POLLPRI only (see Engine.priority_fds)
+            poller.register(fd, select.POLLPRI)
+            engine_fds.append(fd)
         if pump is not None:
             for fd in pump.fds():
                 poller.register(fd, select.POLLIN)

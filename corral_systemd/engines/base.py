@@ -40,11 +40,21 @@ class Engine:
         return self._child.pid if self._child is not None else None
 
     def wait_fds(self) -> list[int]:
-        """File descriptors whose readiness means "call ``poll_events()``"."""
+        """File descriptors whose readiness for input (POLLIN) means "call ``poll_events()``"."""
         return [self._child.pidfd] if self._child is not None and self._status is None else []
 
+    def priority_fds(self) -> list[int]:
+        """File descriptors to poll for POLLPRI only (and POLLERR, which poll
+        always reports), whose readiness also means "call ``poll_events()``":
+        open cgroup notification files (``memory.events``, ``cgroup.events``),
+        which the kernel marks POLLPRI|POLLERR on a change. Never poll them
+        for input: a cgroup file always polls readable. ``poll_events()``
+        re-reads them, which clears the mark, and drops one whose group is
+        gone (it would poll ready forever). Asked again before every wait."""
+        return []
+
     def poll_events(self) -> None:
-        """Consume whatever made a ``wait_fds()`` descriptor ready."""
+        """Consume whatever made a ``wait_fds()`` or ``priority_fds()`` descriptor ready."""
         self.reap()
 
     def lost_track(self) -> str | None:
