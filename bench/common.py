@@ -1,7 +1,8 @@
 """Shared helpers for bench/compare.py and bench/bench.py.
 
 Survivor scanning reuses tests/procscan.py (environment marker in
-/proc/*/environ; never names). Processes are only ever killed by pid.
+/proc/*/environ, or a live thread's /proc/PID/task/*/environ when the main
+thread has exited; never names). Processes are only ever killed by pid.
 """
 
 import json

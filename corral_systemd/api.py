@@ -207,7 +207,7 @@ class _Execution:
             from .kernel import procfs
 
             # The child supervisor is the run's subreaper: the run is its subtree.
-            return [p.pid for p in procfs.descendants(procfs.scan(), self._child.pid) if p.state != "Z"]
+            return [p.pid for p in procfs.descendants(procfs.scan(), self._child.pid) if p.alive]
         engine = self._engine
         return engine.live_pids() if engine is not None else []
 

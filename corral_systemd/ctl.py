@@ -84,7 +84,7 @@ def _session_members(entry: dict, events: list, table) -> list:
                 registered_ticks = _ticks_at(entry.get("registered_at", 0))
             if leader_start is None and leader.starttime < registered_ticks:
                 continue  # older than the run: a reused number
-        found += [p for p in table.values() if p.sid == sid and p.state not in ("Z", "X")]
+        found += [p for p in table.values() if p.sid == sid and p.alive]
     return list({p.pid: p for p in found}.values())
 
 
@@ -115,7 +115,7 @@ def run_processes(entry: dict, events: list, table) -> list:
             if p.pid in helpers or p.ppid in skip:
                 skip.add(p.pid)
                 continue
-            if p.state not in ("Z", "X"):
+            if p.alive:
                 members.append(p)
         return members
     if entry.get("mode") == "fallback":

@@ -448,7 +448,7 @@ class RegistryObserver:
 
     def tick(self, processes: list) -> None:
         ref = self.main_pid
-        live = [p for p in processes if p.state not in ("Z", "X")]
+        live = [p for p in processes if p.alive]
         if ref is None and live:  # a service: its main process is the oldest, a session leader
             ref = min(live, key=lambda p: p.starttime).sid
         if ref is None:

@@ -11,6 +11,11 @@ Guarantees, given that corral runs one run per process (the CLI does):
 Limits: --mem is watched (sum of resident memory, polled), --pids is not
 enforceable. A setuid process may refuse our signals: then the run cannot
 be proven stopped (exit 120).
+
+A process is alive while any of its threads is (``procfs.ProcInfo.alive``):
+one whose main thread called ``pthread_exit()`` shows ``Z`` in
+/proc/PID/stat but is a member to stop, and its memory is counted through
+a live thread.
 """
 
 import os
@@ -84,7 +89,7 @@ class FallbackEngine(Engine):
         main = self.main_pid
         members = [
             p for p in procfs.descendants(table, self._self_pid)
-            if not self._under_foreign(p, table) and not (p.pid == main and p.state == "Z")
+            if not self._under_foreign(p, table) and not (p.pid == main and not p.alive)
         ]
         self.seen.update(p.pid for p in members)
         return members
@@ -105,7 +110,7 @@ class FallbackEngine(Engine):
     def check_limits(self):
         if self._mem_limit is None:
             return None
-        total = sum(procfs.resident_bytes(p.pid) for p in self._members() if p.state != "Z")
+        total = sum(procfs.resident_bytes(p.pid) for p in self._members() if p.alive)
         self._peak_rss = max(self._peak_rss, total)
         return "memory" if total > self._mem_limit else None
 
@@ -127,7 +132,7 @@ class FallbackEngine(Engine):
                 pass
         # Then everything else (other groups, other sessions), one by one;
         # members of the group just signalled are not signalled twice.
-        in_group = [p for p in members if p.pgid == group and p.state != "Z"]
+        in_group = [p for p in members if p.pgid == group and p.alive]
         self._signalled.update((p.pid, p.starttime) for p in in_group)
         others = [p for p in members if p.pgid != group]
         return len(in_group) + self._signal(others, sigs, {p.pid for p in members})
@@ -138,7 +143,7 @@ class FallbackEngine(Engine):
 
         count = 0
         for info in members:
-            if info.state == "Z":
+            if not info.alive:
                 continue
             delivered = False
             for sig in sigs:
@@ -154,7 +159,7 @@ class FallbackEngine(Engine):
     def reap(self):
         self._reap_main()
         for info in self._members():
-            if info.ppid == self._self_pid and info.state == "Z" and info.pid != self.main_pid:
+            if info.ppid == self._self_pid and not info.alive and info.pid != self.main_pid:
                 try:
                     os.waitpid(info.pid, os.WNOHANG)
                 except ChildProcessError:

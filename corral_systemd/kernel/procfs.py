@@ -4,6 +4,12 @@ A scan is a snapshot: processes appear and vanish while it runs, so every
 reader tolerates a pid disappearing between listing and reading. Identity
 of a process is (pid, start time): the start time (clock ticks since boot,
 field 22 of /proc/PID/stat) tells a recycled pid from the original.
+
+Liveness is the thread group's, not the leader's: a process whose main
+thread has exited (``pthread_exit()`` in ``main``) while other threads run
+shows ``Z`` in /proc/PID/stat, yet it is alive and holds memory. Its
+``ProcInfo.state`` is the state of a live thread (``leader_exited`` set);
+``Z``/``X`` means every task of the group is dead.
 """
 
 import os
@@ -11,30 +17,77 @@ import os
 from .fsread import read_bytes
 
 
-class ProcInfo:
-    __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime")
+#: States of a task that has exited (zombie, dead).
+DEAD_STATES = ("Z", "X")
 
-    def __init__(self, pid: int, ppid: int, pgid: int, sid: int, state: str, starttime: int):
+
+class ProcInfo:
+    __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime", "leader_exited")
+
+    def __init__(self, pid: int, ppid: int, pgid: int, sid: int, state: str, starttime: int,
+                 leader_exited: bool = False):
         self.pid = pid
         self.ppid = ppid
         self.pgid = pgid
         self.sid = sid
+        #: The thread group's state: ``Z``/``X`` only when no task of it is alive.
         self.state = state
         self.starttime = starttime
+        #: The main thread has exited but other threads run (state is theirs).
+        self.leader_exited = leader_exited
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in DEAD_STATES
 
     def __repr__(self) -> str:
         return f"ProcInfo(pid={self.pid}, ppid={self.ppid}, state={self.state})"
 
 
+def _stat_fields(data: bytes) -> list[bytes]:
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    return data[data.rindex(b")") + 2 :].split()
+
+
 def read_stat(pid: int) -> ProcInfo | None:
-    """The process's stat line, or None if it is gone (or unreadable)."""
+    """The process's stat line, or None if it is gone (or unreadable).
+
+    A zombie leader whose other threads still run is reported with a live
+    thread's state and ``leader_exited`` set: the process is alive.
+    """
     try:
         data = read_bytes(f"/proc/{pid}/stat")
     except OSError:
         return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return ProcInfo(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode(), int(fields[19]))
+    fields = _stat_fields(data)
+    state = fields[0].decode()
+    live_thread = None
+    if state in DEAD_STATES:
+        live_thread = live_task(pid)
+        if live_thread is not None:
+            state = live_thread[1]
+    return ProcInfo(pid, int(fields[1]), int(fields[2]), int(fields[3]), state, int(fields[19]),
+                    live_thread is not None)
+
+
+def live_task(pid: int) -> tuple[int, str] | None:
+    """(tid, state) of a task of ``pid``'s thread group that has not exited, or None.
+
+    The group is alive while any of its tasks is not ``Z``/``X``, whatever
+    its leader's state.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for name in tids:
+        try:
+            state = _stat_fields(read_bytes(f"/proc/{pid}/task/{name}/stat"))[0].decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if state not in DEAD_STATES:
+            return int(name), state
+    return None
 
 
 def scan() -> dict[int, ProcInfo]:
@@ -62,12 +115,24 @@ def descendants(table: dict[int, ProcInfo], root: int) -> list[ProcInfo]:
     return found
 
 
-def resident_bytes(pid: int) -> int:
-    """Resident set size of one process (0 if it is gone)."""
+def _resident_pages(path: str) -> int:
     try:
-        return int(read_bytes(f"/proc/{pid}/statm").split()[1]) * PAGE_SIZE
+        return int(read_bytes(path).split()[1])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def resident_bytes(pid: int) -> int:
+    """Resident set size of one process (0 if it is gone).
+
+    A zombie leader's own statm reads 0 while its threads still use the
+    group's memory: then a live thread's statm (the same address space)
+    is read.
+    """
+    pages = _resident_pages(f"/proc/{pid}/statm")
+    if pages == 0 and (live := live_task(pid)) is not None:
+        pages = _resident_pages(f"/proc/{pid}/task/{live[0]}/statm")
+    return pages * PAGE_SIZE
 
 
 def cmdline(pid: int) -> list[str]:
