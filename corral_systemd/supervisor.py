@@ -11,7 +11,9 @@ Guarantees:
   ``grace``, then corral keeps killing, reaping and re-checking until the
   engine proves the run empty or ``verify_timeout`` passes. In the latter
   case the result lists the remaining pids and the exit code is 120.
-- A second SIGINT/SIGTERM/SIGHUP during the grace period skips to SIGKILL.
+- Every signal that would end corral (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+  SIGUSR1/2, SIGALRM, ... : ``kernel.signals``) ends the run instead: stop,
+  verify, exit 128+N. A second one during the grace period skips to SIGKILL.
 
 The loop is synchronous (select.poll) so the fallback path never imports
 asyncio; engines that talk to systemd hand their bus socket to the loop
@@ -27,9 +29,10 @@ import time
 from . import baton
 from . import result as R
 from .errors import SetupError
+from .kernel.signals import stop_signals
 from .kernel.spawn import ExecError
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOP_SIGNALS = stop_signals()
 _READ_CHUNK = 65536
 # The stop and verify loops re-check at growing intervals: fast for the
 # common case (everything died at once), cheap for a slow shutdown.
@@ -42,7 +45,7 @@ _DRAIN_LIMIT = 0.5
 
 
 class SignalWatch:
-    """Turns SIGINT/SIGTERM/SIGHUP/SIGCHLD into bytes on a pipe the loop polls.
+    """Turns every stop signal (``kernel.signals``) and SIGCHLD into bytes on a pipe the loop polls.
 
     Only usable from the main thread (Python's signal rules). Restores the
     previous handlers and wakeup fd on exit.

@@ -16,8 +16,10 @@ import os
 import signal
 
 from .. import baton
+from .signals import CHILD_DEFAULTS
 
-_DEFAULT_IN_CHILD = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGQUIT")
+#: Reset before the command runs (the gate waits in corral's code, with its handlers).
+_DEFAULT_IN_CHILD = CHILD_DEFAULTS
 
 
 class ExecError(Exception):
@@ -102,8 +104,8 @@ def fork_command(
         code = 127
         try:
             os.setsid()
-            for name in _DEFAULT_IN_CHILD:
-                signal.signal(getattr(signal, name), signal.SIG_DFL)
+            for sig in _DEFAULT_IN_CHILD:
+                signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
             if gate_r is not None:
                 os.close(gate_w)
@@ -208,7 +210,7 @@ def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: in
         with baton.released():
             pid = os.posix_spawn("/bin/sh", ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."),
                                              path, *argv[1:]], env, file_actions=actions, setsid=True,
-                                 setsigmask=(), setsigdef=[getattr(signal, name) for name in _DEFAULT_IN_CHILD])
+                                 setsigmask=(), setsigdef=_DEFAULT_IN_CHILD)
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
         os.close(gate_w)

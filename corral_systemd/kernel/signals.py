@@ -1,0 +1,38 @@
+"""Which signals end corral's run instead of ending corral.
+
+Every signal whose default action terminates a process would otherwise
+kill corral at once and leave the run unsupervised (in the fallback, with no
+limit at all). corral catches each of them and stops the run like SIGTERM:
+stop, verify, exit 128+N. The exceptions, on purpose:
+
+- SIGKILL cannot be caught (the tether and the credentials watcher handle
+  corral's death);
+- SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS report a fault in corral itself:
+  a handler that returns would re-run the faulting instruction, so they keep
+  their default action;
+- SIGPIPE and SIGXFSZ stay ignored, as Python sets them: corral's own writes
+  then fail with EPIPE/EFBIG, which it handles, and the run goes on.
+
+SIGABRT is caught: a real ``abort()`` still ends corral (glibc re-raises it
+with the default action), a ``kill -ABRT`` stops the run. Real-time signals
+(SIGRTMIN..SIGRTMAX) terminate by default and are caught too.
+"""
+
+import signal
+
+_NAMES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTRAP", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTERM",
+          "SIGSTKFLT", "SIGXCPU", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR")
+
+
+def stop_signals() -> tuple[int, ...]:
+    """Every catchable signal whose default action would end corral (see above)."""
+    found = [getattr(signal, name) for name in _NAMES if hasattr(signal, name)]
+    if hasattr(signal, "SIGRTMIN"):
+        found += range(signal.SIGRTMIN, signal.SIGRTMAX + 1)
+    return tuple(dict.fromkeys(int(s) for s in found))
+
+
+#: Signals a command must start with at their default action: the ones
+#: corral catches, plus SIGPIPE/SIGXFSZ (Python ignores them, and an
+#: ignored signal stays ignored across exec) and SIGCHLD.
+CHILD_DEFAULTS = (*stop_signals(), int(signal.SIGPIPE), int(signal.SIGXFSZ), int(signal.SIGCHLD))
