@@ -31,16 +31,18 @@ from . import result as R
 from .errors import SetupError
 from .kernel.signals import stop_signals
 from .kernel.spawn import ExecError
+from .output import OutputPump
+from .output import write_all as _write_all  # noqa: F401  (the library's fd writer)
 
 _STOP_SIGNALS = stop_signals()
-_READ_CHUNK = 65536
 # The stop and verify loops re-check at growing intervals: fast for the
 # common case (everything died at once), cheap for a slow shutdown.
 _FIRST_RECHECK = 0.0005
 _MAX_RECHECK = 0.05
-# After the run is proven empty, output still buffered in pipes is drained
-# for at most this long (a descriptor passed to an outside process could
-# keep a pipe open forever).
+# After the run is proven empty, its pipes are read until EOF for at most
+# this long (a descriptor passed to an outside process could keep a pipe
+# open forever). Only the reading is bounded: every byte read (up to the
+# cap) is then delivered, however slow the reader (``OutputPump.flush``).
 _DRAIN_LIMIT = 0.5
 
 
@@ -77,80 +79,6 @@ class SignalWatch:
 
 def _ignore(signum, frame):
     pass
-
-
-class OutputPump:
-    """Copies the command's stdout/stderr pipes to their sinks, under a byte cap.
-
-    A sink is a file descriptor (written to, blocking) or a callable taking
-    each chunk (the library's capture and streaming). Output beyond the cap
-    is read and dropped (so writers never block on a full pipe) and
-    ``exceeded`` is set.
-    """
-
-    def __init__(self, routes: dict, cap: int | None):
-        self.routes = dict(routes)  # read fd -> sink (fd or callable)
-        self.cap = cap
-        self.total = 0
-        self.exceeded = False
-
-    def fds(self) -> list[int]:
-        return list(self.routes)
-
-    def pump(self, fd: int) -> None:
-        try:
-            data = os.read(fd, _READ_CHUNK)
-        except BlockingIOError:
-            return
-        if not data:
-            os.close(fd)
-            del self.routes[fd]
-            return
-        allowed = len(data)
-        if self.cap is not None and self.total + len(data) > self.cap:
-            allowed = max(0, self.cap - self.total)
-            self.exceeded = True
-        self.total += len(data)
-        if allowed:
-            sink = self.routes[fd]
-            if callable(sink):
-                sink(data[:allowed])
-            else:
-                _write_all(sink, data[:allowed])
-
-    def drain(self, limit: float | None) -> None:
-        """Pump until every pipe is at EOF, or for ``limit`` seconds (None: no limit)."""
-        end = None if limit is None else time.monotonic() + limit
-        while self.routes:
-            timeout = None
-            if end is not None:
-                timeout = (end - time.monotonic()) * 1000
-                if timeout <= 0:
-                    break
-            poller = select.poll()
-            for fd in self.routes:
-                poller.register(fd, select.POLLIN)
-            for fd, _ in baton.poll(poller, timeout):
-                self.pump(fd)
-        self.close()
-
-    def close(self) -> None:
-        for fd in self.routes:
-            os.close(fd)
-        self.routes.clear()
-
-
-def _write_all(fd: int, data: bytes, raise_broken: bool = False) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BrokenPipeError:
-            if raise_broken:
-                raise
-            return  # our reader went away; keep draining the command
-        except InterruptedError:
-            continue
 
 
 #: Step names as events: what an observer is told, in this order of time.
@@ -249,13 +177,40 @@ class Supervisor:
                 except Exception:
                     pass
             if pump is not None:
-                pump.drain(_DRAIN_LIMIT)
-                res.output_bytes = pump.total
-            return self._finish()
+                self._drain(pump)
+            outcome = self._finish()
+            if pump is not None:
+                # The run is over: now the reader may take its time.
+                pump.flush(self._abort_fds(), self._abort_requested)
+            return outcome
         finally:
             if pump is not None:
                 pump.close()
             self.engine.close()
+
+    def _drain(self, pump: OutputPump) -> None:
+        """Read what the command left in its pipes; output past the cap is the run's outcome.
+
+        Output read after the main process exited still counts: a command
+        that wrote past the cap and exited did exceed it (122), even if
+        corral saw the exit first.
+        """
+        res = self.result
+        pump.drain(_DRAIN_LIMIT)
+        res.output_bytes = pump.total
+        if pump.exceeded and res.reason == R.EXITED:
+            self._step("limit_exceeded", limit="max_output")
+            res.reason = R.OUTPUT
+
+    def _abort_requested(self, fd: int) -> bool:
+        if self.signals is not None and fd == self.signals.read_fd:
+            return any(num in self.signals.stop_signals for num in self.signals.drain())
+        return True  # the cancel pipe: a byte, or EOF
+
+    def _abort_fds(self) -> tuple:
+        """What may cut short the final delivery of output: a stop signal, a cancel."""
+        return tuple(fd for fd in (self.signals.read_fd if self.signals is not None else None, self.cancel_fd)
+                     if fd is not None)
 
     def _start(self) -> OutputPump | None:
         spec = self.spec
@@ -354,6 +309,8 @@ class Supervisor:
         if pump is not None:
             for fd in pump.fds():
                 poller.register(fd, select.POLLIN)
+            for fd in pump.write_fds():  # output the caller has not read yet: never waited for
+                poller.register(fd, select.POLLOUT)
         if self.signals is not None:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
@@ -377,6 +334,8 @@ class Supervisor:
                 stop_sig = stop_sig or signal.SIGTERM
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
+            elif pump is not None:
+                pump.writable(fd)
         if any(fd in engine_fds for fd, _ in events) or self.signals is not None:
             self.engine.poll_events()
         return stop_sig
