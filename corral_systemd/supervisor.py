@@ -95,8 +95,14 @@ class RunObserver:
     signal_received, command_exited, term_sent, kill_sent, verified,
     unverified, finished. ``tick(processes)`` is called every
     ``watch_interval`` seconds while the command runs, with the run's live
-    processes (``kernel.procfs.ProcInfo``). Exceptions from an observer are
-    not caught: an audit that cannot be written must not be silently lost.
+    processes (``kernel.procfs.ProcInfo``).
+
+    An observer that raises (a state directory removed by the command, a
+    full filesystem) is never allowed to skip the stop and the proof: the
+    supervisor stops telling it, goes on with the run, and reports the
+    failure in the result's ``warnings`` (``registry: ...``) and
+    ``observer_error``, so an audit that cannot be written is not silently
+    lost.
     """
 
     watch_interval: float | None = None
@@ -143,8 +149,20 @@ class Supervisor:
         if name in self.result.steps:
             return
         self.result.steps[name] = round(self._now(), 6)
-        if self.observer is not None:
-            self.observer.event(_EVENT_NAMES.get(name, name), data)
+        self._tell("event", _EVENT_NAMES.get(name, name), data)
+
+    def _tell(self, method: str, *args) -> None:
+        """Call the observer; a failure is reported once and ends the observing, never the run."""
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, method)(*args)
+        except Exception as exc:  # noqa: BLE001 -- the stop and the proof come first
+            self.observer = None
+            what = args[0] if method == "event" else "the run's processes"
+            message = f"registry: could not record {what}: {exc}; later steps are not recorded (the stop and the proof went on)"
+            self.result.observer_error = message
+            self.result.warnings.append(message)
 
     # -- the run -------------------------------------------------------
     def run(self) -> R.RunOutcome:
@@ -285,7 +303,7 @@ class Supervisor:
                 res.reason = R.OUTPUT
                 return
             if next_tick is not None and now >= next_tick:
-                self.observer.tick(engine.processes())
+                self._tell("tick", engine.processes())
                 next_tick = now + tick_every
             timeout = None
             for t in (deadline, next_watch, next_tick):
@@ -392,7 +410,7 @@ class Supervisor:
         res.processes_seen = len(engine.seen)
         res.processes_stopped = getattr(engine, "processes_stopped", 0)
         res.limits_enforced = dict(engine.limits_enforced)
-        res.warnings = list(engine.warnings)
+        res.warnings = [*engine.warnings, *res.warnings]  # the engine's, then a registry failure
         res.engine = engine.describe()
         res.ended_at = time.time()
         res.ended_monotonic = time.monotonic()

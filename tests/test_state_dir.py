@@ -1,0 +1,71 @@
+"""The command cannot crash corral through its state directory (issue 13, items 4 and 6).
+
+A command that removes corral's state directory or fills its filesystem
+makes registry writes fail after the start: corral reports it (one stderr
+line, the record's warnings) and still stops the run and proves it empty.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import CORRAL
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+FB = ["--cgroup-mode", "fallback"]
+
+
+def _state_env(state: str) -> dict:
+    return dict(os.environ, CORRAL_STATE_DIR=state)
+
+
+@pytest.mark.parametrize("script,expected", [
+    ('rm -rf "$CORRAL_STATE_DIR"; setsid sleep 600 & sleep 600', 124),  # fails at deadline_expired
+    ('rm -rf "$CORRAL_STATE_DIR"; setsid sleep 600 & exit 3', 3),  # fails at command_exited/finished
+])
+def test_command_removing_the_state_directory(corral, tmp_path, script, expected):
+    state = tmp_path / "state"
+    run = corral(FB + ["--wall", "1s", "--", "sh", "-c", script], env=_state_env(str(state)))
+    err = run.stderr.decode(errors="replace")
+    assert "Traceback" not in err
+    assert run.returncode == expected, err
+    assert run.survivors == []
+    assert run.record is not None and run.record["verified"] is True
+    registry_lines = [line for line in err.splitlines() if "registry:" in line]
+    assert len(registry_lines) == 1, err
+    assert any(w.startswith("registry: could not record") for w in run.record["warnings"])
+    assert err.splitlines()[-1].startswith("corral: fallback: ")  # the summary is there
+
+
+def test_command_filling_the_state_filesystem(tmp_path):
+    """ENOSPC on a small tmpfs (own mount namespace: needs root and unshare)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    marker = new_marker()
+    record = tmp_path / "record.json"
+    inner = (f'mount -t tmpfs -o size=256k tmpfs {mnt} || exit 99; '
+             f'CORRAL_STATE_DIR={mnt}/state exec "$@"')
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner, "sh", *CORRAL, *FB,
+            "--json", str(record), "--wall", "1s", "--",
+            "sh", "-c", f"cat /dev/zero > {mnt}/fill 2>/dev/null; setsid sleep 600 & sleep 600"]
+    try:
+        proc = subprocess.run(argv, env=dict(os.environ, **{MARKER_ENV: marker}), capture_output=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+        survivors = marked_pids(marker)
+    finally:
+        kill_marked(marker)
+    if proc.returncode == 99:
+        pytest.skip("cannot mount a tmpfs here")
+    err = proc.stderr.decode(errors="replace")
+    assert "Traceback" not in err
+    assert proc.returncode == 124, err
+    assert survivors == []
+    data = json.loads(record.read_text())
+    assert data["verified"] is True
+    assert any("No space left on device" in w for w in data["warnings"]), data["warnings"]
