@@ -63,7 +63,7 @@ def corral(
     manager: Manager = typer.Option(Manager.auto, help="Which systemd manager to use in enforced mode."),
     unit_type: UnitType = typer.Option(UnitType.scope, help="Transient unit type in enforced mode."),
     slice_: str = typer.Option("corral.slice", "--slice", metavar="SLICE", help="Slice for the run's unit."),
-    json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Write the run record (JSON, mode 0600) here."),
+    json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Write the run record (JSON, mode 0600) here; - or /dev/stdout: to standard output."),
     env_clear: bool = typer.Option(False, "--env-clear", help="Start the command with an empty environment (see --env-keep)."),
     env_keep: Optional[List[str]] = typer.Option(None, "--env-keep", metavar="NAME", help="With --env-clear: keep variables matching this glob (repeatable)."),
     env_drop: Optional[List[str]] = typer.Option(None, "--env-drop", metavar="NAME", help="Remove variables matching this glob (repeatable)."),
@@ -98,7 +98,7 @@ def corral(
         raise UsageError("no command given (usage: corral [OPTIONS] -- COMMAND [ARG...])")
     if not spec.slice.endswith(".slice"):
         raise UsageError(f"invalid --slice {spec.slice!r}: must end in .slice")
-    if json_path is not None:
+    if json_path is not None and not _is_stdout(json_path):
         _check_json_path(json_path)
     # -- issue 5: environment, credentials, registry (see runguard.py) --
     environment = credentials = None
@@ -114,6 +114,23 @@ def corral(
         credentials = [parse_credential(text) for text in credential]
     raise typer.Exit(_run(spec, json_path, quiet, environment=environment, credentials=credentials or (),
                           registry=not no_registry))
+
+
+#: --json values that mean "standard output" (the record follows the command's output there).
+_STDOUT_PATHS = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
+def _is_stdout(path: str) -> bool:
+    return path in _STDOUT_PATHS
+
+
+def _print_record(result) -> None:
+    """The record as JSON on standard output, after everything the command wrote there."""
+    from .output import write_all
+    from .record import from_result
+
+    sys.stdout.flush()
+    write_all(1, from_result(result).model_dump_json(indent=2).encode() + b"\n", raise_broken=True)
 
 
 def _check_json_path(path: str) -> None:
@@ -156,7 +173,7 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
         from .record import write_record
 
         try:
-            write_record(result, json_path)
+            _print_record(result) if _is_stdout(json_path) else write_record(result, json_path)
         except OSError as exc:
             print(f"corral: cannot write --json record: {exc}", file=sys.stderr)
     if not quiet:

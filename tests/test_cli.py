@@ -30,7 +30,6 @@ FB = ["--cgroup-mode", "fallback"]
     ["--bogus", "--", "true"],
     ["--json", "/nonexistent-dir/x.json", "--", "true"],
     ["--json", "/tmp", "--", "true"],
-    ["--json", "/dev/stdout", "--", "true"],
     ["--json", "/dev/null", "--", "true"],
     ["--cgroup-mode", "fallback", "--cgroup-parent", "/sys/fs/cgroup", "--", "true"],
     [],
@@ -276,3 +275,18 @@ def test_twenty_concurrent_runs_with_daemons():
             p.kill()
         for m in markers:
             kill_marked(m)
+
+
+@pytest.mark.parametrize("target", ["-", "/dev/stdout"])
+def test_json_record_to_stdout(corral, target):
+    """``--json -`` (or /dev/stdout): the record follows the command's output on
+    stdout; the summary line stays on stderr."""
+    import json
+
+    run = corral(FB + ["--json", target, "--", "sh", "-c", "echo from-the-command; exit 3"], record=False)
+    assert run.returncode == 3, run.stderr
+    head, _, body = run.stdout.partition(b"\n")
+    assert head == b"from-the-command"
+    record = json.loads(body)
+    assert record["exit_code"] == 3 and record["outcome"] == "exited" and record["verified"] is True
+    assert run.stderr.decode().startswith("corral: fallback: command exited 3")
