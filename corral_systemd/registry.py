@@ -76,13 +76,18 @@ def state_dir(env=os.environ) -> str:
 
 
 def ensure_private_dir(path: str) -> str:
-    """Create ``path`` (0700) if needed; refuse one that is not ours and private."""
+    """Create ``path`` (0700) if needed; refuse one that is not ours and private.
+
+    Only the last component is created: a missing parent (a mistyped
+    CORRAL_STATE_DIR) is an OSError, never a tree of new directories.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except FileNotFoundError:
-        os.makedirs(path, 0o700, exist_ok=True)
+        raise OSError(f"{path}: parent directory {os.path.dirname(path.rstrip('/')) or '/'} does not exist "
+                      "(only the last component is created)") from None
     st = os.lstat(path)
     import stat
 

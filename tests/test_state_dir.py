@@ -69,3 +69,23 @@ def test_command_filling_the_state_filesystem(tmp_path):
     data = json.loads(record.read_text())
     assert data["verified"] is True
     assert any("No space left on device" in w for w in data["warnings"]), data["warnings"]
+
+
+def test_state_dir_with_a_missing_parent_is_125_and_creates_nothing(tmp_path):
+    state = tmp_path / "missing" / "state"
+    witness = tmp_path / "ran"
+    proc = subprocess.run([*CORRAL, *FB, "--", "touch", str(witness)], env=_state_env(str(state)),
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    err = proc.stderr.decode()
+    assert proc.returncode == 125, err
+    assert len(err.splitlines()) == 1 and "does not exist" in err
+    assert not (tmp_path / "missing").exists()
+    assert not witness.exists()
+
+
+def test_state_dir_last_component_is_created_private(tmp_path):
+    state = tmp_path / "state"
+    proc = subprocess.run([*CORRAL, *FB, "--quiet", "--", "true"], env=_state_env(str(state)),
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert state.is_dir() and state.stat().st_mode & 0o777 == 0o700
