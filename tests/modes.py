@@ -6,8 +6,32 @@ import shutil
 import pytest
 
 
-def user_manager_reachable() -> bool:
-    if not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(
+#: Which manager the systemd tests run against: "user" (the session's, or the
+#: harness's) or "system" (root on a machine booted with systemd: the VM lane).
+#: corral's own choice is "auto" in both cases; the tests only need to know
+#: which manager to ask about units.
+MANAGER = os.environ.get("CORRAL_TEST_MANAGER", "user")
+#: The cgroup layout the manager runs in: "hybrid" or "unified" (the harness's,
+#: controllers on v1 or none at all) or "v2" (a booted machine: pure cgroup v2,
+#: cpu/memory/pids delegated to the manager).
+LAYOUT = os.environ.get("CORRAL_TEST_LAYOUT") or os.environ.get("CORRAL_HARNESS_LAYOUT")
+#: Does the manager's cgroup tree have the memory and pids controllers?
+KERNEL_LIMITS = LAYOUT in ("hybrid", "v2")
+
+
+def scope_flag() -> list[str]:
+    """``--user`` for the user manager, nothing for the system manager."""
+    return ["--user"] if MANAGER == "user" else []
+
+
+def manager_runtime_dir() -> str:
+    """Where the manager keeps its runtime state (credentials/, systemd/transient/)."""
+    return "/run" if MANAGER == "system" else os.environ["XDG_RUNTIME_DIR"]
+
+
+def manager_reachable() -> bool:
+    """Does the manager the tests target answer on its bus?"""
+    if MANAGER == "user" and not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(
         os.path.join(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "bus")
     ):
         return False
@@ -17,19 +41,34 @@ def user_manager_reachable() -> bool:
     import subprocess
 
     probe = subprocess.run(
-        [busctl, "--user", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+        [busctl, *scope_flag(), "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
          "org.freedesktop.DBus.Peer", "Ping"],
         capture_output=True, timeout=10,
     )
     return probe.returncode == 0
 
 
-def unit_property(unit: str, name: str) -> str:
-    """``systemctl --user show -p NAME --value UNIT`` ("" when the manager has no such unit)."""
+#: The name the tests have always used; it means "the manager under test".
+user_manager_reachable = manager_reachable
+
+
+def systemctl(*args: str, check: bool = False, timeout: float = 60):
+    """``systemctl [--user] ARGS`` against the manager under test."""
     import subprocess
 
-    return subprocess.run(["systemctl", "--user", "show", "-p", name, "--value", unit],
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["systemctl", *scope_flag(), *args], capture_output=True, text=True,
+                          check=check, timeout=timeout)
+
+
+def unit_property(unit: str, name: str) -> str:
+    """``systemctl [--user] show -p NAME --value UNIT`` ("" when the manager has no such unit)."""
+    return systemctl("show", "-p", name, "--value", unit).stdout.strip()
+
+
+def needs_user_manager(why: str) -> None:
+    """Skip a test that is about the user manager's bus when the system manager is under test."""
+    if MANAGER != "user":
+        pytest.skip(f"user manager only: {why}")
 
 
 def delegated_cgroup_parent() -> str | None:
@@ -51,8 +90,8 @@ def mode_flags(mode: str) -> list[str]:
         if parent is None:
             _unavailable("no delegated cgroup v2 directory (CORRAL_TEST_CGROUP_PARENT)")
         return ["--cgroup-parent", parent]
-    if mode in ("scope", "service") and not user_manager_reachable():
-        _unavailable("no systemd user manager reachable")
+    if mode in ("scope", "service") and not manager_reachable():
+        _unavailable(f"no systemd {MANAGER} manager reachable")
     return MODE_FLAGS[mode]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORRAL
-from modes import mode_flags, unit_property
+from modes import manager_runtime_dir, mode_flags, scope_flag, unit_property
 from procscan import marked_pids
 from test_registry import (CRED_PROBE, SECRET, _assert_secret_nowhere, _secret_file, ctl, env_for, events, markers,  # noqa: F401
                            run_ids, state, wait_for)
@@ -28,7 +28,7 @@ def _unit_state(unit: str) -> str:
 
 
 def _systemd_credentials_dir(unit: str) -> Path:
-    return Path(os.environ["XDG_RUNTIME_DIR"]) / "credentials" / unit
+    return Path(manager_runtime_dir()) / "credentials" / unit
 
 
 DELIVERY = {"scope": "corral", "service": "systemd"}
@@ -141,13 +141,13 @@ def test_credential_gone_and_unit_stopped_when_corral_is_sigkilled(state, tmp_pa
     if unit_type == "service":
         assert cred_dir == _systemd_credentials_dir(unit)
         # the manager knows the path, never the secret: properties, unit file, Description
-        show = subprocess.run(["systemctl", "--user", "show", "--all", unit], capture_output=True, text=True).stdout
-        load = subprocess.run(["busctl", "--user", "get-property", "org.freedesktop.systemd1",
+        show = subprocess.run(["systemctl", *scope_flag(), "show", "--all", unit], capture_output=True, text=True).stdout
+        load = subprocess.run(["busctl", *scope_flag(), "get-property", "org.freedesktop.systemd1",
                                f"/org/freedesktop/systemd1/unit/{unit.replace('-', '_2d').replace('.', '_2e')}",
                                "org.freedesktop.systemd1.Service", "LoadCredential"],
                               capture_output=True, text=True).stdout
         assert load.strip() == f'a(ss) 1 "api" "{src}"', load
-        transient = Path(os.environ["XDG_RUNTIME_DIR"]) / "systemd" / "transient" / unit
+        transient = Path(manager_runtime_dir()) / "systemd" / "transient" / unit
         assert f"LoadCredential=api:{src}" in transient.read_text()
         _assert_secret_nowhere(state, show, transient.read_text())
     proc.kill()

@@ -8,11 +8,10 @@ import time
 import pytest
 
 from conftest import CORRAL, FAULTS
-from modes import mode_flags, unit_property
+from modes import KERNEL_LIMITS, LAYOUT, MANAGER, manager_runtime_dir, mode_flags, needs_user_manager, unit_property
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 pytestmark = pytest.mark.systemd
-LAYOUT = os.environ.get("CORRAL_HARNESS_LAYOUT")
 UNIT_TYPES = ["scope", "service"]
 
 
@@ -21,8 +20,9 @@ def test_memory_limit_is_121_and_recorded(corral, unit_type):
     run = corral(mode_flags(unit_type) + ["--wall", "5s", "--mem", "64M", "--", str(FAULTS / "F09-mem")])
     assert run.returncode == 121, run.stderr
     assert run.survivors == []
+    assert run.record["outcome"] == "memory"
     enforced = run.record["limits_enforced"]["mem"]
-    if LAYOUT == "hybrid":
+    if KERNEL_LIMITS:
         assert enforced == "kernel"
     elif LAYOUT == "unified":
         # No memory controller reaches the manager there: corral must say so.
@@ -34,7 +34,7 @@ def test_pids_limit_contains_fork_storm(corral, unit_type):
     run = corral(mode_flags(unit_type) + ["--wall", "2s", "--pids", "16", "--", str(FAULTS / "F07-fork200")])
     assert run.returncode == 124, run.stderr
     assert run.survivors == []
-    if LAYOUT == "hybrid":
+    if KERNEL_LIMITS:
         assert run.record["limits_enforced"]["pids"] == "kernel"
         assert b"fork" in run.stdout.lower() + run.stderr.lower()  # F07 reports the refused forks
     elif LAYOUT == "unified":
@@ -47,7 +47,7 @@ def test_record_names_the_unit(corral, unit_type):
     engine = run.record["engine"]
     assert run.record["mode"] == "systemd"
     assert engine["unit"] == f"corral-{run.record['run_id']}.{unit_type}"
-    assert engine["manager"] == "user" and engine["unit_type"] == unit_type
+    assert engine["manager"] == MANAGER and engine["unit_type"] == unit_type
     assert engine["invocation_id"] and len(engine["invocation_id"]) == 32
     expected = "bus" if os.environ.get("CORRAL_SYSTEMD_TRANSPORT") == "bus" else "private"
     assert engine["transport"] == expected
@@ -103,6 +103,7 @@ def _env_without_bus(**extra):
 
 
 def test_auto_falls_back_without_bus(corral):
+    needs_user_manager("root without a user bus gets the system manager")
     run = corral(["--", "true"], env=_env_without_bus())
     assert run.returncode == 0
     assert run.record["mode"] == "fallback" and run.record["engine"]["auto_fallback_reason"]
@@ -111,6 +112,16 @@ def test_auto_falls_back_without_bus(corral):
 def test_auto_uses_systemd_with_bus(corral):
     run = corral(["--", "true"])
     assert run.returncode == 0 and run.record["mode"] == "systemd"
+    assert run.record["engine"]["manager"] == MANAGER
+
+
+def test_auto_as_root_without_user_bus_uses_the_system_manager(corral):
+    """What root's scripts (cron, a system service) get on a machine booted with systemd."""
+    if MANAGER != "system":
+        pytest.skip("needs the system manager (root on a machine booted with systemd)")
+    run = corral(["--", "true"], env=_env_without_bus())
+    assert run.returncode == 0 and run.record["mode"] == "systemd", run.stderr
+    assert run.record["engine"]["manager"] == "system"
 
 
 @pytest.mark.parametrize("address,needle", [
@@ -122,7 +133,7 @@ def test_auto_uses_systemd_with_bus(corral):
 def test_enforced_without_usable_bus_is_125(address, needle, tmp_path):
     env = _env_without_bus() if address is None else _env_without_bus(DBUS_SESSION_BUS_ADDRESS=address)
     witness = tmp_path / "ran"
-    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--", "touch", str(witness)],
+    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--manager", "user", "--", "touch", str(witness)],
                           env=env, capture_output=True, timeout=30)
     assert proc.returncode == 125
     lines = proc.stderr.decode().strip().splitlines()
@@ -137,7 +148,7 @@ def test_stale_socket_is_125(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(path))
     s.close()  # a socket file nobody listens on
-    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--", "true"],
+    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--manager", "user", "--", "true"],
                           env=_env_without_bus(DBUS_SESSION_BUS_ADDRESS=f"unix:path={path}"), capture_output=True)
     assert proc.returncode == 125 and b"refused" in proc.stderr
 
@@ -200,6 +211,7 @@ def test_arguments_reach_the_command_verbatim(corral, unit_type):
 def cutting_proxy(tmp_path):
     from busproxy import CuttingProxy
 
+    needs_user_manager("the proxy stands in for $XDG_RUNTIME_DIR/systemd/private")
     real = os.path.join(os.environ["XDG_RUNTIME_DIR"], "systemd", "private")
     proxies = []
 
