@@ -10,7 +10,9 @@
 
 RUN is a run id, ``corral-<id>`` or the unit name. ``status`` does not load
 typer: an action gateway may call it before every privileged action.
-Errors: one line on stderr, exit 125.
+Errors (a bad or missing argument, an unknown command): one line on stderr,
+with the usage, exit 125. ``corralctl`` alone, or a command group alone
+(``corralctl audit``), prints its help on stdout and exits 0, as ``--help``.
 """
 
 import json
@@ -189,13 +191,45 @@ def ps(as_json: bool, directory: str | None = None) -> int:
     header = ("RUN", "STATE", "MODE", "UNIT", "AGE", "DEADLINE", "PROCS", "MEM", "CWD", "COMMAND")
     lines = [header]
     for r in rows:
-        lines.append((r["run_id"], r["state"], r["mode"] or "-", r["unit"] or "-", _age(r["age"]),
-                      _age(r["time_to_deadline"]), str(r["processes"]), _size(r["memory"]), r["cwd"] or "-",
-                      " ".join(r["command"] or [])))
+        lines.append((r["run_id"], r["state"], r["mode"] or "-", _cell(r["unit"] or "-"), _age(r["age"]),
+                      _age(r["time_to_deadline"]), str(r["processes"]), _size(r["memory"]),
+                      _cell(r["cwd"] or "-"), command_text(r["command"] or [])))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     for line in lines:
         print("  ".join(col.ljust(w) for col, w in zip(line, widths)) + "  " + line[-1])
     return 0
+
+
+#: Characters that would break or forge a table row: C0/C1 controls, DEL, line/paragraph separators.
+def _unsafe(ch: str) -> bool:
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code < 0xA0 or ch in "\u2028\u2029"
+
+
+def _cell(text) -> str:
+    """``text`` on one table line: control characters (newline, tab, escape...)
+    shown as backslash escapes (``\\n``, ``\\t``, ``\\x1b``), so no value can
+    break or forge a row. ``ps --json`` has the exact text."""
+    names = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    return "".join(names.get(ch, f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+                   if _unsafe(ch) else ch for ch in str(text))
+
+
+_SHELL_SPECIAL = set("'\"\\$`;&|<>()*?[]#~!{}")
+
+
+def _quote(arg: str) -> str:
+    """One argument as a shell would need it (quoted only when it must be)."""
+    import shlex
+
+    if arg and not any(c.isspace() or c in _SHELL_SPECIAL or _unsafe(c) for c in arg):
+        return arg
+    return shlex.quote(arg)
+
+
+def command_text(argv: list) -> str:
+    """argv as one table cell: shell-quoted where needed, control characters escaped."""
+    return _cell(" ".join(_quote(str(a)) for a in argv))
 
 
 # -- reclaiming what a dead corral left -------------------------------------------------
@@ -639,11 +673,19 @@ def main(argv: list[str] | None = None) -> int:
         import typer
 
         command = typer.main.get_command(_app())
+        no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
         try:
             rv = command.main(args=args, prog_name="corralctl", standalone_mode=False)
             return rv if isinstance(rv, int) else 0
         except click.exceptions.Exit as exc:
             return exc.exit_code
+        except no_args as exc:  # `corralctl`, `corralctl audit`: the help, as --help gives it
+            print(exc.ctx.get_help())
+            return 0
+        except click.UsageError as exc:
+            usage = exc.ctx.get_usage().replace("\n", " ").strip() if exc.ctx is not None else ""
+            print(f"corralctl: {exc.format_message()}" + (f" ({usage})" if usage else ""), file=sys.stderr)
+            return 125
         except click.ClickException as exc:
             print(f"corralctl: {exc.format_message()}", file=sys.stderr)
             return 125

@@ -624,6 +624,17 @@ def _hash_of_line(raw: bytes) -> str | None:
 
 
 # -- the reader side: state -------------------------------------------------------
+def _finished_why(entry: dict) -> str:
+    """How a finished run ended, in words: its exit, or how it was reclaimed."""
+    if entry.get("outcome") == "reclaimed":
+        # Its corral died; corralctl stopped what was left. No exit status is known.
+        proof = ("verified" if entry.get("verified")
+                 else f"NOT verified, still present: {' '.join(map(str, entry.get('remaining_pids') or [])) or '?'}")
+        return f"reclaimed after its corral was gone, exit status unknown; {proof}"
+    exit_code = entry.get("exit_code")
+    return f"exit {'unknown' if exit_code is None else exit_code}, {entry.get('outcome') or 'unknown outcome'}"
+
+
 def effective_state(entry: dict | None, *, now_monotonic: float | None = None) -> tuple[str, str]:
     """(state, why) as an authorisation check must see it.
 
@@ -634,7 +645,7 @@ def effective_state(entry: dict | None, *, now_monotonic: float | None = None) -
         return "unknown", "no such run"
     state = entry.get("state")
     if state == "finished":
-        return "finished", f"exit {entry.get('exit_code')}, {entry.get('outcome')}"
+        return "finished", _finished_why(entry)
     if state == "expired":
         return "expired", "deadline passed"
     if state != "active":

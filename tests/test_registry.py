@@ -575,3 +575,56 @@ def test_credential_bad_input_is_125(state, tmp_path):
         proc = subprocess.run([*CORRAL, *FB, "--credential", arg, "--", "true"], env=env_for(state),
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 125 and len(proc.stderr.strip().splitlines()) == 1, (arg, proc.stderr)
+
+
+# -- corralctl's presentation (issue 13, item 7) ---------------------------------------------
+def test_ps_table_escapes_control_characters(state, markers):
+    marker = markers()
+    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "60s", "--", "sh", "-c", "sleep 60", "line1\nline2\tx\x1b[2J"],
+                            env=env_for(state, marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: run_ids(state))
+        table = ctl(state, "ps").stdout.splitlines()
+        assert len(table) == 2, table  # header + one row: the newline did not make a row
+        assert table[1].endswith("sh -c 'sleep 60' 'line1\\nline2\\tx\\x1b[2J'"), table[1]
+        rows = json.loads(ctl(state, "ps", "--json").stdout)
+        assert rows[0]["command"][-1] == "line1\nline2\tx\x1b[2J"  # exact in JSON
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _finished_entry(state, **fields) -> str:
+    run_id = new_run_id()
+    entry = {"version": 1, "run_id": run_id, "state": "finished", "owner": {"pid": 0}, "mode": "fallback",
+             "registered_at": time.time(), **fields}
+    (state / f"{run_id}.json").write_text(json.dumps(entry))
+    return run_id
+
+
+def test_status_of_a_reclaimed_run_says_so(state):
+    run_id = _finished_entry(state, outcome="reclaimed", exit_code=None, verified=True, remaining_pids=[])
+    r = ctl(state, "status", run_id)
+    assert r.returncode == 11
+    assert "None" not in r.stdout and "reclaimed" in r.stdout and "verified" in r.stdout, r.stdout
+    run_id = _finished_entry(state, outcome="reclaimed", exit_code=None, verified=False, remaining_pids=[41, 42])
+    r = ctl(state, "status", run_id)
+    assert "NOT verified" in r.stdout and "41 42" in r.stdout and "None" not in r.stdout, r.stdout
+    run_id = _finished_entry(state, outcome="exited", exit_code=3, verified=True)
+    assert ctl(state, "status", run_id).stdout.strip() == "finished (exit 3, exited)"
+
+
+@pytest.mark.parametrize("args", [[], ["audit"]])
+def test_corralctl_alone_prints_help(state, args):
+    r = ctl(state, *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert r.stdout.startswith(f"Usage: corralctl{' audit' if args else ''} [OPTIONS] COMMAND")
+    assert "Commands:" in r.stdout
+
+
+def test_corralctl_usage_error_is_one_line_125(state):
+    r = ctl(state, "status")
+    assert r.returncode == 125
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1
+    assert "Missing argument" in r.stderr and "Usage: corralctl status" in r.stderr
