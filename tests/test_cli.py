@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import CORRAL, FAULTS
+from modes import all_modes, mode_flags
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 FB = ["--cgroup-mode", "fallback"]
@@ -290,3 +291,32 @@ def test_json_record_to_stdout(corral, target):
     record = json.loads(body)
     assert record["exit_code"] == 3 and record["outcome"] == "exited" and record["verified"] is True
     assert run.stderr.decode().startswith("corral: fallback: command exited 3")
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_a_directory_as_the_command_is_126_is_a_directory(corral, tmp_path, mode):
+    """As shells say it: "Is a directory" (not "Permission denied"), exit 126."""
+    run = corral(mode_flags(mode) + ["--", str(tmp_path)])
+    err = run.stderr.decode(errors="replace")
+    assert run.returncode == 126, err
+    assert f"{tmp_path}: Is a directory" in err and "Permission denied" not in err
+
+
+def test_a_bare_name_found_only_as_a_directory_in_path_is_127(corral, tmp_path):
+    """PATH lookup skips directories, as a shell's does: not found (127)."""
+    (tmp_path / "notacommand").mkdir()
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    run = corral(FB + ["--", "notacommand"], env=env)
+    assert run.returncode == 127, run.stderr
+
+
+def test_shell_gate_resolution_says_is_a_directory(tmp_path):
+    """The library's gated spawn resolves the executable first: same message."""
+    import errno
+
+    from corral_systemd.kernel.spawn import ExecError, resolve_executable
+
+    with pytest.raises(ExecError) as info:
+        resolve_executable(str(tmp_path), os.defpath, None)
+    assert info.value.errno == errno.EISDIR and info.value.exit_code == 126
+    assert str(info.value) == f"{tmp_path}: Is a directory"

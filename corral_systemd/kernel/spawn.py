@@ -124,7 +124,8 @@ def fork_command(
                 os.execvpe(argv[0], argv, env_items)
         except OSError as exc:
             try:
-                os.write(err_w, str(exc.errno or errno.EIO).encode())
+                err = exec_errno(argv[0], exc.errno or errno.EIO, env_items)
+                os.write(err_w, str(err).encode())
             except OSError:
                 pass
         except BaseException:
@@ -137,8 +138,27 @@ def fork_command(
     return Child(pid, pidfd, gate_w, err_r, argv[0])
 
 
+def exec_errno(name: str, err: int, env: dict | None) -> int:
+    """The errno to report for a failed exec of ``name``, as a shell reports it.
+
+    exec() says EACCES for a directory: a path to one is EISDIR ("Is a
+    directory", 126); a bare name that PATH finds only as directories is
+    ENOENT (127), since PATH lookup skips directories. Relative paths are
+    taken from the current directory (the command's, in the child).
+    """
+    if err != errno.EACCES:
+        return err
+    if "/" in name:
+        return errno.EISDIR if os.path.isdir(name) else err
+    path_env = (os.environ if env is None else env).get("PATH", os.defpath)
+    candidates = [os.path.join(d or ".", name) for d in path_env.split(":")]
+    if not any(os.path.isfile(c) for c in candidates):
+        return errno.ENOENT
+    return err
+
+
 def resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
-    """PATH lookup as execvp does it; ExecError(ENOENT/EACCES) when it fails."""
+    """PATH lookup as execvp does it; ExecError(ENOENT/EACCES/EISDIR) when it fails."""
     if "/" in name:
         candidates = [os.path.join(cwd or os.getcwd(), name)]
     else:
@@ -150,7 +170,7 @@ def resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
                 return os.path.abspath(candidate)
             denied = True
         elif os.path.isdir(candidate) and "/" in name:
-            denied = True
+            raise ExecError(errno.EISDIR, name)
     raise ExecError(errno.EACCES if denied else errno.ENOENT, name)
 
 
