@@ -408,14 +408,21 @@ class RunHandle:
         """True once the run has ended (its processes are gone, verified or not)."""
         return self._future is not None and self._future.done()
 
-    async def send(self, data: bytes) -> None:
-        """Write to the command's stdin (``stdin="pipe"``). BrokenPipeError if it is gone."""
+    async def send(self, data: bytes | bytearray | memoryview | str) -> None:
+        """Write to the command's stdin (``stdin="pipe"``): bytes, or a str (sent UTF-8 encoded).
+
+        BrokenPipeError if the command is gone; TypeError for anything else.
+        """
         if self._stdin_w is None:
             raise ValueError("start the run with stdin='pipe' to send to it")
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        elif not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"send() takes bytes or str, not {type(data).__name__}")
         fd = self._stdin_w
         os.set_blocking(fd, False)
         loop = asyncio.get_running_loop()
-        view = memoryview(data)
+        view = memoryview(data).cast("B")
         while view:
             try:
                 view = view[os.write(fd, view):]

@@ -237,3 +237,17 @@ async def test_sessions_appear_in_corralctl_ps(marker, tmp_path):
                              capture_output=True, text=True, check=True)
         (row,) = [r for r in json.loads(out.stdout) if r["run_id"] == run_id]
         assert row["state"] == "active" and row["processes"] >= 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_send_accepts_str_utf8(mode, marker):
+    """``send("text")`` is sent UTF-8 encoded; anything but bytes or str is a TypeError."""
+    async with SessionPool(max_sessions=1, mode=mode, env=_env(marker)) as pool:
+        async with pool.session("k", SERVER) as s:
+            await s.send("héllo\n")
+            assert await s.stdout.readline() == "got héllo\n".encode()
+            await s.send(bytearray(b"raw\n"))
+            assert await s.stdout.readline() == b"got raw\n"
+            with pytest.raises(TypeError):
+                await s.send(42)
+    assert marked_pids(marker) == []
