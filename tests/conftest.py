@@ -11,7 +11,19 @@ import pytest
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 # Runs register in a state directory; keep the suite's out of the machine's.
-os.environ.setdefault("CORRAL_STATE_DIR", tempfile.mkdtemp(prefix="corral-test-state-"))
+# The process that makes it (the controller, or a worker run alone) removes
+# it when its session ends (pytest_sessionfinish).
+_OWN_STATE_DIR = None
+if not os.environ.get("CORRAL_STATE_DIR"):
+    _OWN_STATE_DIR = os.environ["CORRAL_STATE_DIR"] = tempfile.mkdtemp(prefix="corral-test-state-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the state directory this process made (xdist workers share the controller's)."""
+    if _OWN_STATE_DIR is not None and os.environ.get("CORRAL_STATE_DIR") == _OWN_STATE_DIR:
+        import shutil
+
+        shutil.rmtree(_OWN_STATE_DIR, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "faults"

@@ -1,7 +1,8 @@
 """Every fault program, every mode: expected exit code, zero survivors, on time.
 
 Survivors are found by the run's environment marker in /proc right after
-corral returns. The time bound is wall + grace + 1 s (grace is 2 s).
+corral returns. The time bound is on the record's own timings: wall + grace +
+1 s (grace is 2 s) from start to verified, the deadline noticed within 0.5 s.
 """
 
 import pytest
@@ -23,10 +24,14 @@ def test_fault(corral, mode, fault, args, expected, rep):
     assert run.survivors == [], f"{fault['id']} left processes: {run.survivors}; {detail}"
     assert run.returncode == expected, detail
     assert run.record is not None and run.record["verified"] is True
-    # The run (start to verified end, corral's own clock) within wall + grace + 1 s;
-    # the process as a whole gets slack for interpreter start-up on a loaded machine.
+    # The run's own timings (corral's clock, start to verified end) within wall + grace + 1 s.
+    # The whole process's elapsed time is not bounded: interpreter start-up on a
+    # loaded machine is not corral's to promise.
     assert run.record["wall_time"] <= 2.0 + GRACE + 1.0, f"run took {run.record['wall_time']:.2f}s; {detail}"
-    assert run.elapsed <= 2.0 + GRACE + 1.0 + 3.0, f"corral took {run.elapsed:.2f}s; {detail}"
+    steps = run.record["steps"]
+    assert steps["verified"] is not None and steps["verified"] <= 2.0 + GRACE + 1.0, f"{steps}; {detail}"
+    if steps.get("deadline") is not None:
+        assert steps["deadline"] <= 2.0 + 0.5, f"deadline noticed late: {steps}; {detail}"
     assert run.record["remaining_pids"] == []
     if "mem" in args:
         assert run.record["outcome"] == "memory"
