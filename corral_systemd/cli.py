@@ -182,6 +182,7 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
 
 
 def summary_line(result) -> str:
+    from .result import usage_summary
     from .units import format_duration
 
     mode = result.mode
@@ -199,6 +200,8 @@ def summary_line(result) -> str:
                 "spawn_failed": result.detail, "setup_failed": result.detail}.get(result.reason, result.reason)
     line = (f"corral: {mode}: {what}; exit {result.exit_code}; {format_duration(result.wall_time)}; "
             f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped")
+    if usage := usage_summary(result):
+        line += f"; {usage}"
     if result.remaining_pids:
         line += f"; NOT VERIFIED, still present: {' '.join(map(str, result.remaining_pids))}"
     return line

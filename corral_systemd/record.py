@@ -76,9 +76,20 @@ class EngineInfo(BaseModel):
     invocation_id: Optional[str] = None
     control_group: Optional[str] = None
     unit_result: Optional[str] = None
+    #: Resource use, from the run's cgroup (the kernel's own figures, read
+    #: while the group exists) or, where it gave none, from the manager:
+    #: peak memory (bytes), CPU time (ns), peak tasks, block I/O (bytes).
     memory_peak: Optional[int] = None
     cpu_usage_nsec: Optional[int] = None
+    cpu_user_nsec: Optional[int] = None
+    cpu_system_nsec: Optional[int] = None
     tasks_peak: Optional[int] = None
+    io_read_bytes: Optional[int] = None
+    io_write_bytes: Optional[int] = None
+    #: Whose figures those are; None when there are none.
+    accounting_source: Optional[Literal["cgroup", "manager", "cgroup+manager"]] = None
+    #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
+    memory_events: Optional[dict[str, int]] = None
     auto_fallback_reason: Optional[str] = None
 
 

@@ -73,3 +73,17 @@ def exit_code_for(result: RunOutcome, spawn_exit: int | None = None) -> int:
     if result.command_signal is not None:
         return 128 + result.command_signal
     return result.command_exit_status or 0
+
+
+def usage_summary(result: RunOutcome) -> str:
+    """The run's resource use for the summary line ("peak 65.0 MiB, cpu 0.41 s");
+    "" if none is known or the command never ran."""
+    engine = result.engine
+    if result.reason in (SPAWN_FAILED, SETUP_FAILED):
+        return ""
+    parts = []
+    if engine.get("memory_peak") is not None:
+        parts.append(f"peak {engine['memory_peak'] / 2**20:.1f} MiB")
+    if engine.get("cpu_usage_nsec") is not None:
+        parts.append(f"cpu {engine['cpu_usage_nsec'] / 1e9:.2f} s")
+    return ", ".join(parts)

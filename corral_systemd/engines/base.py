@@ -159,3 +159,22 @@ class CgroupMemoryLimit:
             if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
                 return "memory"
         return None
+
+
+def usage_facts(cgroup: dict, manager: dict | None = None) -> dict:
+    """The record's resource figures (``cgroupfs.Usage`` names): read from
+    the run's cgroup, or reported by the manager (which reads the same
+    kernel files, and keeps its last reading once the group is gone). Each
+    figure only grows, so the larger reading wins (the cgroup's on a tie);
+    ``accounting_source`` says whose readings were used: "cgroup",
+    "manager", "cgroup+manager", or None when there are none."""
+    facts = dict(cgroup)
+    used = {"cgroup"} if cgroup else set()
+    for name, value in (manager or {}).items():
+        if value > facts.get(name, -1):
+            facts[name] = value
+            used.add("manager")
+    if "cgroup" in used and not any(facts[name] == value for name, value in cgroup.items()):
+        used.discard("cgroup")
+    facts["accounting_source"] = "+".join(source for source in ("cgroup", "manager") if source in used) or None
+    return facts

@@ -6,6 +6,11 @@ moved in, so nothing it starts can be outside the group. Limits go to
 memory.max / pids.max when the parent delegates those controllers; SIGKILL
 is one write to cgroup.kill; the run is proven gone when cgroup.events
 says ``populated 0`` and the group's rmdir succeeds.
+
+Only corral removes the group, and only after the last reads: its
+``memory.events`` (OOM kills) and resource figures are read from the group
+itself. memory.events is kept open and polled for POLLPRI, so an OOM kill is
+seen when it happens, not at the next limit check.
 """
 
 import errno
@@ -16,8 +21,7 @@ from ..errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.pidfd import signal_cgroup_members
 from ..kernel.spawn import fork_command
-from .base import CgroupMemoryLimit, Engine
-
+from .base import CgroupMemoryLimit, Engine, usage_facts
 
 
 class CgroupEngine(CgroupMemoryLimit, Engine):
@@ -42,11 +46,17 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         self._removed = False
         self._stopped = set()
         self._last: list[int] = []
+        self._usage = cgroupfs.Usage()
+        self._memory_events: cgroupfs.KeyedWatch | None = None
         try:
             self._apply_limits(parent)
         except BaseException:
             self._rmdir()
             raise
+        try:
+            self._memory_events = cgroupfs.KeyedWatch(os.path.join(self.path, "memory.events"))
+        except OSError:
+            pass  # no memory controller delegated
 
     def _apply_limits(self, parent):
         spec = self.spec
@@ -88,13 +98,24 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         child.release()
 
     # -- limits --------------------------------------------------------
+    def priority_fds(self):
+        watch = self._memory_events
+        return [watch.fileno()] if watch is not None and watch.alive else []
+
+    def poll_events(self):
+        if self._memory_events is not None:
+            self._memory_events.read()  # re-arms its POLLPRI
+        had = self._status is not None
+        super().poll_events()
+        if not had and self._status is not None:
+            self._sample()  # the main process exited: the figures so far
+
     def oom_killed(self):
-        if self.spec.mem is None or self._removed:
+        watch = self._memory_events
+        if self.spec.mem is None or watch is None:
             return False
-        try:
-            return cgroupfs.read_keyed(os.path.join(self.path, "memory.events")).get("oom_kill", 0) > 0
-        except OSError:
-            return False
+        watch.read()
+        return watch.values.get("oom_kill", 0) > 0
 
     # -- stopping ------------------------------------------------------
     def _procs(self) -> list[int]:
@@ -106,6 +127,7 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         return self._procs()
 
     def signal_all(self, *sigs):
+        self._sample()
         pids = self._procs()
         self.seen.update(pids)
         done = signal_cgroup_members(pids, sigs, self.path)
@@ -119,6 +141,7 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         return len(done)
 
     def kill_all(self):
+        self._sample()
         pids = self._procs()
         self.seen.update(pids)
         self._stopped.update(pids)
@@ -135,9 +158,11 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         return [] if self._rmdir() else [-1]
 
     def _sample(self):
-        peak = cgroupfs.read_int(os.path.join(self.path, "memory.peak"))
-        if peak is not None:
-            self.memory_peak = peak
+        """Read the group's figures (and memory.events) while it exists."""
+        if not self._removed:
+            self._usage.sample(self.path)
+            if self._memory_events is not None:
+                self._memory_events.read()
 
     def _rmdir(self) -> bool:
         try:
@@ -149,9 +174,13 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
                 return False
             raise
         self._removed = True
+        if self._memory_events is not None:
+            self._memory_events.close()  # a removed group's file would poll ready forever
         return True
 
     def close(self):
+        if self._memory_events is not None:
+            self._memory_events.close()
         if not self._removed:
             self._rmdir()
         if self._child is not None and self._child.pidfd >= 0:
@@ -159,9 +188,9 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
             self._child.pidfd = -1
 
     def describe(self):
-        info = {"control_group": self.path}
-        if getattr(self, "memory_peak", None) is not None:
-            info["memory_peak"] = self.memory_peak
+        info = {"control_group": self.path, **usage_facts(self._usage.figures)}
+        if self._memory_events is not None:
+            info["memory_events"] = {key: self._memory_events.values.get(key, 0) for key in ("max", "oom", "oom_kill")}
         return info
 
     @property

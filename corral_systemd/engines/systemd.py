@@ -30,6 +30,7 @@ one StartTransientUnit and no extra process. The CLI makes both per run
 auxiliary unit).
 """
 
+import errno
 import os
 import re
 import signal
@@ -41,14 +42,31 @@ from ..errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import signal_cgroup_members
-from ..kernel.spawn import fork_command, resolve_executable, spawn_gated_by_shell
-from .base import CgroupMemoryLimit, Engine
+from ..kernel.spawn import ExecError, fork_command, resolve_executable, spawn_gated_by_shell
+from .base import CgroupMemoryLimit, Engine, usage_facts
 from .tether import Tether
 
 START_TIMEOUT = 10.0
 _USEC = 1_000_000
 #: Once the unit runs, a call that gets no answer within this is a lost manager.
 RUNTIME_CALL_TIMEOUT = 1.0
+#: systemd's exit status for a main process it forked but could not execute (EXIT_EXEC).
+EXIT_EXEC = 203
+#: How often the unit's cgroup figures are read while the run lives (see _arm_watches).
+SAMPLE_INTERVAL = 0.1
+
+
+class SystemdExecError(ExecError):
+    """systemd forked a service's main process but could not execute the
+    command (status 203/EXEC): 126, as for a scope's failed exec. systemd
+    does not say why over D-Bus, so the errno is nominal (EACCES)."""
+
+    def __init__(self, argv0: str, unit: str):
+        super().__init__(errno.EACCES, argv0)
+        self.unit = unit
+
+    def __str__(self):
+        return f"{self.argv0}: systemd could not execute it ({self.unit}: status {EXIT_EXEC}/EXEC)"
 
 
 def _private_socket(kind: str) -> str | None:
@@ -147,6 +165,13 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._mounts = None
         self._oom_eventfd = None
         self._oom_seen = False
+        #: The unit's cgroup v2 memory.events and cgroup.events, kept open (see _arm_watches).
+        self._watches: dict[str, cgroupfs.KeyedWatch] = {}
+        #: Resource figures read from the unit's cgroup, and those the manager reported.
+        self._usage = cgroupfs.Usage()
+        self._manager_figures: dict[str, int] = {}
+        self._exit_sampled = False
+        self._next_sample = 0.0
         self._unit_gone = False
         self._active_state: str | None = None  # from PropertiesChanged
         self._inactive_checks = 0
@@ -156,7 +181,6 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._last: list[int] = []
         self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type,
                       "transport": "private" if self.direct else "bus"}
-        self._peaks = {}
 
     def _open_own_connection(self) -> None:
         """A connection of this run's own (the CLI), subscribed to the unit's signals."""
@@ -172,6 +196,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
         spec = self.spec
+        if spec.unit_type == "service":
+            # ExecError (127/126, as a scope's exec gives) before anything starts.
+            service_props = self._service_properties(argv, env, cwd)
         aux = []
         if self._session is None:
             self._tether = Tether()
@@ -186,7 +213,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                                       **({"gated": True} if self._session is None else {}))
             props.append(prop("PIDs", "au", [self._child.pid]))
         else:
-            props += self._service_properties(argv, env, cwd)
+            props += service_props
             props += self._credential_properties(props)
             props += [prop("StandardInputFileDescriptor", "h", 0), prop("StandardOutputFileDescriptor", "h", 1),
                       prop("StandardErrorFileDescriptor", "h", 2)]
@@ -196,8 +223,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             result = self._wait_job(job) if job is not None else "done"
             if result != "done":
                 self._check_credentials_delivered()  # SetupError if systemd did not deliver them
-            if result != "done" and not self._service_ran():
-                raise SetupError(f"systemd could not start {self.unit}: job {result}")
+                if not self._service_ran():
+                    raise SetupError(f"systemd could not start {self.unit}: job {result}")
+                self._check_exec_failed()  # ExecError (126) if systemd could not execute the command
         except BusError as exc:
             self._abandon()
             raise SetupError(f"StartTransientUnit failed: {_why(exc)}") from None
@@ -314,6 +342,28 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             return False
         return bool(started)
 
+    def _check_exec_failed(self) -> None:
+        """After a failed start job whose main process did start: if that
+        process ended with EXIT_EXEC (203), systemd forked it but could not
+        execute the command (a change since corral resolved it, or something
+        only the manager meets): SystemdExecError, 126.
+
+        Only a failed job counts: with Type=exec the start job is "done" once
+        the command has been executed, so a command that ran and exited 203
+        by itself is not taken for this (barring systemd 252's race in
+        ``_service_ran``, where the job of a command that exits at once may
+        fail too). ExecMainCode/ExecMainStatus arrive in PropertiesChanged,
+        which systemd sends before JobRemoved; asked for if still missing.
+        """
+        _pump_signals(self.conn, self._handle_signal, lambda: self._status is not None or self._unit_gone,
+                      RUNTIME_CALL_TIMEOUT)
+        if self._status is None and not self._unit_gone:
+            self._refresh_service_status()
+        status = self._status
+        if status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_EXEC:
+            self._status = None  # systemd's status, not the command's: it never ran
+            raise SystemdExecError(self.spec.argv[0], self.unit)
+
     # -- --credential for a service (see credentials.py) ---------------
     def _credential_properties(self, props) -> list:
         """LoadCredential= for each credential (the manager reads the file:
@@ -399,9 +449,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         return props
 
     def _service_properties(self, argv, env, cwd):
+        path = _resolve_for_service(argv[0], dict(os.environ if env is None else env), cwd)
         unset = self._unset_for_explicit_env(env) if env is not None else []
         env = dict(os.environ if env is None else env)
-        path = resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
         assignments = []
         for key, value in env.items():
             if _valid_env(key, value):
@@ -472,6 +522,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             self.facts["control_group"] = cg
         self._check_limits_enforced()
         self._arm_oom_eventfd()
+        self._arm_watches()
 
     def _cgroup_dir_exists(self, cg: str) -> bool:
         mounts = self._mounts
@@ -568,7 +619,68 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         except OSError:
             pass
 
+    def _arm_watches(self):
+        """Keep the unit's cgroup v2 ``memory.events`` and ``cgroup.events``
+        open and watched (``cgroupfs.KeyedWatch``, polled through ``priority_fds``).
+
+        The manager removes the unit's cgroup as soon as the unit ends,
+        often before corral learns that the main process exited (a service's
+        end comes from the manager, after its clean-up; systemd 252 gives a
+        scope no ``oom-kill`` result): what is not read by then is lost. So
+        the OOM counters are re-read on every change of memory.events (the
+        usage too, on an OOM event), and the usage is sampled when the group
+        empties (cgroup.events), at the main process's exit, before TERM and
+        KILL, and once verification finds the group empty. The manager is
+        told of the group's emptying as early as corral (and of a service's
+        exit before corral), so when the last process exits on its own the
+        group is often gone before either read: the figures are also read
+        every SAMPLE_INTERVAL while the run lives, and what it used in its
+        last interval may then be missing.
+        """
+        unified = self._dir("unified")
+        if unified is None:
+            return
+        for name in ("memory.events", "cgroup.events"):
+            try:
+                self._watches[name] = cgroupfs.KeyedWatch(os.path.join(unified, name))
+            except OSError:
+                pass  # no memory controller for the unit, or the group is already gone
+
+    def _read_watches(self) -> None:
+        """Re-read the watched files (re-arming them); sample the usage on an
+        OOM event or when the group has emptied."""
+        memory = self._watches.get("memory.events")
+        if memory is not None and memory.alive:
+            before = (memory.values.get("oom", 0), memory.values.get("oom_kill", 0))
+            if memory.read() and (memory.values.get("oom", 0), memory.values.get("oom_kill", 0)) != before:
+                self._sample_cgroup()
+        events = self._watches.get("cgroup.events")
+        if events is not None and events.alive:
+            was = events.values.get("populated")
+            if events.read() and events.values.get("populated") == 0 and was != 0:
+                self._sample_cgroup()
+
+    def _sample_cgroup(self) -> None:
+        """Read the kernel's resource figures from the unit's cgroup while it exists."""
+        if self._cgroup is not None and self._mounts is not None:
+            self._usage.sample(self._dir("unified"), self._dir("memory"), self._dir("pids"))
+
+    def watch_interval(self):
+        interval = super().watch_interval()
+        if self._cgroup is not None:  # also for the periodic usage sample
+            interval = min(interval or SAMPLE_INTERVAL, SAMPLE_INTERVAL)
+        return interval
+
+    def check_limits(self):
+        if time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + SAMPLE_INTERVAL
+            self._sample_cgroup()
+        return super().check_limits()
+
     # -- watching ------------------------------------------------------
+    def priority_fds(self):
+        return [w.fileno() for w in self._watches.values() if w.alive]
+
     def wait_fds(self):
         # A dead connection polls readable (EOF) forever: stop watching it.
         fds = [*([] if self._conn_dead else [self.conn.fileno()]), *super().wait_fds()]
@@ -577,6 +689,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         return fds
 
     def poll_events(self):
+        self._read_watches()  # first: the OOM counters before the exit that may follow from them
         try:
             self.conn.read_pending()
         except BusError as exc:
@@ -590,6 +703,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             self._refresh_service_status()  # it ended, yet no ExecMain* change reached us: ask
         self._reap_child()
         self._oom_event()
+        if self._status is not None and not self._exit_sampled:
+            # The main process exited: read what its cgroup says now,
+            # before anything is stopped and before the manager removes it.
+            self._exit_sampled = True
+            self._read_watches()
+            self._sample_cgroup()
 
     def lost_track(self):
         if self._start_reply_lost is not None and self._status is None:
@@ -625,7 +744,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if self._child is None:
             if changed.get("ExecMainPID") or changed.get("ExecMainStartTimestampMonotonic"):
                 self._main_started = True
-            self._sample(changed)
+            self._sample_manager(changed)
             self._service_status_from(changed)
 
     def _service_status_from(self, props: dict) -> None:
@@ -650,6 +769,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             try:
                 if os.eventfd_read(self._oom_eventfd):
                     self._oom_seen = True
+                    self._sample_cgroup()  # while the group is surely still there
             except BlockingIOError:
                 pass
         return self._oom_seen
@@ -659,13 +779,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             return False
         if self._oom_event():
             return True
-        unified = self._dir("unified")
-        if unified:
-            try:
-                if cgroupfs.read_keyed(os.path.join(unified, "memory.events")).get("oom_kill", 0) > 0:
-                    return True
-            except OSError:
-                pass
+        # cgroup v2: the counters as last read; read again if the group is still there.
+        self._read_watches()
+        memory = self._watches.get("memory.events")
+        if memory is not None and memory.values.get("oom_kill", 0) > 0:
+            return True
         mem_v1 = self._dir("memory")
         if mem_v1:
             try:
@@ -675,24 +793,15 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                 pass
         return self.facts.get("unit_result") == "oom-kill"
 
-    def _sample(self, props=None):
-        """Keep the largest resource figures seen (the cgroup may vanish later)."""
-        peaks = self._peaks
-        mem_v1 = self._dir("memory")
-        unified = self._dir("unified")
-        for path in ((os.path.join(unified, "memory.peak") if unified else None),
-                     (os.path.join(mem_v1, "memory.max_usage_in_bytes") if mem_v1 else None)):
-            if path:
-                value = cgroupfs.read_int(path)
-                if value is not None:
-                    peaks["memory_peak"] = max(peaks.get("memory_peak", 0), value)
-        if props:
-            cpu = props.get("CPUUsageNSec")
-            if cpu is not None and cpu < 2**63:
-                peaks["cpu_usage_nsec"] = cpu
-            tasks = props.get("TasksCurrent")
-            if tasks is not None and tasks < 2**63:
-                peaks["tasks_peak"] = max(peaks.get("tasks_peak", 0), tasks)
+    def _sample_manager(self, props):
+        """Keep the manager's figures (see ``usage_facts``: the larger reading
+        wins); systemd 252 has no MemoryPeak and reports unset values as 2**64-1."""
+        figures = self._manager_figures
+        for prop_name, name in (("CPUUsageNSec", "cpu_usage_nsec"), ("TasksCurrent", "tasks_peak"),
+                                ("IOReadBytes", "io_read_bytes"), ("IOWriteBytes", "io_write_bytes")):
+            value = props.get(prop_name)
+            if value is not None and value < 2**63:
+                figures[name] = max(figures.get(name, 0), value)
 
     # -- stopping ------------------------------------------------------
     def _pids(self) -> list[int]:
@@ -706,6 +815,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         return self._pids()
 
     def signal_all(self, *sigs):
+        self._sample_cgroup()
         self._sample_unit()
         pids = self._pids()
         self.seen.update(pids)
@@ -728,6 +838,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         unified = self._dir("unified")
         if unified and not os.path.isdir(unified):
             return  # the group is gone: nothing left to kill
+        self._sample_cgroup()
         if self.kill_method == "cgroup.kill" and unified and cgroupfs.kill(unified):
             return
         self._kill_unit(signal.SIGKILL)
@@ -758,7 +869,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             return []
         if left:
             return [p for p in left if p != -1] or left
-        # The kernel says empty; the unit must also be inactive or gone.
+        # The kernel says empty: the figures are final, and the manager may
+        # remove the group any moment now. The unit must also be inactive or gone.
+        self._sample_cgroup()
         if not self._unit_inactive():
             self.poll_events()
             return [-1] if not self._unit_inactive() else []
@@ -803,7 +916,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             props = self.manager.get_all(self.unit, interface_for(self.unit))
         except BusError:
             return
-        self._sample(props)
+        self._sample_manager(props)
         if props.get("Result"):
             self.facts["unit_result"] = props["Result"]
 
@@ -839,12 +952,17 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if self._oom_eventfd is not None:
             os.close(self._oom_eventfd)
             self._oom_eventfd = None
+        for watch in self._watches.values():
+            watch.close()
         self.conn.close()  # a session's channel: just stop routing to it
         self.conn = None
 
     def describe(self):
         info = dict(self.facts)
-        info.update(self._peaks)
+        info.update(usage_facts(self._usage.figures, self._manager_figures))
+        memory = self._watches.get("memory.events")
+        if memory is not None:
+            info["memory_events"] = {key: memory.values.get(key, 0) for key in ("max", "oom", "oom_kill")}
         return info
 
     @property
@@ -871,6 +989,19 @@ _ENV_VALUE = re.compile(r"[^\x00-\x08\x0b-\x1f\x7f]*")
 
 def _valid_env(key: str, value: str) -> bool:
     return _ENV_NAME.fullmatch(key) is not None and _ENV_VALUE.fullmatch(value) is not None
+
+
+def _resolve_for_service(name: str, env: dict, cwd: str | None) -> str:
+    """The service's executable, found as a scope's exec finds it (after
+    chdir to the command's cwd, with its PATH), or ExecError: 127 for not
+    found (also a missing cwd, as chdir gives), 126 for not executable, a
+    directory, permission denied."""
+    directory = os.path.abspath(cwd or os.getcwd())
+    if not os.path.isdir(directory):
+        raise ExecError(errno.ENOENT, name)  # a scope's chdir fails so
+    # Relative PATH entries (and empty ones: the cwd) are relative to the command's cwd.
+    search = ":".join(os.path.join(directory, d) for d in env.get("PATH", os.defpath).split(":"))
+    return resolve_executable(name, search, directory)
 
 
 def _cgroup_of(pid: int, unit: str) -> str:

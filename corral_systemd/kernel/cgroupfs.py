@@ -150,3 +150,138 @@ def controllers(directory: str) -> set[str]:
         return set(read_bytes(os.path.join(directory, "cgroup.controllers")).decode().split())
     except OSError:
         return set()
+
+
+class KeyedWatch:
+    """An open cgroup v2 flat-keyed file (``memory.events``, ``cgroup.events``)
+    whose last contents outlive the group.
+
+    The kernel marks an open cgroup notification file POLLPRI|POLLERR when
+    it notifies a change (``cgroup_file_notify``: at once, or within 10 ms
+    of the previous notification), and reading it again re-arms that: so a
+    caller polls ``fileno()`` for POLLPRI (never POLLIN: a kernfs file always
+    polls readable) and calls ``read()`` after each wake-up. ``values`` holds
+    the counters as last read, also after the group is removed: its reads
+    then fail (ENODEV), the descriptor is closed (a removed file would poll
+    ready forever) and ``values`` stays as it was.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.values: dict[str, int] = {}
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # OSError if the file is not there
+        self.read()
+
+    @property
+    def alive(self) -> bool:
+        return self.fd >= 0
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def read(self) -> bool:
+        """Re-read the file (re-arming its notification); False once it is gone."""
+        if self.fd < 0:
+            return False
+        try:
+            data = os.pread(self.fd, 4096, 0)
+        except OSError:
+            self.close()
+            return False
+        values = {}
+        for line in data.decode().splitlines():
+            key, _, value = line.partition(" ")
+            try:
+                values[key] = int(value)
+            except ValueError:
+                pass
+        self.values = values
+        return True
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _read_keyed_or_empty(path: str) -> dict[str, int]:
+    try:
+        return read_keyed(path)
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_int_or_none(path: str) -> int | None:
+    try:
+        return read_int(path)
+    except ValueError:
+        return None
+
+
+class Usage:
+    """The kernel's own resource figures for one cgroup, as far as it offers
+    them, keeping the largest value read of each (they only grow while the
+    group lives; once it is removed they cannot be read at all, so callers
+    sample while it exists). ``figures`` keys, absent when never read:
+
+    - ``memory_peak``: bytes; v2 ``memory.peak`` (Linux >= 5.19, memory
+      controller), else v1 ``memory.max_usage_in_bytes``;
+    - ``cpu_usage_nsec``, ``cpu_user_nsec``, ``cpu_system_nsec``: v2
+      ``cpu.stat`` (present in every v2 group, with or without the cpu
+      controller), in ns;
+    - ``tasks_peak``: ``pids.peak`` (v2, or the v1 pids hierarchy), else the
+      largest ``pids.current`` seen;
+    - ``io_read_bytes``, ``io_write_bytes``: ``io.stat`` rbytes/wbytes summed
+      over devices (v2, io controller).
+    """
+
+    def __init__(self):
+        self.figures: dict[str, int] = {}
+
+    def _keep(self, name: str, value: int | None) -> None:
+        if value is not None and value >= self.figures.get(name, 0):
+            self.figures[name] = value
+
+    def sample(self, unified: str | None, memory_v1: str | None = None, pids_v1: str | None = None) -> None:
+        """Read the figures now; files that are missing (or a group that is gone) add nothing."""
+        j = os.path.join
+        if unified:
+            cpu = _read_keyed_or_empty(j(unified, "cpu.stat"))
+            for key, name in (("usage_usec", "cpu_usage_nsec"), ("user_usec", "cpu_user_nsec"),
+                              ("system_usec", "cpu_system_nsec")):
+                if key in cpu:
+                    self._keep(name, cpu[key] * 1000)
+        for directory, name in ((unified, "memory.peak"), (memory_v1, "memory.max_usage_in_bytes")):
+            if directory and (value := _read_int_or_none(j(directory, name))) is not None:
+                self._keep("memory_peak", value)
+                break
+        for directory in (unified, pids_v1):
+            if directory:
+                value = _read_int_or_none(j(directory, "pids.peak"))
+                if value is None:
+                    value = _read_int_or_none(j(directory, "pids.current"))
+                if value is not None:
+                    self._keep("tasks_peak", value)
+                    break
+        if unified:
+            io = _io_bytes(j(unified, "io.stat"))
+            if io is not None:
+                self._keep("io_read_bytes", io[0])
+                self._keep("io_write_bytes", io[1])
+
+
+def _io_bytes(path: str) -> tuple[int, int] | None:
+    """(rbytes, wbytes) summed over the devices of an io.stat, None without one."""
+    try:
+        text = read_bytes(path).decode()
+    except OSError:
+        return None
+    read = write = 0
+    for line in text.splitlines():
+        for field in line.split()[1:]:
+            key, _, value = field.partition("=")
+            if key == "rbytes":
+                read += int(value)
+            elif key == "wbytes":
+                write += int(value)
+    return read, write

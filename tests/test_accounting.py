@@ -1,0 +1,386 @@
+"""Resource accounting, OOM detection and exec failures (issue 12, part 2).
+
+What the record says of a run's resource use comes from the kernel's own
+figures in the run's cgroup (memory.peak or v1 memory.max_usage_in_bytes,
+cpu.stat, pids.peak, io.stat), read while the group exists; an OOM kill is
+seen from memory.events kept open and watched (POLLPRI), so the manager
+removing the group cannot hide it; a service that cannot be executed is
+126/127 as a scope is.
+
+Where a figure cannot exist in a layout (no memory controller for the unit,
+no pids controller), the tests check that the record has none rather than
+skip; they pass in the harness's hybrid and unified layouts and on a booted
+machine with pure cgroup v2 and cpu/memory/pids delegated (the VM lane).
+"""
+
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+import types
+
+import pytest
+
+from modes import mode_flags
+
+from corral_systemd.kernel import cgroupfs
+
+UNIT_TYPES = [pytest.param("scope", marks=pytest.mark.systemd), pytest.param("service", marks=pytest.mark.systemd)]
+MiB = 2**20
+
+
+def _detail(run) -> str:
+    return f"stderr: {run.stderr.decode(errors='replace')}; engine: {(run.record or {}).get('engine')}"
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    release = os.uname().release.split("-")[0].split(".")
+    return (int(release[0]), int(release[1])) >= (major, minor)
+
+
+def _memory_peak_offered(record) -> bool:
+    """The unit has the memory controller (the kernel enforced --mem) and the
+    kernel keeps a peak: v1 memory.max_usage_in_bytes, or v2 memory.peak (Linux >= 5.19)."""
+    if record["limits_enforced"].get("mem") != "kernel":
+        return False
+    return "memory" in cgroupfs.Mounts().v1 or _kernel_at_least(5, 19)
+
+
+def _summary(run) -> str:
+    return run.stderr.decode(errors="replace").strip().splitlines()[-1]
+
+
+# -- the kernel's figures, from the unit's cgroup -------------------------
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_memory_peak_is_the_cgroups(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--wall", "30s", "--mem", "1G", "--", "python3", "-c",
+                                          "import time; b = bytearray(200 << 20); time.sleep(0.5)"])
+    assert run.returncode == 0, _detail(run)
+    engine = run.record["engine"]
+    if _memory_peak_offered(run.record):
+        assert engine["memory_peak"] is not None and engine["memory_peak"] >= 200 * MiB, _detail(run)
+        assert engine["memory_peak"] < 1024 * MiB, _detail(run)
+        assert "cgroup" in engine["accounting_source"], _detail(run)
+        assert "peak " in _summary(run) and "MiB" in _summary(run), _summary(run)
+    else:
+        # No memory controller for the unit (the harness's unified layout): no peak, none invented.
+        assert engine["memory_peak"] is None, _detail(run)
+        assert "peak " not in _summary(run)
+
+
+SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_cpu_time_is_the_cgroups(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--wall", "30s", "--", "python3", "-c", SPIN])
+    assert run.returncode == 0, _detail(run)
+    engine = run.record["engine"]
+    assert cgroupfs.Mounts().unified is not None  # cpu.stat is in every cgroup v2 group
+    cpu = engine["cpu_usage_nsec"]
+    # About one second of CPU (the last 0.1 s may be missing: see systemd.SAMPLE_INTERVAL).
+    assert cpu is not None and 0.7e9 <= cpu <= 10e9, _detail(run)
+    user, system = engine["cpu_user_nsec"], engine["cpu_system_nsec"]
+    assert user is not None and system is not None, _detail(run)
+    assert abs(user + system - cpu) <= 0.1 * cpu + 20e6, _detail(run)
+    assert "cgroup" in engine["accounting_source"], _detail(run)
+    assert "cpu " in _summary(run), _summary(run)
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_tasks_peak_counts_the_runs_processes(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--wall", "30s", "--pids", "1000", "--", "sh", "-c",
+                                          "for i in 1 2 3 4 5; do sleep 0.5 & done; wait"])
+    assert run.returncode == 0, _detail(run)
+    engine = run.record["engine"]
+    if run.record["limits_enforced"].get("pids") == "kernel":
+        assert engine["tasks_peak"] is not None and 6 <= engine["tasks_peak"] < 100, _detail(run)
+    else:
+        assert engine["tasks_peak"] is None, _detail(run)  # no pids controller: nothing to count with
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_figures_of_a_stopped_run(corral, unit_type):
+    """Leftovers stopped at the deadline: the figures include their CPU time."""
+    run = corral(mode_flags(unit_type) + ["--wall", "2s", "--", "sh", "-c",
+                                          'python3 -c "while 1: pass" & sleep 60'])
+    assert run.returncode == 124, _detail(run)
+    cpu = run.record["engine"]["cpu_usage_nsec"]
+    assert cpu is not None and 0.3e9 <= cpu <= 10e9, _detail(run)  # (the spinner shares a busy machine)
+
+
+# -- OOM kills ---------------------------------------------------------------
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_memory_hog_is_121(corral, unit_type):
+    run = corral(mode_flags(unit_type) + ["--wall", "10s", "--mem", "64M", "--", "python3", "-c",
+                                          "b = bytearray(400 << 20)"])
+    assert run.returncode == 121, _detail(run)
+    assert run.record["outcome"] == "memory" and run.record["verified"], _detail(run)
+    engine = run.record["engine"]
+    if run.record["limits_enforced"]["mem"] == "kernel" and "memory" not in cgroupfs.Mounts().v1:
+        # cgroup v2 memory controller: memory.events was watched.
+        assert engine["memory_events"] is not None, _detail(run)
+        if unit_type == "scope":  # (a service's 121 may also come from the manager's Result=oom-kill)
+            assert engine["memory_events"]["oom_kill"] >= 1, _detail(run)
+
+
+# -- 126/127: services as scopes ---------------------------------------------
+
+def _exec_cases(tmp_path):
+    plain = tmp_path / "not-executable"
+    plain.write_text("#!/bin/sh\necho never\n")
+    plain.chmod(0o644)
+    garbage = tmp_path / "garbage"  # executable bit, but no format the kernel knows (ENOEXEC)
+    garbage.write_bytes(b"\x7fELF but not really\n")
+    garbage.chmod(0o755)
+    return [(str(tmp_path / "missing"), 127, "No such file or directory"),
+            ("no-such-command-corral-test", 127, "No such file or directory"),
+            (str(plain), 126, "Permission denied"),
+            (str(tmp_path), 126, "Permission denied"),
+            (str(garbage), 126, None)]
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_cannot_execute_is_126_and_not_found_is_127(corral, unit_type, tmp_path):
+    for command, expected, message in _exec_cases(tmp_path):
+        run = corral(mode_flags(unit_type) + ["--", command])
+        detail = f"{command}: {_detail(run)}"
+        assert run.returncode == expected, detail
+        assert run.record["outcome"] == "spawn_failed", detail
+        assert run.record["command_exit_status"] is None, detail
+        if message is not None:
+            assert f"{command}: {message}" in _summary(run), detail
+        assert "203" not in _summary(run) or "systemd could not execute" in _summary(run), detail
+
+
+@pytest.mark.systemd
+def test_service_systemd_cannot_execute_is_126(corral, tmp_path):
+    """What only systemd meets (ENOEXEC here: corral's own check passes):
+    EXIT_EXEC (203) from the manager becomes 126, said so."""
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELF but not really\n")
+    garbage.chmod(0o755)
+    run = corral(mode_flags("service") + ["--", str(garbage)])
+    assert run.returncode == 126, _detail(run)
+    assert run.record["outcome"] == "spawn_failed" and run.record["verified"], _detail(run)
+    assert f"{garbage}: systemd could not execute it" in _summary(run), _detail(run)
+
+
+@pytest.mark.systemd
+def test_service_exiting_203_by_itself_keeps_its_status(corral):
+    """A command that ran (its start job done) and exited 203 is not an exec failure."""
+    run = corral(mode_flags("service") + ["--", "sh", "-c", "sleep 0.2; exit 203"])
+    assert run.returncode == 203, _detail(run)
+    assert run.record["outcome"] == "exited" and run.record["command_exit_status"] == 203, _detail(run)
+
+
+@pytest.mark.systemd
+def test_service_path_lookup_is_the_commands(tmp_path):
+    """A service's executable is found as a scope's exec finds it: relative
+    PATH entries from the command's cwd, not corral's."""
+    import corral_systemd as corral
+
+    mode_flags("service")  # skips or fails without a manager, as the CLI tests do
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "corral-test-tool"
+    tool.write_text("#!/bin/sh\necho found\n")
+    tool.chmod(0o755)
+    env = {"PATH": "bin:/usr/bin:/bin"}
+    result = corral.run(["corral-test-tool"], cwd=str(tmp_path), env=env, unit_type="service", wall=20)
+    assert result.exit_code == 0 and result.stdout == b"found\n", result
+
+
+# -- the mechanisms, on this host --------------------------------------------
+
+class _FakeConnection:
+    """Enough of a manager connection for ``poll_events`` (nothing arrives)."""
+
+    def __init__(self):
+        import collections
+
+        self.signals = collections.deque()
+
+    def read_pending(self):
+        pass
+
+
+def _engine_on_fake_cgroup(tmp_path, monkeypatch, unit="corral-accounting-test.scope"):
+    """A SystemdEngine located on a fake unified cgroup tree (files as the
+    kernel shows them), its main process a real child of ours."""
+    from corral_systemd.engines import systemd as sd
+    from corral_systemd.spec import RunSpec
+
+    cg = f"/corral.slice/{unit}"
+    group = tmp_path / "unified" / cg.lstrip("/")
+    group.mkdir(parents=True)
+    files = {"cgroup.controllers": "memory pids\n", "memory.max": f"{64 * MiB}\n", "memory.swap.max": "0\n",
+             "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n", "cgroup.events": "populated 1\nfrozen 0\n",
+             "memory.peak": f"{3 * MiB}\n", "cpu.stat": "usage_usec 1000\nuser_usec 600\nsystem_usec 400\n",
+             "pids.peak": "1\n", "pids.current": "1\n"}
+    for name, text in files.items():
+        (group / name).write_text(text)
+    mounts = types.SimpleNamespace(unified=str(tmp_path / "unified"), v1={})
+    monkeypatch.setattr(sd.cgroupfs, "Mounts", lambda: mounts)
+    monkeypatch.setattr(sd, "_cgroup_of", lambda pid, unit_name: cg)
+
+    engine = sd.SystemdEngine.__new__(sd.SystemdEngine)
+    sd.Engine.__init__(engine)
+    engine.spec = RunSpec(argv=["hog"], mem=64 * MiB, unit_type="scope")
+    engine._session = None
+    engine.unit = unit
+    engine.manager_kind = "user"
+    engine.conn = _FakeConnection()
+    engine.manager = types.SimpleNamespace(lost=None)
+    pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], os.environ)
+    engine._child = types.SimpleNamespace(pid=pid, pidfd=-1)
+    for name, value in dict(_status=None, _conn_dead=False, _cgroup=None, _mounts=None, _oom_eventfd=None,
+                            _oom_seen=False, _watches={}, _usage=cgroupfs.Usage(), _manager_figures={},
+                            _exit_sampled=False, _next_sample=0.0, _active_state=None, _unit_gone=False,
+                            _start_reply_lost=None, _adopted=None, _started=True, facts={"unit": unit}).items():
+        setattr(engine, name, value)
+    engine._locate_cgroup()
+    return engine, group
+
+
+def test_oom_kill_seen_before_the_manager_removes_the_group(tmp_path, monkeypatch):
+    """The OOM kill is counted in memory.events, the main process dies, and
+    the manager removes the group before corral asks: the counters corral
+    read on memory.events' change still say so (before: exit 137)."""
+    engine, group = _engine_on_fake_cgroup(tmp_path, monkeypatch)
+    try:
+        (group / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+        (group / "memory.peak").write_text(f"{64 * MiB}\n")
+        os.waitid(os.P_PID, engine._child.pid, os.WEXITED | os.WNOWAIT)  # the main process has exited
+        engine.poll_events()  # woken by memory.events (POLLPRI) and the pidfd at once
+        assert engine.main_status() is not None
+        os.rename(group, tmp_path / "removed")  # the manager removes the unit's cgroup
+        assert engine.oom_killed()
+        info = engine.describe()
+        assert info["memory_events"] == {"max": 7, "oom": 1, "oom_kill": 1}
+        assert info["memory_peak"] == 64 * MiB and info["cpu_usage_nsec"] == 1_000_000
+        assert info["accounting_source"] == "cgroup"
+    finally:
+        for watch in engine._watches.values():
+            watch.close()
+
+
+def test_usage_keeps_the_largest_reading(tmp_path):
+    (tmp_path / "cpu.stat").write_text("usage_usec 2000\nuser_usec 1500\nsystem_usec 500\nnr_periods 0\n")
+    (tmp_path / "memory.peak").write_text("4096\n")
+    (tmp_path / "pids.current").write_text("3\n")
+    (tmp_path / "io.stat").write_text("8:0 rbytes=100 wbytes=20 rios=1 wios=1\n8:16 rbytes=5 wbytes=0 rios=1 wios=0\n")
+    usage = cgroupfs.Usage()
+    usage.sample(str(tmp_path))
+    (tmp_path / "pids.current").write_text("1\n")
+    usage.sample(str(tmp_path))
+    usage.sample(str(tmp_path / "gone"))  # a removed group adds nothing
+    assert usage.figures == {"cpu_usage_nsec": 2_000_000, "cpu_user_nsec": 1_500_000, "cpu_system_nsec": 500_000,
+                             "memory_peak": 4096, "tasks_peak": 3, "io_read_bytes": 105, "io_write_bytes": 20}
+
+
+def test_usage_facts_take_the_larger_reading():
+    from corral_systemd.engines.base import usage_facts
+
+    assert usage_facts({}, {})["accounting_source"] is None
+    facts = usage_facts({"cpu_usage_nsec": 5, "memory_peak": 9}, {"cpu_usage_nsec": 7, "tasks_peak": 2})
+    assert facts["cpu_usage_nsec"] == 7 and facts["memory_peak"] == 9 and facts["tasks_peak"] == 2
+    assert facts["accounting_source"] == "cgroup+manager"
+    assert usage_facts({"cpu_usage_nsec": 7}, {"cpu_usage_nsec": 7})["accounting_source"] == "cgroup"
+    assert usage_facts({}, {"cpu_usage_nsec": 7})["accounting_source"] == "manager"
+
+
+def test_supervisor_wakes_for_a_priority_fd():
+    """An engine's priority_fds() are polled for POLLPRI: the loop wakes and
+    calls poll_events() when one is marked (a TCP socket's urgent byte
+    stands in for a cgroup file's change: POLLPRI, no POLLIN)."""
+    from corral_systemd.engines.base import Engine
+    from corral_systemd.spec import RunSpec
+    from corral_systemd.supervisor import Supervisor
+
+    server = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(server.getsockname())
+    receiver, _ = server.accept()
+
+    class PriorityEngine(Engine):
+        mode = "cgroup"
+
+        def start(self, argv, **kwargs):
+            pass
+
+        def priority_fds(self):
+            return [receiver.fileno()] if self._status is None else []
+
+        def poll_events(self):
+            ready = select.select([], [], [receiver], 0)[2]
+            if ready:
+                receiver.recv(1, socket.MSG_OOB)
+                self._status = 0  # "the main process exited"
+
+        def signal_all(self, *sigs):
+            return 0
+
+        def kill_all(self):
+            pass
+
+        def verify_empty(self):
+            return []
+
+    timer = threading.Timer(0.3, lambda: sender.send(b"!", socket.MSG_OOB))
+    timer.start()
+    try:
+        started = time.monotonic()
+        result = Supervisor(RunSpec(argv=["x"], wall=5.0), PriorityEngine()).run()
+        assert result.reason == "exited", result
+        assert time.monotonic() - started < 2.0
+    finally:
+        timer.cancel()
+        for s in (sender, receiver, server):
+            s.close()
+
+
+@pytest.mark.cgroupv2
+def test_keyed_watch_outlives_its_group():
+    """A real cgroup v2 group: POLLPRI when cgroup.events changes, the last
+    values kept once the group is removed, and the descriptor closed then
+    (a removed kernfs file polls ready forever)."""
+    from modes import delegated_cgroup_parent
+
+    parent = delegated_cgroup_parent()
+    if parent is None:
+        mode_flags("cgroup-parent")  # skips, or fails where the environment is required
+    group = os.path.join(parent, f"corral-watch-{os.getpid()}")
+    os.mkdir(group)
+    child = None
+    try:
+        watch = cgroupfs.KeyedWatch(os.path.join(group, "cgroup.events"))
+        assert watch.values["populated"] == 0
+        child = subprocess.Popen(["sleep", "60"])
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(child.pid))
+        poller = select.poll()
+        poller.register(watch.fileno(), select.POLLPRI)
+        assert poller.poll(2000), "no POLLPRI after the group was populated"
+        assert watch.read() and watch.values["populated"] == 1
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 2
+        while watch.values["populated"] != 0 and time.monotonic() < deadline:
+            poller.poll(100)
+            watch.read()
+        assert watch.values["populated"] == 0
+        usage = cgroupfs.Usage()
+        usage.sample(group)
+        assert "cpu_usage_nsec" in usage.figures
+        os.rmdir(group)
+        assert not watch.read() and not watch.alive
+        assert watch.values["populated"] == 0
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        if os.path.isdir(group):
+            os.rmdir(group)
