@@ -59,6 +59,12 @@ class RunResult(RunRecord):
     stderr: bytes = b""
 
 
+def _is_directory(path) -> bool:
+    """``path`` (str or os.PathLike of str, no NUL byte) names an existing directory."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    return isinstance(text, str) and "\0" not in text and os.path.isdir(text)
+
+
 def _seconds(value: Duration, what: str) -> Optional[float]:
     if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
         if value is not None and value < 0:
@@ -100,7 +106,10 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
     the command finds a copy as ``$CREDENTIALS_DIRECTORY/NAME``, removed when
     the run ends (a bad NAME, or one given twice, is a UsageError).
     """
-    argv = [os.fspath(a) for a in argv]
+    try:
+        argv = [os.fspath(a) for a in argv]
+    except TypeError:
+        raise UsageError("argv must be a sequence of strings (or paths)") from None
     if not argv or not argv[0]:
         raise UsageError("no command given")
     if mode not in ("auto", "enforced", "fallback"):
@@ -113,8 +122,10 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
         stdin = "null"
     elif not isinstance(stdin, bytes) and stdin not in ("null", "inherit", "pipe"):
         raise UsageError("stdin must be None, bytes, 'null', 'inherit' or 'pipe'")
-    if cwd is not None and not os.path.isdir(cwd):
+    if cwd is not None and not _is_directory(cwd):
         raise UsageError(f"cwd {cwd!r} is not a directory")
+    if env is not None and not hasattr(env, "items"):
+        raise UsageError("env must be a mapping of names to values")
     requests = []
     if credentials:
         from .credentials import check_unique, parse_credential

@@ -1,17 +1,37 @@
 """What to run and under which limits: the input every layer shares.
 
 A plain dataclass, not a pydantic model: building one must cost nothing on
-the CLI's hot path. Validation of user text happens in ``units`` (called by
-the CLI and the library) before a RunSpec exists.
+the CLI's hot path. User text is parsed in ``units`` (called by the CLI and
+the library); every value is then range-checked here, once, when the
+RunSpec is built (``__post_init__``): a RunSpec that exists is one every
+engine can express. Out of range is a ``UsageError`` (exit 125, one line),
+before anything starts.
+
+Bounds:
+- durations (wall, grace, verify_timeout): finite, 0 to ``MAX_DURATION``
+  (100 years): their sum, in microseconds, fits systemd's uint64 timeouts;
+- sizes (mem, max_output): 1 byte to ``MAX_SIZE`` (2^63-1, what the kernel
+  and systemd take as a byte count; UINT64_MAX would mean "infinity");
+- pids: 1 to ``MAX_PIDS`` (4194304, the kernel's PID_MAX_LIMIT: pids.max
+  refuses more);
+- argv, env, cwd: strings without NUL bytes (exec could not pass them).
 """
 
+import math
 import os
 from dataclasses import dataclass, field
+
+from .errors import UsageError
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
 STDIN_MODES = ("null", "inherit")
 MANAGERS = ("auto", "user", "system")
 UNIT_TYPES = ("scope", "service")
+
+
+MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds
+MAX_SIZE = 2**63 - 1  # bytes
+MAX_PIDS = 4194304  # PID_MAX_LIMIT
 
 
 def new_run_id() -> str:
@@ -45,6 +65,37 @@ class RunSpec:
     credential_requests: list = field(default_factory=list)
     run_id: str = field(default_factory=new_run_id)
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Range-check every field (see the module's bounds); UsageError names the first bad one."""
+        for name in ("wall", "grace", "verify_timeout"):
+            _check_duration(name, getattr(self, name), optional=name == "wall")
+        for name in ("mem", "max_output"):
+            _check_int(name, getattr(self, name), MAX_SIZE, f"{MAX_SIZE} bytes (8 EiB)")
+        _check_int("pids", self.pids, MAX_PIDS, f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)")
+        _check_choice("cgroup_mode", self.cgroup_mode, CGROUP_MODES)
+        _check_choice("manager", self.manager, MANAGERS)
+        _check_choice("unit_type", self.unit_type, UNIT_TYPES)
+        if not isinstance(self.stdin, bytes):
+            _check_choice("stdin", self.stdin, (*STDIN_MODES, "pipe"))
+        if not isinstance(self.slice, str) or not self.slice.endswith(".slice") or len(self.slice) <= 6 \
+                or "/" in self.slice or "\0" in self.slice:
+            raise UsageError(f"invalid slice {self.slice!r}: must be a unit name ending in .slice")
+        if not isinstance(self.argv, list) or not self.argv or not _text(self.argv[0]):
+            raise UsageError("no command given")
+        if not all(_text(arg) for arg in self.argv):
+            raise UsageError("invalid command: arguments must be strings without NUL bytes")
+        if self.env is not None and not all(_text(k) and k and "=" not in k and _text(v)
+                                            for k, v in self.env.items()):
+            raise UsageError("invalid environment: names and values must be strings without NUL bytes "
+                             "(names non-empty, without '=')")
+        for name in ("cwd", "cgroup_parent"):
+            value = getattr(self, name)
+            if value is not None and (not _text(value) or not value):
+                raise UsageError(f"invalid {name} {value!r}: must be a path without NUL bytes")
+
     def limits(self) -> dict:
         return {
             "wall": self.wall,
@@ -54,3 +105,35 @@ class RunSpec:
             "pids": self.pids,
             "max_output": self.max_output,
         }
+
+
+def _text(value) -> bool:
+    return isinstance(value, str) and "\0" not in value
+
+
+def _check_duration(name: str, value, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"invalid {name} {value!r}: expected seconds")
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"invalid {name} {value!r}: must be a finite number of seconds, not negative")
+    if value > MAX_DURATION:
+        raise UsageError(f"invalid {name}: {value:g}s is out of range (at most {MAX_DURATION / 3600:.0f}h, "
+                         "100 years)")
+
+
+def _check_int(name: str, value, maximum: int, shown: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"invalid {name} {value!r}: expected a whole number")
+    if value <= 0:
+        raise UsageError(f"invalid {name} {value}: must be greater than zero")
+    if value > maximum:
+        raise UsageError(f"invalid {name} {value}: out of range (at most {shown})")
+
+
+def _check_choice(name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise UsageError(f"invalid {name} {value!r}: expected {', '.join(choices)}")

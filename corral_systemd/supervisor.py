@@ -39,6 +39,8 @@ _STOP_SIGNALS = stop_signals()
 # common case (everything died at once), cheap for a slow shutdown.
 _FIRST_RECHECK = 0.0005
 _MAX_RECHECK = 0.05
+#: Longest single poll() wait (an hour; poll's own limit is INT_MAX ms).
+_MAX_POLL_MS = 3600 * 1000
 # After the run is proven empty, its pipes are read until EOF for at most
 # this long (a descriptor passed to an outside process could keep a pipe
 # open forever). Only the reading is bounded: every byte read (up to the
@@ -333,7 +335,9 @@ class Supervisor:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
             poller.register(self.cancel_fd, select.POLLIN)
-        ms = None if timeout is None else max(0, timeout * 1000)
+        # poll() takes at most INT_MAX ms (~24 days): a longer wait is cut into
+        # rounds (the loop re-computes what it waits for after each).
+        ms = None if timeout is None else min(max(0, timeout * 1000), _MAX_POLL_MS)
         try:
             events = baton.poll(poller, ms)
         except InterruptedError:
