@@ -2,6 +2,10 @@
 
 Imported only when a record is asked for (pydantic costs ~60 ms to load).
 Environment values are never part of a record; only names may appear.
+Arguments that look like secrets are redacted in ``argv`` exactly as the
+run registry redacts them (``redact.redact_argv``), and ``argv_redacted``
+says whether any was; the exact argv is kept out of the JSON
+(``RunRecord.exact_argv``, for the library's caller).
 Written atomically: a temp file in the target's directory, mode 0600,
 fsync, rename — a reader sees the old file or the whole new one.
 """
@@ -10,7 +14,9 @@ import os
 import tempfile
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
+
+from .redact import redact_argv
 
 RECORD_VERSION = 1
 STEP_ORDER = ("spawned", "command_exited", "deadline", "limit_exceeded", "signal_received",
@@ -107,7 +113,11 @@ class RunRecord(_Strict):
     version: Literal[1] = RECORD_VERSION
     run_id: str
     mode: Literal["fallback", "systemd", "cgroup"]
+    #: The command line, with secret-looking arguments replaced by "[redacted]"
+    #: (as in the registry and ``corralctl ps``).
     argv: list[str]
+    #: True when at least one argument of ``argv`` was redacted.
+    argv_redacted: bool = False
     cwd: str
     limits: Limits
     limits_enforced: dict[str, Literal["kernel", "watch", "none"]]
@@ -136,13 +146,23 @@ class RunRecord(_Strict):
     #: Who made $CREDENTIALS_DIRECTORY: "systemd" (a service's LoadCredential=)
     #: or "corral" (its private tmpfs directory); None without --credential.
     credentials_delivery: Optional[Literal["systemd", "corral"]] = None
+    _exact_argv: Optional[list[str]] = PrivateAttr(default=None)
+
+    @property
+    def exact_argv(self) -> Optional[list[str]]:
+        """The command line as given, unredacted; never serialised (not in the
+        ``--json`` file, not in ``model_dump``): there for the library's caller,
+        who gave it. None for a record read back from JSON."""
+        return None if self._exact_argv is None else list(self._exact_argv)
 
 
 def from_result(result, cls=None, **extra) -> RunRecord:
     """The record of a RunOutcome (``cls``/``extra``: the library's RunResult)."""
-    return (cls or RunRecord)(
+    exact = [str(arg) for arg in result.argv]
+    argv = redact_argv(exact)
+    record = (cls or RunRecord)(
         **extra,
-        run_id=result.run_id, mode=result.mode, argv=result.argv, cwd=result.cwd,
+        run_id=result.run_id, mode=result.mode, argv=argv, argv_redacted=argv != exact, cwd=result.cwd,
         limits=Limits(**result.limits), limits_enforced=result.limits_enforced,
         started_at=result.started_at, started_monotonic=result.started_monotonic,
         ended_at=result.ended_at, ended_monotonic=result.ended_monotonic, wall_time=result.wall_time,
@@ -155,6 +175,8 @@ def from_result(result, cls=None, **extra) -> RunRecord:
         environment=getattr(result, "environment", None), credentials=getattr(result, "credentials", []),
         credentials_delivery=getattr(result, "credentials_delivery", None),
     )
+    record._exact_argv = exact
+    return record
 
 
 def write_record(result, path: str) -> RunRecord:

@@ -37,8 +37,8 @@ look like secrets (``Authorization:`` headers, ``--password=...``,
 ``TOKEN=...``, URL passwords) are redacted, best effort, in the command
 line and in detached processes' argv.
 
-This module is on corral's hot path: it imports only os, json, time and a
-SHA-256 implementation.
+This module is on corral's hot path: it imports only os, json, time, a
+SHA-256 implementation and ``redact`` (the redaction the run record shares).
 """
 
 import json
@@ -49,6 +49,8 @@ try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
 except ImportError:  # pragma: no cover
     from hashlib import sha256
+
+from .redact import REDACTED, redact_argv  # noqa: F401  (shared with the run record; registry.redact_argv stays)
 
 VERSION = 1
 ZERO_HASH = "0" * 64
@@ -156,48 +158,6 @@ def owner_alive(entry: dict) -> bool:
         return False
     st = proc_stat(owner.get("pid", 0)) if owner.get("pid") else None
     return st is not None and st[4] == owner.get("starttime") and st[3] not in ("Z", "X")
-
-
-# -- redaction ------------------------------------------------------------
-_SECRET_WORDS = ("password", "passwd", "passphrase", "token", "secret", "apikey", "api-key", "api_key",
-                 "credential", "private-key", "private_key", "access-key", "access_key")
-_SECRET_HEADERS = ("authorization:", "proxy-authorization:", "cookie:", "x-api-key:", "private-token:",
-                   "x-auth-token:")
-REDACTED = "[redacted]"
-
-
-def _secretish(name: str) -> bool:
-    name = name.lower()
-    return any(word in name for word in _SECRET_WORDS)
-
-
-def redact_argv(argv) -> list[str]:
-    """argv with values that look like secrets replaced (best effort)."""
-    out = []
-    redact_next = False
-    for arg in argv:
-        arg = str(arg)
-        low = arg.lower()
-        if redact_next:
-            out.append(REDACTED)
-            redact_next = False
-            continue
-        if low.startswith(_SECRET_HEADERS):
-            out.append(arg.split(":", 1)[0] + ": " + REDACTED)
-        elif "bearer " in low:
-            i = low.index("bearer ")
-            out.append(arg[: i + 7] + REDACTED)
-        elif "=" in arg and _secretish(arg.split("=", 1)[0]):
-            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-        elif "://" in arg and "@" in arg.split("://", 1)[1].split("/", 1)[0]:
-            scheme, rest = arg.split("://", 1)
-            userinfo, host = rest.split("@", 1)
-            user = userinfo.split(":", 1)[0]
-            out.append(f"{scheme}://{user}:{REDACTED}@{host}" if ":" in userinfo else arg)
-        else:
-            out.append(arg)
-            redact_next = low.startswith("-") and _secretish(low.lstrip("-")) and "=" not in low
-    return out
 
 
 # -- files ------------------------------------------------------------
