@@ -202,6 +202,10 @@ def summary_line(result) -> str:
             f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped")
     if usage := usage_summary(result):
         line += f"; {usage}"
+    if reason := result.engine.get("auto_fallback_reason"):
+        # --cgroup-mode auto found no manager to use: say why, once (the record
+        # has it too), so a run without systemd is never silently unconfined by one.
+        line += f"; auto mode fell back: {reason}"
     if result.remaining_pids:
         line += f"; NOT VERIFIED, still present: {' '.join(map(str, result.remaining_pids))}"
     return line
