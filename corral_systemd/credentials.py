@@ -45,7 +45,12 @@ transient unit file and expose it as a D-Bus property of the unit.
 Where corral's directory lives: ``<state dir>/credentials/<run id>`` when the
 state directory is on a tmpfs or ramfs, else ``/dev/shm/corral-<uid>/<run
 id>``; a directory that is not a tmpfs is refused (a secret must not reach a
-disk).
+disk). A base that is not ours and private (another user made
+``/dev/shm/corral-<uid>`` first, a symlink, writable by others) is never
+used: a random-named private one is made beside it (``credentials_base``).
+corral and its watcher hold a shared flock on the run's directory while
+they live, so ``corralctl gc`` leaves a live run's credentials alone,
+whichever registry (if any) the run is in.
 """
 
 import os
@@ -120,16 +125,107 @@ def fstype(path: str) -> str | None:
     return kind
 
 
-def credentials_base(state_directory: str) -> str:
+def shared_base() -> str:
+    """The per-user base on /dev/shm: predictable, so another user may have made it first."""
+    return f"/dev/shm/corral-{os.geteuid()}"
+
+
+def credentials_base(state_directory: str, warnings: list | None = None) -> str:
+    """The private directory (0700, ours, on a tmpfs) that holds the runs' credential directories.
+
+    ``<state dir>/credentials`` when the state directory is on a tmpfs, else
+    ``/dev/shm/corral-UID``. Such a predictable path may be unusable: made
+    by another user (``/dev/shm`` is world-writable), a symlink, writable by
+    others. It is then never used; a private alternative is made next to it
+    with a random name, O_EXCL (``corral-UID.XXXXXXXX``, ``credentials.XXXXXXXX``),
+    where ``corralctl gc`` looks too, and a warning says so. SetupError
+    (125, one line) when no tmpfs is usable.
+    """
     from .registry import ensure_private_dir
 
-    candidates = [os.path.join(state_directory, "credentials"), f"/dev/shm/corral-{os.geteuid()}"]
+    candidates = [os.path.join(state_directory, "credentials"), shared_base()]
     for candidate in candidates:
         parent = os.path.dirname(candidate)
-        if os.path.isdir(parent) and fstype(parent) in _MEMORY_FS:
+        if not (os.path.isdir(parent) and fstype(parent) in _MEMORY_FS):
+            continue
+        try:
             return ensure_private_dir(candidate)
+        except OSError as exc:
+            refused = str(exc)
+        import tempfile
+
+        try:
+            alternative = tempfile.mkdtemp(prefix=os.path.basename(candidate) + ".", dir=parent)
+        except OSError as exc:
+            raise SetupError(f"--credential: {refused}; no private alternative in {parent}: {exc.strerror}") from None
+        if warnings is not None:
+            warnings.append(f"--credential: {refused}; using {alternative} instead")
+        return alternative
     raise SetupError("--credential: no tmpfs for the credentials directory "
                      f"(neither {state_directory} nor /dev/shm is a tmpfs)")
+
+
+def candidate_bases(state_directory: str) -> list[str]:
+    """Every base corral may have used for this user: the two predictable
+    ones and their random-named alternatives (for corralctl gc)."""
+    out = []
+    for base in (os.path.join(state_directory, "credentials"), shared_base()):
+        parent, name = os.path.split(base)
+        out.append(base)
+        try:
+            out += [os.path.join(parent, n) for n in sorted(os.listdir(parent))
+                    if n.startswith(name + ".") and len(n) == len(name) + 9]
+        except OSError:
+            pass
+    return out
+
+
+def in_use(path: str) -> bool:
+    """Is a live run using this credentials directory? Its corral and its
+    watcher hold a shared flock on it as long as they live."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True  # cannot tell: treat as live
+    finally:
+        os.close(fd)
+    return False
+
+
+def removable(path: str, run_id: str | None, state_directory: str) -> str | None:
+    """Why corralctl must not remove ``path`` as a run's credentials directory, or None.
+
+    Only a directory directly below one of corral's own private bases
+    (``candidate_bases``), named as a run id (``run_id``'s if given), a real
+    directory of ours, and not in use by a live run.
+    """
+    from .registry import unsafe_dir_reason, valid_run_id
+
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return "not an absolute path"
+    path = os.path.normpath(path)
+    parent, name = os.path.split(path)
+    if parent not in candidate_bases(state_directory):
+        return f"{parent} is not one of corral's credentials directories"
+    if not valid_run_id(name) or (run_id is not None and name != run_id):
+        return f"{name!r} is not this run's directory"
+    try:
+        reason = unsafe_dir_reason(parent) or unsafe_dir_reason(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if reason:
+        return reason
+    if in_use(path):
+        return "in use by a live run (locked)"
+    return None
 
 
 class PrivateCredentials:
@@ -141,8 +237,10 @@ class PrivateCredentials:
         self.path = None
         self.watcher_pid = None
         self._pipe_w = None
+        self._lock_fd = -1
+        self.warnings: list[str] = []
         self._contents = self._read_sources()
-        self.path = os.path.join(credentials_base(state_directory), run_id)
+        self.path = os.path.join(credentials_base(state_directory, self.warnings), run_id)
 
     def _read_sources(self) -> list[tuple[str, bytes]]:
         out = []
@@ -172,11 +270,17 @@ class PrivateCredentials:
 
     def create(self) -> None:
         """Make the directory, start the watcher, write the files. SetupError on failure."""
+        import fcntl
+
         try:
             os.mkdir(self.path, 0o700)
         except OSError as exc:
             raise SetupError(f"--credential: cannot create {self.path}: {exc.strerror}") from None
         try:
+            # Held (shared) by corral and its watcher while they live: corralctl gc
+            # never removes a directory a live run uses, registered here or not.
+            self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
             self._start_watcher()
             for name, data in self._contents:
                 fd = os.open(os.path.join(self.path, name),
@@ -212,8 +316,10 @@ class PrivateCredentials:
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
-                os.closerange(3, read_fd)
-                os.closerange(read_fd + 1, 65536)
+                low, high = sorted((read_fd, self._lock_fd))
+                os.closerange(3, low)
+                os.closerange(low + 1, high)
+                os.closerange(high + 1, 65536)
                 while True:
                     try:
                         if not os.read(read_fd, 64):
@@ -231,6 +337,9 @@ class PrivateCredentials:
         """Remove the directory and end the watcher. Safe to call twice."""
         if self.path is not None:
             remove_tree(self.path)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         if self._pipe_w is not None:
             os.close(self._pipe_w)
             self._pipe_w = None

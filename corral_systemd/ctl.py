@@ -87,7 +87,10 @@ def _session_members(entry: dict, events: list, table) -> list:
             if leader_start is None and leader.starttime < registered_ticks:
                 continue  # older than the run: a reused number
         found += [p for p in table.values() if p.sid == sid and p.alive]
-    return list({p.pid: p for p in found}.values())
+    # The log that names these sessions is a file the run's uid can rewrite:
+    # only a process carrying the run's mark (its environment, inherited from
+    # the command) is proven the run's.
+    return [p for p in {p.pid: p for p in found}.values() if REG.carries_mark(p.pid, entry)]
 
 
 def _ticks_at(wall: float) -> int:
@@ -166,7 +169,7 @@ def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
     rows = []
     for entry in REG.list_entries(directory):
         state, why = REG.effective_state(entry, now_monotonic=mono)
-        if entry.get("state") == "finished" and not include_finished:
+        if state == "finished" and not include_finished:  # as its owner says, while it holds its token
             continue
         events = REG.read_events(directory, entry["run_id"])
         procs = run_processes(entry, events, table)
@@ -271,6 +274,38 @@ class _Bus:
                 return "gone"
             raise
 
+    def not_corrals(self, unit: str, run_id: str | None = None) -> str | None:
+        """Why ``unit`` is not a run unit corral started (for ``run_id``, if given), or None.
+
+        By corral's own marks, never by name alone: named ``corral-<id>.scope``
+        or ``.service`` (a run id: hex), bound (BindsTo=) to that run's tether
+        scope ``corral-<id>-tether.scope`` or to a library Runner's
+        ``corral-runner-<pid>-<hex>-tether.scope``, and described ``corral: ...``.
+        A unit that is gone is not corral's to stop either.
+        """
+        import re
+
+        from .dbus.connection import BusError
+        from .dbus.systemd1 import UNIT
+
+        m = re.fullmatch(r"corral-([0-9a-f]{1,64})\.(scope|service)", unit or "")
+        if m is None:
+            return "not named like a corral run unit (corral-<run id>.scope/.service)"
+        if run_id is not None and m.group(1) != run_id:
+            return f"not this run's unit (corral-{run_id}.*)"
+        try:
+            bound = list(self.manager.get(unit, UNIT, "BindsTo"))
+            description = self.manager.get(unit, UNIT, "Description")
+        except BusError as exc:
+            return f"cannot read its properties ({exc.name})"
+        tethers = [b for b in bound if b == f"corral-{m.group(1)}-tether.scope"
+                   or re.fullmatch(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope", b)]
+        if not tethers:
+            return "not bound to a corral tether (BindsTo=)"
+        if not str(description).startswith("corral: "):
+            return "its description is not corral's"
+        return None
+
     def tether_alive(self, unit: str) -> bool:
         """Does a live corral own ``unit``? Its tether (the unit it BindsTo=) lives exactly as long as corral."""
         from .dbus.connection import BusError
@@ -301,11 +336,29 @@ class _Bus:
         return False
 
 
-def _signal_checked(info, sig) -> bool:
+def _not_corrals_cgroup(cg, run_id: str) -> str | None:
+    """Why ``cg`` is not the cgroup corral made for this run (``--cgroup-parent``), or None."""
+    from .kernel import cgroupfs
+
+    if not isinstance(cg, str) or not os.path.isabs(cg) or os.path.normpath(cg) != cg:
+        return "not a normalised absolute path"
+    if os.path.basename(cg) != f"corral-{run_id}":
+        return f"not named corral-{run_id}"
+    unified = cgroupfs.Mounts().unified
+    if unified is None or not cg.startswith(unified.rstrip("/") + "/"):
+        return "not inside the cgroup v2 hierarchy"
+    if os.path.realpath(cg) != cg:
+        return "reached through a symlink"
+    if not os.path.isfile(os.path.join(cg, "cgroup.procs")):
+        return "not a control group"
+    return None
+
+
+def _signal_checked(info, sig, entry: dict) -> bool:
     """Signal the process ``info`` names, through a pidfd, if it still is that process in that session."""
     from .kernel.pidfd import signal_process
 
-    return signal_process(info, sig, lambda current: current.sid == info.sid)
+    return signal_process(info, sig, lambda current: current.sid == info.sid and REG.carries_mark(info.pid, entry))
 
 
 def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:
@@ -313,16 +366,20 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
     from .kernel import cgroupfs, procfs
 
     events = REG.read_events(directory, entry["run_id"])
-    grace = float(entry.get("grace") or 2.0)
-    verify = float(entry.get("verify_timeout") or 2.0) + 1.0
+    grace = _seconds(entry.get("grace"), 2.0)
+    verify = _seconds(entry.get("verify_timeout"), 2.0) + 1.0
     report = {"run_id": entry["run_id"], "mode": entry.get("mode"), "unit": entry.get("unit"), "actions": [],
               "verified": True, "remaining": [], "notes": []}
     actions = report["actions"]
     # The unit: the manager stops it (TERM, TimeoutStopSec=grace, KILL) and waits for its cgroup.
+    # Only a unit proven corral's for this run (name, tether, description): the entry may be forged.
     if entry.get("unit"):
         if bus is None or bus.manager is None:
             report["verified"] = False
             report["notes"].append(bus.why if bus else "no systemd manager")
+        elif (why := bus.not_corrals(entry["unit"], entry["run_id"])) is not None:
+            report["verified"] = False
+            report["notes"].append(f"{_cell(entry['unit'])} left alone: {why}")
         else:
             state = bus.active_state(entry["unit"])
             if state not in ("inactive", "failed", "gone"):
@@ -332,7 +389,11 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
                     report["notes"].append(f"{entry['unit']} still {bus.active_state(entry['unit'])}")
     elif entry.get("mode") == "cgroup" and entry.get("control_group"):
         cg = entry["control_group"]
-        if os.path.isdir(cg):
+        why = _not_corrals_cgroup(cg, entry["run_id"])
+        if why is not None:
+            report["verified"] = False
+            report["notes"].append(f"control group {_cell(cg)} left alone: {why}")
+        elif os.path.isdir(cg):
             actions.append(f"cgroup.kill {cg}")
             if not dry_run:
                 cgroupfs.kill(cg)
@@ -352,8 +413,8 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
             actions.append("SIGTERM " + " ".join(str(p.pid) for p in members))
         if members and not dry_run:
             for p in members:
-                _signal_checked(p, signal.SIGTERM)
-                _signal_checked(p, signal.SIGCONT)
+                _signal_checked(p, signal.SIGTERM, entry)
+                _signal_checked(p, signal.SIGCONT, entry)
             end = time.monotonic() + grace
             while time.monotonic() < end and _session_members(entry, events, procfs.scan()):
                 time.sleep(0.02)
@@ -365,7 +426,7 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
                 if "SIGKILL" not in " ".join(actions):
                     actions.append("SIGKILL " + " ".join(str(p.pid) for p in left))
                 for p in left:
-                    _signal_checked(p, signal.SIGKILL)
+                    _signal_checked(p, signal.SIGKILL, entry)
                 time.sleep(0.01)
             if left:
                 report["verified"] = False
@@ -373,12 +434,16 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
         report["notes"].append("fallback: only processes still in the command's session, or in the session of a "
                                "detached process the log recorded, can be found once corral is gone")
     creds = entry.get("credentials_directory")
-    if creds and os.path.lexists(creds):
-        actions.append(f"remove {creds}")
-        if not dry_run:
-            from .credentials import remove_tree
+    if creds and isinstance(creds, str) and os.path.lexists(creds):
+        from .credentials import remove_tree, removable
 
-            remove_tree(creds)
+        why = removable(creds, entry["run_id"], directory)
+        if why is not None:
+            report["notes"].append(f"{_cell(creds)} left alone: {why}")
+        else:
+            actions.append(f"remove {creds}")
+            if not dry_run:
+                remove_tree(creds)
     if not dry_run:
         _record_reclaim(directory, entry, report, by)
     return report
@@ -401,47 +466,97 @@ def _record_reclaim(directory: str, entry: dict, report: dict, by: str) -> None:
         log.close()
 
 
+def _seconds(value, default: float, cap: float = 600.0) -> float:
+    """A duration read from an entry (a file the run's uid can write): a number in [0, cap], else ``default``."""
+    return min(float(value), cap) if isinstance(value, (int, float)) and value >= 0 else default
+
+
+def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | None, str | None]:
+    """(what is still running, the unit it is in) for a run whose entry claims it finished.
+
+    Asked of the kernel and the manager, not the entry: a unit of corral's
+    for this run id still active, a corral cgroup still populated, or a
+    process carrying the run's mark in a session its log names.
+    """
+    from .kernel import cgroupfs, procfs
+
+    run_id = entry["run_id"]
+    if bus is not None and bus.manager is not None:
+        for unit in (f"corral-{run_id}.scope", f"corral-{run_id}.service"):
+            state = bus.active_state(unit)
+            if state not in ("inactive", "failed", "gone") and bus.not_corrals(unit, run_id) is None:
+                return f"its unit {unit} is {state}", unit
+    cg = entry.get("control_group")
+    if entry.get("mode") == "cgroup" and _not_corrals_cgroup(cg, run_id) is None and cgroupfs.populated(cg):
+        return f"its control group {cg} still has processes", None
+    members = _session_members(entry, REG.read_events(directory, run_id), procfs.scan())
+    if members:
+        return f"processes of the run are alive: {' '.join(str(p.pid) for p in members)}", None
+    return None, None
+
+
+def _signal_owner(entry: dict) -> bool:
+    """SIGTERM the run's owner (a corral: it runs its verified stop), through a pidfd, re-verified after opening it."""
+    pid = entry["owner"]["pid"]
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return False
+    try:
+        # The pidfd pins the process: if it is still the verified owner now, it is the one we signal.
+        if not REG.owner_verified(entry)[0]:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def stop(run: str, timeout: float | None = None, directory: str | None = None) -> int:
+    """Stop a run: through its owner when the owner is proven (``registry.owner_verified``),
+    else by reclaiming what is proven the run's (``reclaim``). Nothing the entry alone
+    says is signalled or stopped."""
     directory = directory or REG.state_dir()
     run_id = REG.normalize_run_id(run)
     entry = REG.read_entry(directory, run_id) if REG.valid_run_id(run_id) else None
     if entry is None:
         print(f"corralctl: unknown run {run!r}", file=sys.stderr)
         return STATUS_EXIT["unknown"]
-    if entry.get("state") == "finished":
-        print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
-        return 0
-    wait = timeout if timeout is not None else float(entry.get("grace") or 2) + float(entry.get("verify_timeout") or 2) + 10
-    if REG.owner_alive(entry) and entry["owner"].get("kind") == "library":
+    bus = None
+    token = REG.owner_token(entry)
+    if entry.get("state") == "finished" and (token is None or token.get("state") == "finished"):
+        bus = _Bus()
+        left, unit = _leftovers(directory, entry, bus)
+        if left is None:
+            print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
+            return 0
+        print(f"{run_id}: entry claims finished but {left}: stopping it")
+        entry = dict(entry, state="expired", unit=unit or entry.get("unit"))
+    elif entry.get("state") == "finished":
+        print(f"{run_id}: entry claims finished but its owner (pid {entry['owner']['pid']}) is alive and "
+              "running the run: stopping it")
+    wait = timeout if timeout is not None else (_seconds(entry.get("grace"), 2.0)
+                                                + _seconds(entry.get("verify_timeout"), 2.0) + 10)
+    verified, why = REG.owner_verified(entry)
+    if verified and entry["owner"].get("kind") == "library":
         return _stop_library_run(directory, entry, wait)
-    if REG.owner_alive(entry):
-        owner = entry["owner"]
-        try:
-            fd = os.pidfd_open(owner["pid"])
-        except ProcessLookupError:
-            fd = None
-        if fd is not None:
-            try:
-                st = REG.proc_stat(owner["pid"])
-                if st is not None and st[4] == owner["starttime"]:
-                    signal.pidfd_send_signal(fd, signal.SIGTERM)  # corral runs its verified stop
-                    fd_ok = True
-                else:
-                    fd_ok = False
-            except ProcessLookupError:
-                fd_ok = False
-            finally:
-                os.close(fd)
-            if fd_ok:
-                code = _await_finished(directory, entry, wait, f"stopped by its corral (pid {owner['pid']})",
-                                       "its corral", give_up=lambda e: not REG.owner_alive(e))
-                if code is not None:
-                    return code  # else: died without finishing; reclaim below
-    entry = REG.read_entry(directory, run_id) or entry
-    if entry.get("state") == "finished":
-        print(f"{run_id}: already finished (exit {entry.get('exit_code')}, {entry.get('outcome')})")
+    if verified:
+        if _signal_owner(entry):  # corral runs its verified stop
+            code = _await_finished(directory, entry, wait, f"stopped by its corral (pid {entry['owner']['pid']})",
+                                   "its corral", give_up=lambda e: not REG.owner_alive(e))
+            if code is not None:
+                return code  # else: died without finishing; reclaim below
+    elif REG.owner_alive(entry):
+        print(f"{run_id}: not signalling the owner the entry names: {why}", file=sys.stderr)
+    fresh = REG.read_entry(directory, run_id)
+    if fresh is not None and REG.effective_state(fresh)[0] == "finished" and not _leftovers(
+            directory, fresh, bus if bus is not None else (_Bus() if fresh.get("unit") else None))[0]:
+        print(f"{run_id}: already finished (exit {fresh.get('exit_code')}, {fresh.get('outcome')})")
         return 0
-    bus = _Bus() if entry.get("unit") else None
+    if bus is None and entry.get("unit"):
+        bus = _Bus()
     report = reclaim(directory, entry, bus=bus, dry_run=False, by="corralctl stop")
     _print_report(report, dry_run=False)
     return 0 if report["verified"] else 1
@@ -459,6 +574,9 @@ def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
     if bus.manager is None:
         print(f"corralctl: {run_id}: {bus.why}", file=sys.stderr)
         return 1
+    if (why := bus.not_corrals(entry["unit"], run_id)) is not None:
+        print(f"corralctl: {run_id}: {_cell(entry['unit'])} left alone: {why}", file=sys.stderr)
+        return 1
     bus.stop_verified(entry["unit"], wait)
     code = _await_finished(directory, entry, wait, f"unit {entry['unit']} stopped; its supervisor reports",
                            "its supervisor")
@@ -475,7 +593,7 @@ def _await_finished(directory: str, entry: dict, wait: float, done: str, who: st
     end = time.monotonic() + wait
     while time.monotonic() < end:
         entry = REG.read_entry(directory, run_id) or entry
-        if entry.get("state") == "finished":
+        if REG.effective_state(entry)[0] == "finished":  # the owner's token, while it holds one
             ok = bool(entry.get("verified"))
             print(f"{run_id}: {done}: exit {entry.get('exit_code')}, "
                   + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}"))
@@ -547,8 +665,8 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
             if unit.endswith("-tether.scope") or state in ("inactive", "failed"):
                 continue
             run_id = REG.normalize_run_id(unit)
-            if run_id in live_ids or bus.tether_alive(unit):
-                continue
+            if run_id in live_ids or bus.not_corrals(unit) is not None or bus.tether_alive(unit):
+                continue  # a live corral's, or not corral's at all (by its marks, not its name)
             if any(r["unit"] == unit for r in reports):
                 continue
             report = {"run_id": run_id, "mode": "systemd", "unit": unit, "actions": [f"StopUnit {unit}"],
@@ -560,8 +678,12 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
             ok = ok and report["verified"]
     else:
         notes.append(f"units not checked: {bus.why}")
-    # Credential directories without a live run (a watcher killed by hand).
-    for base in (os.path.join(directory, "credentials"), f"/dev/shm/corral-{os.geteuid()}"):
+    # Credential directories without a live run (a watcher killed by hand):
+    # only in corral's own bases, and never one a live run holds locked,
+    # registered here or not (--no-registry, another state directory).
+    from .credentials import candidate_bases, remove_tree, removable
+
+    for base in candidate_bases(directory):
         try:
             names = os.listdir(base)
         except OSError:
@@ -570,11 +692,11 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
             if name in live_ids:
                 continue
             path = os.path.join(base, name)
+            if removable(path, None, directory) is not None:
+                continue
             reports.append({"run_id": name, "mode": "-", "unit": None, "actions": [f"remove {path}"],
                             "verified": True, "remaining": [], "notes": []})
             if not dry_run:
-                from .credentials import remove_tree
-
                 remove_tree(path)
     ok = ok and not any("error" in row for row in pruned)
     if as_json:

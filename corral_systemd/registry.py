@@ -67,22 +67,98 @@ PRUNE_STAMP = ".pruned"
 
 
 # -- where ------------------------------------------------------------
+#: The private fallback for a user without a runtime directory (cron, ``su -c``), below $HOME.
+STATE_FALLBACK = os.path.join(".local", "state", "corral")
+
+
 def state_dir(env=os.environ) -> str:
+    """Where the registry lives (see the module docstring and ``man corralctl``).
+
+    A user without ``$XDG_RUNTIME_DIR`` (cron, ``su -c``) gets
+    ``/run/user/UID/corral`` if that runtime directory exists and is theirs
+    and private, else ``$XDG_STATE_HOME/corral`` (``~/.local/state/corral``):
+    a path no other user can create first, found again by corralctl from
+    the same environment. ``/tmp/corral-UID`` would be squattable.
+    """
     override = env.get("CORRAL_STATE_DIR")
     if override:
         return os.path.abspath(override)
-    if os.geteuid() == 0:
+    uid = os.geteuid()
+    if uid == 0:
         return "/run/corral"
-    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
-    return os.path.join(runtime, "corral")
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "corral")
+    runtime = f"/run/user/{uid}"
+    if _private_dir_of(runtime, uid):
+        return os.path.join(runtime, "corral")
+    state_home = env.get("XDG_STATE_HOME")
+    if state_home and os.path.isabs(state_home):
+        return os.path.join(state_home, "corral")
+    return os.path.join(_home(env), STATE_FALLBACK)
 
 
-def ensure_private_dir(path: str) -> str:
+def _home(env) -> str:
+    home = env.get("HOME")
+    if not home or not os.path.isabs(home):
+        try:
+            import pwd
+
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        except (KeyError, ImportError):
+            home = "/"
+    return home
+
+
+def _private_dir_of(path: str, uid: int) -> bool:
+    """``path`` is a real directory (not a symlink) owned by ``uid``, writable by no one else."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+
+
+def unsafe_dir_reason(path: str, st=None) -> str | None:
+    """Why an existing ``path`` must not be used as a private directory, or None.
+
+    Refused: a symlink or non-directory, another owner, group- or other-writable
+    (someone else may have put files in it).
+    """
+    import stat
+
+    if st is None:
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {st.st_mode & 0o7777:04o})"
+    return None
+
+
+def ensure_private_dir(path: str, *, parents_below: str | None = None) -> str:
     """Create ``path`` (0700) if needed; refuse one that is not ours and private.
 
     Only the last component is created: a missing parent (a mistyped
-    CORRAL_STATE_DIR) is an OSError, never a tree of new directories.
+    CORRAL_STATE_DIR) is an OSError, never a tree of new directories;
+    except below ``parents_below`` (a directory of ours: $HOME for the
+    fallback state directory), where missing parents are made 0700.
+    Refused (OSError, one line): a symlink, another owner, group/other-writable.
+    A directory of ours that is merely readable by others is made 0700.
     """
+    if parents_below and path.startswith(parents_below.rstrip("/") + "/"):
+        reason = unsafe_dir_reason(parents_below)
+        if reason:
+            raise OSError(reason)
+        parent = os.path.dirname(path.rstrip("/"))
+        if not os.path.isdir(parent):
+            os.makedirs(parent, 0o700, exist_ok=True)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -90,16 +166,21 @@ def ensure_private_dir(path: str) -> str:
     except FileNotFoundError:
         raise OSError(f"{path}: parent directory {os.path.dirname(path.rstrip('/')) or '/'} does not exist "
                       "(only the last component is created)") from None
-    st = os.lstat(path)
-    import stat
-
-    if not stat.S_ISDIR(st.st_mode):
-        raise OSError(f"{path} is not a directory")
-    if st.st_uid != os.geteuid():
-        raise OSError(f"{path} is owned by uid {st.st_uid}, not by us")
-    if st.st_mode & 0o077:
+    reason = unsafe_dir_reason(path)
+    if reason:
+        raise OSError(f"refusing the private directory {reason}")
+    if os.lstat(path).st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
+
+
+def ensure_state_dir(path: str | None = None, env=os.environ) -> str:
+    """The state directory, made if needed (see ``state_dir``): OSError (one line) if unusable."""
+    path = path or state_dir(env)
+    home = None
+    if not env.get("CORRAL_STATE_DIR") and os.geteuid() != 0 and not env.get("XDG_RUNTIME_DIR"):
+        home = _home(env)
+    return ensure_private_dir(path, parents_below=home)
 
 
 def valid_run_id(run_id: str) -> bool:
@@ -156,8 +237,191 @@ def owner_alive(entry: dict) -> bool:
     owner = entry.get("owner") or {}
     if owner.get("boot_id") and owner.get("boot_id") != boot_id():
         return False
-    st = proc_stat(owner.get("pid", 0)) if owner.get("pid") else None
+    pid = owner.get("pid")
+    st = proc_stat(pid) if _is_pid(pid) else None
     return st is not None and st[4] == owner.get("starttime") and st[3] not in ("Z", "X")
+
+
+def _is_pid(value) -> bool:
+    return type(value) is int and 0 < value < 1 << 22
+
+
+# -- what only the owner can hold: its token -------------------------------------------------
+# The entry and the log are files the run's own uid can rewrite. What it
+# cannot forge is a sealed memfd held open by the owner process itself:
+# ``corral-run-<id>``, JSON {run_id, state, deadline_monotonic, boot_id, pid},
+# F_SEAL_WRITE|SHRINK|GROW|SEAL, replaced (dup2 onto the same fd) on each
+# state change and closed when the run is finished. Another process cannot
+# put a descriptor into the owner, nor change a sealed file's contents.
+TOKEN_PREFIX = "corral-run-"
+
+
+def _seals() -> int:
+    import fcntl
+
+    return fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class OwnerToken:
+    """The owner's side: a sealed memfd describing the run, held while the run is not finished."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.fd = -1
+
+    def update(self, entry: dict) -> None:
+        import fcntl
+
+        data = _canonical({"run_id": self.run_id, "state": entry.get("state"),
+                           "deadline_monotonic": entry.get("deadline_monotonic"), "boot_id": boot_id(),
+                           "pid": os.getpid()})
+        fd = os.memfd_create(TOKEN_PREFIX + self.run_id, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.write(fd, data)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _seals())
+            if self.fd < 0:
+                self.fd, fd = fd, -1
+            else:
+                os.dup2(fd, self.fd, inheritable=False)  # atomic: a reader sees the old or the new one
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def owner_token(entry: dict) -> dict | None:
+    """The live owner's own word on the run (its sealed token), or None.
+
+    None when the owner named by the entry is gone, is another process
+    (pid reused), or holds no sealed token for this run: then the entry
+    alone says who owns the run, and nothing destructive may rest on that.
+    """
+    import fcntl
+
+    owner = entry.get("owner") if isinstance(entry, dict) else None
+    run_id = entry.get("run_id") if isinstance(entry, dict) else None
+    if not isinstance(owner, dict) or not isinstance(run_id, str) or not valid_run_id(run_id):
+        return None
+    pid = owner.get("pid")
+    if not _is_pid(pid) or not owner_alive(entry):
+        return None
+    want = f"/memfd:{TOKEN_PREFIX}{run_id} (deleted)"
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in names:
+        path = f"/proc/{pid}/fd/{name}"
+        try:
+            if os.readlink(path) != want:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _seals() != _seals():
+                continue  # not sealed: anyone holding it could have written it
+            token = json.loads(os.pread(fd, 65536, 0))
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+        if not isinstance(token, dict) or token.get("run_id") != run_id or token.get("pid") != pid:
+            continue
+        if token.get("boot_id") not in ("", boot_id()) or not owner_alive(entry):
+            return None  # read from a process that has since gone (its pid reused)
+        return token
+    return None
+
+
+def looks_like_corral(pid: int) -> bool:
+    """Is ``pid`` running corral's code: a python whose command line runs corral_systemd or a corral script?
+
+    Weak on its own (a process may exec anything with any argv); together
+    with the token it keeps a forged entry from naming an arbitrary process.
+    """
+    from .kernel.procfs import cmdline
+
+    argv = cmdline(pid)
+    if not argv:
+        return False
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
+    if not exe.startswith("python"):
+        return False
+    for arg in argv[1:4]:
+        base = os.path.basename(arg)
+        if base in ("corral", "corral-enforced") or "corral_systemd" in arg:
+            return True
+    return False
+
+
+def owner_verified(entry: dict) -> tuple[bool, str]:
+    """(True, "") when the entry's owner is proven to be this run's live owner, else (False, why).
+
+    Proof: same boot, pid and start time; the process holds this run's
+    sealed token; and, for an owner of kind ``corral``, it runs corral.
+    """
+    owner = entry.get("owner") or {}
+    pid = owner.get("pid")
+    if not owner_alive(entry):
+        return False, "its owner is gone"
+    if owner_token(entry) is None:
+        return False, f"process {pid} holds no token for this run: not its owner"
+    if owner.get("kind", "corral") == "corral" and not looks_like_corral(pid):
+        return False, f"process {pid} is not a corral"
+    return True, ""
+
+
+# -- membership: a mark in the command's environment ----------------------------------------------
+#: A fallback run's command gets ``CORRAL_RUN_MARK=<run id>.<nonce>``; the entry holds its SHA-256.
+#: Every process the command starts inherits it: once corral is gone, it is what
+#: proves a process a member of the run (a forged entry names no process that carries it).
+MARK_ENV = "CORRAL_RUN_MARK"
+
+
+def new_mark(run_id: str) -> str:
+    return f"{run_id}.{os.urandom(16).hex()}"
+
+
+def mark_hash(mark: str) -> str:
+    return sha256(mark.encode()).hexdigest()
+
+
+def process_mark(pid: int) -> str | None:
+    """The run mark in ``pid``'s environment (a live thread's, if its main thread has exited), or None."""
+    paths = [f"/proc/{pid}/environ"]
+    try:
+        paths += [f"/proc/{pid}/task/{t}/environ" for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        pass
+    key = MARK_ENV.encode() + b"="
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        for item in data.split(b"\0"):
+            if item.startswith(key):
+                return item[len(key):].decode(errors="replace")
+        if data:
+            return None
+    return None
+
+
+def carries_mark(pid: int, entry: dict) -> bool:
+    """Is ``pid`` proven a member of this run by the mark it inherited?"""
+    want = entry.get("mark_sha256")
+    mark = process_mark(pid)
+    return (isinstance(want, str) and mark is not None and mark.startswith(f"{entry.get('run_id')}.")
+            and mark_hash(mark) == want)
 
 
 # -- files ------------------------------------------------------------
@@ -187,9 +451,12 @@ def log_path(directory: str, run_id: str) -> str:
 def read_entry(directory: str, run_id: str) -> dict | None:
     try:
         with open(entry_path(directory, run_id), "rb") as f:
-            return json.loads(f.read())
+            entry = json.loads(f.read())
     except (OSError, ValueError):
         return None
+    if not isinstance(entry, dict) or entry.get("run_id") != run_id:
+        return None  # not an entry, or one copied from another run
+    return entry
 
 
 def list_entries(directory: str) -> list[dict]:
@@ -271,10 +538,12 @@ def _tail(path: str) -> tuple[int, str]:
 class Registration:
     """A registered run: its entry and its log, written by the owning corral."""
 
-    def __init__(self, directory: str, entry: dict, log: EventLog):
+    def __init__(self, directory: str, entry: dict, log: EventLog, token: "OwnerToken | None" = None):
         self.directory = directory
         self.entry = entry
         self.log = log
+        #: The owner's sealed token (register() makes one; corralctl's reclaim writes without).
+        self.token = token
 
     @property
     def run_id(self) -> str:
@@ -287,15 +556,20 @@ class Registration:
         self.entry.update(changes)
         self.entry["log"] = {"lines": self.log.seq, "head": self.log.head}
         _write_atomic(entry_path(self.directory, self.run_id), _canonical(self.entry) + b"\n")
+        if self.token is not None:
+            self.token.update(self.entry)
 
     def close(self) -> None:
         self.log.close()
+        if self.token is not None:
+            self.token.close()
 
 
 def register(spec, *, mode: str, unit: str | None = None, control_group: str | None = None,
              environment: dict | None = None, credentials: list | None = None,
              credentials_directory: str | None = None, credentials_delivery: str | None = None,
-             helper_pids=(), directory: str | None = None, owner_kind: str = "corral") -> Registration:
+             helper_pids=(), directory: str | None = None, owner_kind: str = "corral",
+             mark: str | None = None) -> Registration:
     """Write the run's entry (state ``active``) and its ``registered`` event.
 
     Raises OSError when the state directory or the files cannot be written:
@@ -303,7 +577,7 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
     removes a few stale finished runs if it is time to (``maybe_prune``:
     usually one stat(); it never raises).
     """
-    directory = ensure_private_dir(directory or state_dir())
+    directory = ensure_private_dir(directory) if directory else ensure_state_dir()
     run_id = spec.run_id
     if not valid_run_id(run_id):
         raise OSError(f"run id {run_id!r} is not a registry id")
@@ -336,10 +610,13 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
         "credentials_delivery": credentials_delivery,
         "credentials_directory": credentials_directory,
         "helper_pids": list(helper_pids),
+        # SHA-256 of the CORRAL_RUN_MARK the command got (fallback runs): see carries_mark()
+        "mark_sha256": mark_hash(mark) if mark else None,
     }
     log = EventLog(log_path(directory, run_id), run_id, create=True)
+    token = OwnerToken(run_id)
     try:
-        reg = Registration(directory, entry, log)
+        reg = Registration(directory, entry, log, token)
         reg.event("registered", {k: entry[k] for k in (
             "owner", "mode", "unit", "control_group", "wall", "deadline_at", "command", "cwd", "environment",
             "credentials", "credentials_delivery")})
@@ -351,6 +628,7 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
             os.close(dfd)
     except BaseException:
         log.close()
+        token.close()
         raise
     maybe_prune(directory, now=now)
     return reg
@@ -598,12 +876,37 @@ def _finished_why(entry: dict) -> str:
 def effective_state(entry: dict | None, *, now_monotonic: float | None = None) -> tuple[str, str]:
     """(state, why) as an authorisation check must see it.
 
-    ``finished`` and ``expired`` as written; ``active`` only while the
-    deadline has not passed and the owning corral still runs.
+    The entry is a file the run's own uid can rewrite, so while its owner
+    lives the owner's sealed token (``owner_token``) decides: an entry that
+    claims ``finished``, or a later deadline, while its corral still runs
+    the run is overruled, and the why says so. Without a token: ``finished``
+    and ``expired`` as written; ``active`` only while the deadline has not
+    passed and the owner still runs and holds the token (so an entry naming
+    some other live process as its owner is ``expired``).
     """
-    if entry is None:
+    if not isinstance(entry, dict):
         return "unknown", "no such run"
-    state = entry.get("state")
+    now = time.monotonic() if now_monotonic is None else now_monotonic
+    written = entry.get("state")
+    token = owner_token(entry) if written in STATES else None
+    if token is not None:
+        pid = (entry.get("owner") or {}).get("pid")
+        said = token.get("state")
+        if said == "finished":
+            return "finished", _finished_why(entry) if written == "finished" else "finished (its owner says so)"
+        deadline = token.get("deadline_monotonic")
+        if said == "expired" or (isinstance(deadline, (int, float)) and now >= deadline):
+            state, why = "expired", "deadline passed"
+        else:
+            state, why = "active", "running"
+        if written == "finished":
+            why += f"; entry claims finished but its owner (pid {pid}) is alive and running the run"
+        elif written != said:
+            why += f"; entry claims {written} but its owner (pid {pid}) says {said}"
+        elif entry.get("deadline_monotonic") != deadline:
+            why += f"; entry's deadline differs from its owner's (pid {pid})"
+        return state, why
+    state = written
     if state == "finished":
         return "finished", _finished_why(entry)
     if state == "expired":
@@ -611,10 +914,10 @@ def effective_state(entry: dict | None, *, now_monotonic: float | None = None) -
     if state != "active":
         return "unknown", f"unreadable state {state!r}"
     deadline = entry.get("deadline_monotonic")
-    now = time.monotonic() if now_monotonic is None else now_monotonic
     same_boot = (entry.get("owner") or {}).get("boot_id") in (None, "", boot_id())
-    if deadline is not None and (now >= deadline or not same_boot):
+    if isinstance(deadline, (int, float)) and (now >= deadline or not same_boot):
         return "expired", "deadline passed"
     if not owner_alive(entry):
         return "expired", "its corral process is gone"
-    return "active", "running"
+    return "expired", (f"its owner (pid {(entry.get('owner') or {}).get('pid')}) holds no token for this run: "
+                       "the entry alone does not make it active")

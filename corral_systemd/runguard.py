@@ -73,16 +73,26 @@ class RunGuard:
             self._credentials_for(engine)
         if not self.use_registry:
             return None
-        from .registry import RegistryObserver, register
+        from .registry import MARK_ENV, RegistryObserver, new_mark, register
 
         facts = engine.describe() if engine.mode != "systemd" else {}
+        mark = None
+        if engine.mode == "fallback":
+            # No cgroup holds a fallback run: once corral is gone, this mark in
+            # the command's environment (inherited by all it starts) is what
+            # proves a process the run's to corralctl (see registry.carries_mark).
+            mark = new_mark(self.spec.run_id)
+            env = dict(os.environ if self.spec.env is None else self.spec.env)
+            env[MARK_ENV] = mark
+            self.spec.env = env
         try:
             self.registration = register(
                 self.spec, mode=engine.mode, unit=getattr(engine, "unit", None),
                 control_group=facts.get("control_group"), environment=self.environment,
                 credentials=[n for n, _ in self.credential_pairs], credentials_delivery=self.delivery,
                 credentials_directory=self.creds.path if self.creds else None,
-                helper_pids=[self.creds.watcher_pid] if self.creds else [], owner_kind=self.owner_kind)
+                helper_pids=[self.creds.watcher_pid] if self.creds else [], owner_kind=self.owner_kind,
+                mark=mark)
         except OSError as exc:
             engine.close()
             raise SetupError(f"cannot register the run: {exc}") from None
@@ -92,6 +102,8 @@ class RunGuard:
         result.environment = self.environment
         result.credentials = [n for n, _ in self.credential_pairs]
         result.credentials_delivery = self.delivery
+        if self.creds is not None:
+            result.warnings.extend(w for w in self.creds.warnings if w not in result.warnings)
 
     def __exit__(self, exc_type, exc, tb):
         try:
