@@ -723,11 +723,38 @@ def audit_verify(run: str, directory: str | None = None) -> int:
         return STATUS_EXIT["unknown"]
     ok, message, line = REG.verify_log(directory, run_id)
     path = REG.log_path(directory, run_id)
-    if ok:
-        print(f"{path}: OK: {message}")
+    if not ok:
+        where = f":{line}" if line else ""
+        print(f"{path}{where}: BAD: {message}")
+        return 1
+    # The chain shows the file is consistent, not who wrote it: the run's uid
+    # can rewrite it, chain and anchor included. The journal's copy it cannot.
+    from . import journal
+
+    if not journal.available():
+        print(f"{path}: OK: {message}; no journal to compare with: the chain cannot tell a rewrite "
+              "by the run's own uid (see man corralctl)")
         return 0
-    where = f":{line}" if line else ""
-    print(f"{path}{where}: BAD: {message}")
+    records = journal.read_records(run_id)
+    if records is None:
+        print(f"{path}: OK: {message}; the journal could not be read (journalctl failed)")
+        return 0
+    copy, sender = journal.trusted_lines(records, run_id, os.geteuid())
+    if not copy:
+        print(f"{path}: OK: {message}; the journal has no copy of this run")
+        return 0
+    try:
+        with open(path, "rb") as f:
+            file_lines = f.read().split(b"\n")[:-1]
+    except OSError as exc:
+        print(f"{path}: BAD: {exc.strerror}")
+        return 1
+    diffs = journal.compare(file_lines, copy)
+    if not diffs:
+        print(f"{path}: OK: {message}; matches the journal ({len(copy)} events sent by {sender})")
+        return 0
+    for number, what in diffs:
+        print(f"{path}:{number}: BAD: {what}")
     return 1
 
 

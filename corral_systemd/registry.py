@@ -509,8 +509,16 @@ class EventLog:
         line["hash"] = sha256(body).hexdigest()
         # The canonical form plus the hash as its last member: verifying
         # pops "hash" and canonicalizes again, so the order does not matter.
-        os.write(self.fd, body[:-1] + b',"hash":"' + line["hash"].encode() + b'"}\n')
+        raw = body[:-1] + b',"hash":"' + line["hash"].encode() + b'"}'
+        os.write(self.fd, raw + b"\n")
         os.fsync(self.fd)
+        # The copy the run's uid cannot rewrite, where journald runs (journal.py).
+        try:
+            from . import journal
+
+            journal.send_event(line, raw)
+        except Exception:  # noqa: BLE001 -- best effort: the journal never fails a run
+            pass
         self.seq += 1
         self.head = line["hash"]
         return line
