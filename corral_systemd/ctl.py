@@ -377,6 +377,8 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
         if bus is None or bus.manager is None:
             report["verified"] = False
             report["notes"].append(bus.why if bus else "no systemd manager")
+        elif bus.active_state(entry["unit"]) in ("inactive", "failed", "gone"):
+            pass  # nothing left to stop (asking is harmless, whatever unit the entry names)
         elif (why := bus.not_corrals(entry["unit"], entry["run_id"])) is not None:
             report["verified"] = False
             report["notes"].append(f"{_cell(entry['unit'])} left alone: {why}")
