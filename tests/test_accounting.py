@@ -238,7 +238,7 @@ def _engine_on_fake_cgroup(tmp_path, monkeypatch, unit="corral-accounting-test.s
     pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], os.environ)
     engine._child = types.SimpleNamespace(pid=pid, pidfd=-1)
     for name, value in dict(_status=None, _conn_dead=False, _cgroup=None, _mounts=None, _oom_eventfd=None,
-                            _oom_seen=False, _watches={}, _usage=cgroupfs.Usage(), _manager_figures={},
+                            _oom_seen=False, _oom_signals_after_removal=0, _watches={}, _usage=cgroupfs.Usage(), _manager_figures={},
                             _exit_sampled=False, _next_sample=0.0, _active_state=None, _unit_gone=False,
                             _start_reply_lost=None, _adopted=None, _started=True, facts={"unit": unit}).items():
         setattr(engine, name, value)

@@ -165,6 +165,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._mounts = None
         self._oom_eventfd = None
         self._oom_seen = False
+        self._oom_signals_after_removal = 0  # see _oom_event
+        self._stopping = False  # corral has signalled the run
         #: The unit's cgroup v2 memory.events and cgroup.events, kept open (see _arm_watches).
         self._watches: dict[str, cgroupfs.KeyedWatch] = {}
         #: Resource figures read from the unit's cgroup, and those the manager reported.
@@ -603,7 +605,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
     def _arm_oom_eventfd(self):
         # cgroup v1: an eventfd registered on memory.oom_control fires on OOM
         # even if the cgroup is removed right after, so a fast collection
-        # cannot hide an OOM kill from us.
+        # cannot hide an OOM kill from us (see _oom_event for its removal signal).
         mem_v1 = self._dir("memory")
         if self.spec.mem is None or mem_v1 is None or not os.path.isdir(mem_v1):
             return
@@ -765,13 +767,31 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._service_status_from({"ExecMainCode": code, "ExecMainStatus": status})
 
     def _oom_event(self) -> bool:
+        """cgroup v1: has the OOM eventfd fired for an OOM?
+
+        The kernel also signals it once when the group is removed (to tell
+        listeners the registration is gone; from a work item, so possibly
+        later). A signal read while the group is still there is an OOM.
+        Once the group is gone: a second signal means one of them was an
+        OOM; a single one is an OOM only if the main process was SIGKILLed
+        (the OOM killer's signal: corral has not stopped anything while it
+        watches), not a removal after a normal end."""
         if self._oom_eventfd is not None:
             try:
-                if os.eventfd_read(self._oom_eventfd):
-                    self._oom_seen = True
-                    self._sample_cgroup()  # while the group is surely still there
+                count = os.eventfd_read(self._oom_eventfd)
             except BlockingIOError:
-                pass
+                count = 0
+            if count:
+                mem_v1 = self._dir("memory")
+                if mem_v1 is not None and os.path.isdir(mem_v1):
+                    self._oom_seen = True
+                    self._sample_cgroup()  # while the group is still there
+                else:
+                    self._oom_signals_after_removal += count
+        if not self._oom_seen and self._oom_signals_after_removal:
+            killed = self._status is not None and os.WIFSIGNALED(self._status) \
+                and os.WTERMSIG(self._status) == signal.SIGKILL and not self._stopping
+            self._oom_seen = self._oom_signals_after_removal > 1 or killed
         return self._oom_seen
 
     def oom_killed(self):
@@ -815,6 +835,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         return self._pids()
 
     def signal_all(self, *sigs):
+        self._stopping = True
         self._sample_cgroup()
         self._sample_unit()
         pids = self._pids()
@@ -832,6 +853,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             pass  # unit or manager gone: verification decides whether it mattered
 
     def kill_all(self):
+        self._stopping = True
         pids = self._pids()
         self.seen.update(pids)
         self._stopped_count = max(self._stopped_count, len(pids))
