@@ -32,6 +32,14 @@ Retention: a finished entry and its log stay at least ``KEEP_FINISHED``
 ``PRUNE_INTERVAL`` (see ``maybe_prune``). Active and expired entries, and
 entries whose owner still runs, are never removed.
 
+The run's own uid can rewrite all of these files (see README "Security:
+what corral trusts"), so a reader never acts on them alone: while the
+owner lives, its sealed token (``OwnerToken``, a memfd only it holds)
+gives the run's state and deadline (``effective_state``, ``owner_verified``);
+a fallback run's processes carry ``CORRAL_RUN_MARK`` (``carries_mark``);
+each event line is also sent to the journal where journald runs
+(``journal.py``).
+
 Never recorded: environment values, credential contents. Arguments that
 look like secrets (``Authorization:`` headers, ``--password=...``,
 ``TOKEN=...``, URL passwords) are redacted, best effort, in the command
