@@ -629,3 +629,70 @@ def test_corralctl_usage_error_is_one_line_125(state):
     assert r.returncode == 125
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1
     assert "Missing argument" in r.stderr and "Usage: corralctl status" in r.stderr
+
+
+# -- issue 15, "Test strength": each goes red against a mutant the suite let pass ----------------
+def test_a_prune_stamp_from_the_future_does_not_stop_pruning(state, dead_pid):
+    """A ``.pruned`` dated ahead (the clock was set back) counts as stale: pruning goes on, the stamp is renewed."""
+    stale = make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid)
+    stamp = state / REG.PRUNE_STAMP
+    now = time.time()
+    os.utime(stamp, (now, now))
+    assert REG.maybe_prune(str(state), now=now) == 0  # a fresh stamp: no scan
+    assert files_of(state, stale) == {".json", ".log"}
+    future = now + 30 * DAY
+    os.utime(stamp, (future, future))
+    assert REG.maybe_prune(str(state), now=now) == 1
+    assert files_of(state, stale) == set()
+    assert stamp.stat().st_mtime == pytest.approx(now, abs=1.0)  # renewed to now, no longer in the future
+
+
+def _append_chained_line(log: Path, run_id: str) -> int:
+    """Append a line that extends the hash chain correctly (as the run's uid could); return its line number."""
+    import hashlib
+
+    lines = log.read_text().splitlines()
+    last = json.loads(lines[-1])
+    line = {"seq": last["seq"] + 1, "event": "detached", "time": last["time"] + 1, "monotonic": last["monotonic"] + 1,
+            "run_id": run_id, "data": {"pid": 1}, "prev": last["hash"]}
+    line["hash"] = hashlib.sha256(json.dumps(line, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    with log.open("a") as f:
+        f.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
+    return len(lines) + 1
+
+
+def test_audit_verify_catches_lines_appended_after_the_run_finished(state, dead_pid):
+    """The chain itself is intact, but the finished entry anchors fewer lines: BAD, at the first one it does not anchor."""
+    run_id = make_entry(state, "finished", age=60, dead_pid=dead_pid)
+    assert ctl(state, "audit", "verify", run_id).returncode == 0
+    number = _append_chained_line(state / f"{run_id}.log", run_id)
+    ok, message, bad = REG.verify_log(str(state), run_id)
+    assert (ok, bad) == (False, number), message
+    assert "does not anchor" in message
+    r = ctl(state, "audit", "verify", run_id)
+    assert r.returncode == 1 and "BAD" in r.stdout and f"{run_id}.log:{number}:" in r.stdout, r.stdout
+
+
+def test_audit_verify_accepts_lines_appended_while_the_run_is_active(state):
+    """An active run's log runs ahead of its entry (events between state changes): not tampering."""
+    run_id = make_entry(state, "active", age=0)
+    _append_chained_line(state / f"{run_id}.log", run_id)
+    ok, message, _ = REG.verify_log(str(state), run_id)
+    assert ok, message
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o705])
+def test_a_state_directory_of_ours_readable_by_others_is_made_private(tmp_path, mode):
+    """Readable (not writable) by others: not refused, but made 0700 before anything is written in it."""
+    path = tmp_path / "state"
+    path.mkdir()
+    path.chmod(mode)
+    assert REG.ensure_private_dir(str(path)) == str(path)
+    assert path.stat().st_mode & 0o777 == 0o700
+    # The CLI too: the run goes ahead and leaves the directory private.
+    path.chmod(mode)
+    r = subprocess.run([*CORRAL, *FB, "--quiet", "--", "true"], env=env_for(path), capture_output=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert path.stat().st_mode & 0o777 == 0o700
+    assert [p.stat().st_mode & 0o777 for p in path.glob("*.json")] == [0o600]
