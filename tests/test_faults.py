@@ -3,7 +3,15 @@
 Survivors are found by the run's environment marker in /proc right after
 corral returns. The time bound is on the record's own timings: wall + grace +
 1 s (grace is 2 s) from start to verified, the deadline noticed within 0.5 s.
+
+A fault that cleans up on SIGTERM (F10) must have done so, in every mode: its
+stdout/stderr lines (``stdout_contains``, ``stderr_contains``) and its temp file
+gone (``temp_file_prefix``). Without that check, a stop sequence that sends
+SIGKILL where SIGTERM belongs passes every case (issue 15, "Test strength").
 """
+
+import os
+import re
 
 import pytest
 
@@ -21,6 +29,7 @@ def test_fault(corral, mode, fault, args, expected, rep):
         pytest.skip(f"needs {fault['requires']}")
     run = corral(mode_flags(mode) + fault_argv(fault, args))
     detail = f"stderr: {run.stderr.decode(errors='replace')[-800:]}"
+    left_behind = _remove_temp_files(fault, run)
     assert run.survivors == [], f"{fault['id']} left processes: {run.survivors}; {detail}"
     assert run.returncode == expected, detail
     assert run.record is not None and run.record["verified"] is True
@@ -35,3 +44,24 @@ def test_fault(corral, mode, fault, args, expected, rep):
     assert run.record["remaining_pids"] == []
     if "mem" in args:
         assert run.record["outcome"] == "memory"
+    # Cleanup evidence: the fault handled SIGTERM before anything SIGKILLed it.
+    if "stdout_contains" in fault:
+        assert fault["stdout_contains"].encode() in run.stdout, f"stdout: {run.stdout[-400:]!r}; {detail}"
+    if "stderr_contains" in fault:
+        assert fault["stderr_contains"].encode() in run.stderr, f"{fault['id']} did not clean up on SIGTERM; {detail}"
+    assert left_behind == [], f"{fault['id']} never removed its temp file (SIGKILLed first?): {left_behind}; {detail}"
+
+
+def _remove_temp_files(fault, run) -> list:
+    """The temp files a fault announced (``temp file PATH``) and did not remove; removed now."""
+    prefix = fault.get("temp_file_prefix")
+    if not prefix:
+        return []
+    left = []
+    for raw in re.findall(rb"temp file (\S+)", run.stdout):
+        path = os.fsdecode(raw)
+        assert os.path.basename(path).startswith(prefix), path
+        if os.path.lexists(path):
+            left.append(path)
+            os.unlink(path)
+    return left
