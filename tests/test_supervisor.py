@@ -97,7 +97,13 @@ def _supervise(argv, *, marker, stdout=None, observer=None, cancel_fd=None, engi
         from corral_systemd.kernel.prctl import set_child_subreaper
 
         set_child_subreaper(False)
-        kill_marked(marker)
+        # What a broken stop left (a mutant's run) was re-parented to this process: kill it, wait
+        # until none is alive, then reap it, so no zombie of ours outlives the test.
+        deadline = time.monotonic() + 5
+        while kill_marked(marker) or marked_pids(marker):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         try:
             while os.waitpid(-1, os.WNOHANG) != (0, 0):
                 pass
