@@ -386,6 +386,13 @@ class Supervisor:
         recheck = _FIRST_RECHECK
         while True:
             left = engine.verify_empty()
+            if not left and (why := engine.unproven()) is not None:
+                # Its cgroup is empty, but processes of the run left it while
+                # alive (killed since): no proof for what they started elsewhere.
+                res.remaining_pids = []
+                res.warnings.append(why)
+                self._step("unverified", remaining=[])
+                break
             if not left:
                 res.verified = True
                 res.remaining_pids = []

@@ -66,11 +66,52 @@ class Engine:
         """The main process's wait status once it has exited, else None."""
         return self._status
 
+    #: Keep the main process a zombie until ``close()`` (its status is read
+    #: with WNOWAIT): while unreaped, its pid, and so the session id it gave
+    #: the command, cannot be reused, so the tracker may look for that
+    #: session's members at verification (see ``kernel.pidfd.RunTracker``).
+    _hold_main = False
+    _main_reaped = False
+    #: The run's processes as pidfds (``kernel.pidfd.RunTracker``), where the engine tracks them.
+    tracker = None
+
     def _reap_child(self) -> None:
         if self._child is not None and self._status is None:
+            if self._hold_main:
+                info = os.waitid(os.P_PID, self._child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if info is not None:
+                    self._status = wait_status(info)
+                return
             pid, status = os.waitpid(self._child.pid, os.WNOHANG)
             if pid:
                 self._status = status
+                self._main_reaped = True
+
+    def _release_main(self) -> None:
+        """Reap a held main process for good (once the run is over)."""
+        if self._child is not None and self._hold_main and not self._main_reaped and self._child.pidfd >= 0:
+            try:
+                pid, _ = os.waitpid(self._child.pid, 0 if self._status is not None else os.WNOHANG)
+                self._main_reaped = bool(pid)
+            except ChildProcessError:
+                self._main_reaped = True
+
+    def _pinned_sessions(self) -> tuple:
+        """Session ids whose number cannot have been reused: the main
+        process's (it called setsid), while it is held unreaped."""
+        if self._child is not None and self._hold_main and not self._main_reaped:
+            return (self._child.pid,)
+        return ()
+
+    def _track(self, pids) -> None:
+        """Show the tracker a listing of the run's cgroup just read."""
+        if self.tracker is not None:
+            self.tracker.observe(pids, self.live_pids)
+
+    def unproven(self) -> str | None:
+        """Why the run is not proven gone although its cgroup is empty
+        (processes of it that left the group while alive), else None."""
+        return self.tracker.unproven() if self.tracker is not None else None
 
     def watch_interval(self) -> float | None:
         """How often the supervisor must call ``check_limits()`` (None: never)."""
@@ -106,6 +147,7 @@ class Engine:
         self.reap()
         self._last = self.live_pids()
         self.seen.update(self._last)
+        self._track(self._last)
         return self._last
 
     def live_pids(self) -> list[int]:
@@ -159,6 +201,13 @@ class CgroupMemoryLimit:
             if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
                 return "memory"
         return None
+
+
+def wait_status(info) -> int:
+    """A waitid() siginfo as the wait status waitpid() would have given."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)
 
 
 def usage_facts(cgroup: dict, manager: dict | None = None) -> dict:

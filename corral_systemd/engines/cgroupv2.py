@@ -19,9 +19,12 @@ import signal
 
 from ..errors import SetupError
 from ..kernel import cgroupfs
-from ..kernel.pidfd import signal_cgroup_members
+from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from ..kernel.spawn import fork_command
 from .base import CgroupMemoryLimit, Engine, usage_facts
+
+#: How often the group's figures are read, and its processes tracked, while the run lives.
+SAMPLE_INTERVAL = 0.1
 
 
 class CgroupEngine(CgroupMemoryLimit, Engine):
@@ -47,6 +50,9 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         self._stopped = set()
         self._last: list[int] = []
         self._usage = cgroupfs.Usage()
+        self.tracker = RunTracker("0")
+        self._hold_main = True  # its session id stays ours until close() (see RunTracker)
+        self._next_sample = 0.0
         self._memory_events: cgroupfs.KeyedWatch | None = None
         try:
             self._apply_limits(parent)
@@ -95,9 +101,30 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
             raise
         self._child = child
         self.seen.add(child.pid)
+        # The group as /proc/PID/cgroup names it (relative to our cgroup namespace).
+        path = cgroupfs.proc_cgroup(child.pid, "0")
+        if path and path.endswith("/" + os.path.basename(self.path)):
+            self.tracker.cgroup = path
+            self._track([child.pid])
+        else:
+            self.warnings.append(f"cannot tell {self.path} in /proc/{child.pid}/cgroup ({path!r}): "
+                                 "processes that leave the group are not tracked")
         child.release()
 
     # -- limits --------------------------------------------------------
+    def watch_interval(self):
+        interval = super().watch_interval()
+        return SAMPLE_INTERVAL if interval is None else min(interval, SAMPLE_INTERVAL)
+
+    def check_limits(self):
+        import time
+
+        if time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + SAMPLE_INTERVAL
+            self._sample()
+            self._track(self._procs())
+        return super().check_limits()
+
     def priority_fds(self):
         watch = self._memory_events
         return [watch.fileno()] if watch is not None and watch.alive else []
@@ -130,6 +157,7 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         self._sample()
         pids = self._procs()
         self.seen.update(pids)
+        self._track(pids)
         done = signal_cgroup_members(pids, sigs, self.path)
         self._stopped.update(done)
         return len(done)
@@ -144,16 +172,22 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         self._sample()
         pids = self._procs()
         self.seen.update(pids)
+        self._track(pids)
+        self.tracker.kill_escaped()
         self._stopped.update(pids)
         if self._removed or not cgroupfs.kill(self.path):
             self.signal_all(signal.SIGKILL)
 
     def verify_empty(self):
         self.reap()
+        if not self._removed and cgroupfs.populated(self.path):
+            return self._procs() or [-1]
+        # The group is empty: whatever of the run still lives is outside it.
+        if escaped := self.tracker.sweep(self._pinned_sessions()):
+            self._stopped.update(escaped)
+            return escaped
         if self._removed:
             return []
-        if cgroupfs.populated(self.path):
-            return self._procs() or [-1]
         self._sample()
         return [] if self._rmdir() else [-1]
 
@@ -183,12 +217,14 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
             self._memory_events.close()
         if not self._removed:
             self._rmdir()
+        self.tracker.close()
+        self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
             self._child.pidfd = -1
 
     def describe(self):
-        info = {"control_group": self.path, **usage_facts(self._usage.figures)}
+        info = {"control_group": self.path, **usage_facts(self._usage.figures), **self.tracker.facts()}
         if self._memory_events is not None:
             info["memory_events"] = {key: self._memory_events.values.get(key, 0) for key in ("max", "oom", "oom_kill")}
         return info

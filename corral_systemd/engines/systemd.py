@@ -39,10 +39,11 @@ import time
 from ..dbus.connection import BusDisconnected, BusError, Connection, wait_fd
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
+from ..redact import redact_argv
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
-from ..kernel.pidfd import signal_cgroup_members
-from ..kernel.spawn import ExecError, fork_command, resolve_executable, spawn_gated_by_shell
+from ..kernel.pidfd import RunTracker, signal_cgroup_members
+from ..kernel.spawn import ExecError, fork_command, resolve_in_cwd, spawn_gated_by_shell
 from .base import CgroupMemoryLimit, Engine, usage_facts
 from .tether import Tether
 
@@ -181,6 +182,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._stopped_count = 0
         self._signalled: set[int] = set()
         self._last: list[int] = []
+        self._environment: dict[str, str] = {}  # a service's, passed in _env_file
+        self._env_file: "_EnvFile | None" = None
+        #: Processes that leave the unit's cgroup (see RunTracker); a scope's
+        #: main process is held unreaped until close(), so its session id stays the run's.
+        self.tracker = RunTracker()
+        self._hold_main = True
         self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type,
                       "transport": "private" if self.direct else "bus"}
 
@@ -221,8 +228,14 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                       prop("StandardErrorFileDescriptor", "h", 2)]
             fds = [stdin, stdout, stderr]
         try:
+            if spec.unit_type == "service":
+                props += self._environment_properties()
             job = self._start_transient_unit(props, aux, fds)
             result = self._wait_job(job) if job is not None else "done"
+            if job is not None:
+                # The start job is over: the manager has exec'd the command
+                # (or given up), and read the environment file for good.
+                self._remove_env_file()
             if result != "done":
                 self._check_credentials_delivered()  # SetupError if systemd did not deliver them
                 if not self._service_ran():
@@ -234,6 +247,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         except BaseException:
             self._abandon()
             raise
+        finally:
+            if not self._adopted:  # else the manager may not have read it yet: close() removes it
+                self._remove_env_file()
         # From here on the unit exists and (for a service) the command runs:
         # no failure may be reported as "not started" (125) any more.
         self._started = True
@@ -427,7 +443,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
     def _common_properties(self, argv):
         spec = self.spec
         props = [
-            prop("Description", "s", "corral: " + " ".join(argv)[:200]),
+            # Redacted as the registry and the record redact it: the unit's
+            # properties are visible to everyone who may ask its manager.
+            prop("Description", "s", "corral: " + " ".join(redact_argv(argv))[:200]),
             prop("Slice", "s", spec.slice),
             prop("CollectMode", "s", "inactive" if self._keep_failed else "inactive-or-failed"),
             prop("SendSIGKILL", "b", True),
@@ -454,10 +472,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         path = _resolve_for_service(argv[0], dict(os.environ if env is None else env), cwd)
         unset = self._unset_for_explicit_env(env) if env is not None else []
         env = dict(os.environ if env is None else env)
-        assignments = []
+        self._environment = {}
         for key, value in env.items():
+            if self.spec.credentials and key == "CREDENTIALS_DIRECTORY":
+                continue  # an inherited one would override systemd's
             if _valid_env(key, value):
-                assignments.append(f"{key}={value}")
+                self._environment[key] = value
             else:
                 self.warnings.append(f"environment variable {key!r} not passed to the service (systemd rejects it)")
         return [
@@ -466,11 +486,39 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             # reach the command as given; plain ExecStart would have systemd
             # expand "$VAR", "${VAR}" and "$$" in them.
             prop("ExecStartEx", "a(sasas)", [(path, list(argv), ["no-env-expand"])]),
-            prop("Environment", "as", assignments),
             *([prop("UnsetEnvironment", "as", unset)] if unset else []),
             prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),
             prop("RemainAfterExit", "b", False),
         ]
+
+    def _environment_properties(self) -> list:
+        """The service's environment, without its values in the unit.
+
+        Environment= would put every value into the unit's properties
+        (``systemctl show``: for the system manager, any local user) and
+        into its transient unit file. So the variables go to a file of
+        ours (``_EnvFile``: 0600, in a 0700 directory on a tmpfs) that
+        the unit names in EnvironmentFiles=: only its path is in the
+        unit. The manager reads it when it execs the unit's commands
+        (ExecStartPre= and the command itself), so it is removed once the
+        start job is done (Type=exec: after the command's exec), or when
+        the start fails; see start(). If no private directory is usable,
+        Environment= is used as before, with a warning.
+        """
+        if not self._environment:
+            return []
+        try:
+            self._env_file = _EnvFile(self.spec.run_id, self._environment)
+        except OSError as exc:
+            self.warnings.append(f"no private directory for the service's environment file ({exc}): "
+                                 "its values are in the unit's Environment= property")
+            return [prop("Environment", "as", [f"{k}={v}" for k, v in self._environment.items()])]
+        return [prop("EnvironmentFiles", "a(sb)", [(self._env_file.path, False)])]
+
+    def _remove_env_file(self) -> None:
+        if self._env_file is not None:
+            self._env_file.remove()
+            self._env_file = None
 
     def _unset_for_explicit_env(self, env) -> list[str]:
         """An explicit environment (--env-clear/--env-drop, library env=) is
@@ -522,6 +570,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if cg:
             self._cgroup = cg
             self.facts["control_group"] = cg
+            # The listing _pids() reads: the unified hierarchy where there is one.
+            if self.tracker is not None:
+                self.tracker.hierarchy = "0" if self._mounts.unified is not None else "name=systemd"
+                self.tracker.cgroup = cg
+                self._track(self._pids())
         self._check_limits_enforced()
         self._arm_oom_eventfd()
         self._arm_watches()
@@ -677,6 +730,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + SAMPLE_INTERVAL
             self._sample_cgroup()
+            self._track(self._pids())
         return super().check_limits()
 
     # -- watching ------------------------------------------------------
@@ -840,6 +894,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._sample_unit()
         pids = self._pids()
         self.seen.update(pids)
+        self._track(pids)
         self._signalled.update(pids)
         self._stopped_count = max(self._stopped_count, len(pids))
         for sig in sigs:
@@ -856,7 +911,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._stopping = True
         pids = self._pids()
         self.seen.update(pids)
+        self._track(pids)
+        if self.tracker is not None:
+            self.tracker.kill_escaped()
         self._stopped_count = max(self._stopped_count, len(pids))
+        self._kill_v1_only()
         unified = self._dir("unified")
         if unified and not os.path.isdir(unified):
             return  # the group is gone: nothing left to kill
@@ -864,6 +923,16 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if self.kill_method == "cgroup.kill" and unified and cgroupfs.kill(unified):
             return
         self._kill_unit(signal.SIGKILL)
+
+    def _kill_v1_only(self) -> None:
+        """Hybrid layout: a process that left the unit's cgroup in the unified
+        hierarchy only is still listed in name=systemd, where cgroup.kill does
+        not reach: SIGKILL it through a pidfd checked against that listing."""
+        systemd_v1 = self._dir("name=systemd")
+        if self._dir("unified") is None or not systemd_v1 or not os.path.isdir(systemd_v1):
+            return
+        if pids := cgroupfs.procs_below(systemd_v1):
+            signal_cgroup_members(pids, (signal.SIGKILL,), systemd_v1)
 
     def signal_new(self, *sigs):
         directory = self._dir("unified") or self._dir("name=systemd")
@@ -882,7 +951,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             left = cgroupfs.procs_below(unified) or [-1]
         systemd_v1 = self._dir("name=systemd")
         if systemd_v1 and os.path.isdir(systemd_v1):
-            left = sorted(set(left) | set(cgroupfs.procs_below(systemd_v1)))
+            v1 = cgroupfs.procs_below(systemd_v1)
+            if v1 and unified and not left and self.tracker is not None and self.tracker.cgroup is not None:
+                # Out of the unit in the unified hierarchy, still in it in name=systemd: left it.
+                self.tracker.escaped.update(p for p in v1 if self.tracker.in_group(p) is False)
+            left = sorted(set(left) | set(v1))
         if self._cgroup is None and self._started:
             # No cgroup to ask the kernel about: only a live manager's word
             # that the unit is gone will do.
@@ -896,7 +969,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._sample_cgroup()
         if not self._unit_inactive():
             self.poll_events()
-            return [-1] if not self._unit_inactive() else []
+            if not self._unit_inactive():
+                return [-1]
+        # Whatever of the run still lives is outside the group: find and kill it.
+        if self.tracker is not None and (escaped := self.tracker.sweep(self._pinned_sessions())):
+            self._stopped_count = max(self._stopped_count, len(self.tracker.escaped))
+            return escaped
         return []
 
     def _unit_inactive(self) -> bool:
@@ -968,6 +1046,10 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             except BusError:
                 pass  # not failed (already collected) or gone
         self._end_tether()
+        self._remove_env_file()  # a service adopted after a lost reply: kept until now
+        if self.tracker is not None:
+            self.tracker.close()
+        self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
             self._child.pidfd = -1
@@ -982,6 +1064,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
     def describe(self):
         info = dict(self.facts)
         info.update(usage_facts(self._usage.figures, self._manager_figures))
+        if self.tracker is not None:
+            info.update(self.tracker.facts())
         memory = self._watches.get("memory.events")
         if memory is not None:
             info["memory_events"] = {key: memory.values.get(key, 0) for key in ("max", "oom", "oom_kill")}
@@ -1010,7 +1094,13 @@ _ENV_VALUE = re.compile(r"[^\x00-\x08\x0b-\x1f\x7f]*")
 
 
 def _valid_env(key: str, value: str) -> bool:
-    return _ENV_NAME.fullmatch(key) is not None and _ENV_VALUE.fullmatch(value) is not None
+    if _ENV_NAME.fullmatch(key) is None or _ENV_VALUE.fullmatch(value) is None:
+        return False
+    try:
+        value.encode("utf-8")  # systemd wants valid UTF-8; undecodable bytes arrive as surrogates
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _resolve_for_service(name: str, env: dict, cwd: str | None) -> str:
@@ -1018,12 +1108,78 @@ def _resolve_for_service(name: str, env: dict, cwd: str | None) -> str:
     chdir to the command's cwd, with its PATH), or ExecError: 127 for not
     found (also a missing cwd, as chdir gives), 126 for not executable, a
     directory, permission denied."""
-    directory = os.path.abspath(cwd or os.getcwd())
-    if not os.path.isdir(directory):
-        raise ExecError(errno.ENOENT, name)  # a scope's chdir fails so
     # Relative PATH entries (and empty ones: the cwd) are relative to the command's cwd.
-    search = ":".join(os.path.join(directory, d) for d in env.get("PATH", os.defpath).split(":"))
-    return resolve_executable(name, search, directory)
+    return resolve_in_cwd(name, env.get("PATH", os.defpath), cwd)
+
+
+def _env_file_value(value: str) -> str:
+    """``value`` as systemd's environment-file parser reads it back exactly:
+    double-quoted, with backslash before each of ``"`` ``\\`` `` ` `` ``$``
+    (the characters it unescapes there); newlines and tabs stand as they are."""
+    for char in ("\\", '"', "`", "$"):
+        value = value.replace(char, "\\" + char)
+    return f'"{value}"'
+
+
+def _env_file_dirs() -> list[str]:
+    """Where a service's environment file may go: a directory of ours on a
+    tmpfs that the manager can read. The user's runtime directory (a user
+    manager runs as the user; root's system manager reads anything), /run
+    for root, else /dev/shm."""
+    uid = os.geteuid()
+    out = []
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        out.append(os.path.join(runtime, "corral-env"))
+    if uid == 0:
+        out.append("/run/corral-env")
+    out.append(f"/dev/shm/corral-env-{uid}")
+    return out
+
+
+class _EnvFile:
+    """A service's environment as a 0600 file in a private directory (0700,
+    ours, not a symlink; made if missing), named by the run id and 16 random
+    bytes, written O_EXCL. OSError if no such directory can be had."""
+
+    def __init__(self, run_id: str, environment: dict):
+        import stat
+
+        data = "".join(f"{key}={_env_file_value(value)}\n" for key, value in environment.items())
+        encoded = data.encode("utf-8")
+        errors = []
+        for directory in _env_file_dirs():
+            try:
+                try:
+                    os.mkdir(directory, 0o700)
+                except FileExistsError:
+                    pass
+                st = os.lstat(directory)
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                    raise OSError(f"{directory} is not a private directory of ours")
+                path = os.path.join(directory, f"{run_id}.{os.urandom(16).hex()}.env")
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                errors.append(str(exc))
+                continue
+            try:
+                view = memoryview(encoded)
+                while view:
+                    view = view[os.write(fd, view):]
+            except BaseException:
+                os.unlink(path)
+                raise
+            finally:
+                os.close(fd)
+            self.path = path
+            return
+        raise OSError("; ".join(errors))
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
 
 def _cgroup_of(pid: int, unit: str) -> str:

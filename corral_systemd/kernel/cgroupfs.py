@@ -285,3 +285,18 @@ def _io_bytes(path: str) -> tuple[int, int] | None:
             elif key == "wbytes":
                 write += int(value)
     return read, write
+
+
+def proc_cgroup(pid: int, hierarchy: str = "0") -> str | None:
+    """``pid``'s cgroup path in ``hierarchy`` ("0": cgroup v2; or a v1
+    hierarchy's controller list entry such as "name=systemd"), as
+    /proc/PID/cgroup shows it; None if the process is gone or not in it."""
+    try:
+        text = read_bytes(f"/proc/{pid}/cgroup").decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        number, controllers, path = line.split(":", 2)
+        if (number == "0" and hierarchy == "0") or (number != "0" and hierarchy in controllers.split(",")):
+            return path
+    return None

@@ -73,3 +73,230 @@ def signal_cgroup_members(pids, sigs, directory: str) -> list[int]:
         finally:
             os.close(fd)
     return done
+
+
+def _exited(fd: int) -> bool:
+    """A pidfd polls readable once its process has exited (every thread; a zombie counts)."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _limit() -> int:
+    """How many pidfds all trackers of this process may hold together: at
+    most 4096, and at most half the soft descriptor limit."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return min(4096, max(0, soft // 2 - 32)) if soft != resource.RLIM_INFINITY else 4096
+
+
+class RunTracker:
+    """The run's processes as pidfds, to find those that leave its cgroup.
+
+    A process with write access to cgroupfs (root; a user inside their own
+    delegated subtree) can move itself out of the run's cgroup, which then
+    reads empty while it lives. The engines show the tracker every listing
+    of the group they read (``observe``; at least every 0.1 s while the run
+    lives): each new pid gets a pidfd, kept only if the pid is still listed
+    after the pidfd was opened (so the pidfd names the process corral saw,
+    never a reused pid). A tracked process that is no longer listed is dead
+    (its pidfd polls readable: closed) or alive elsewhere: escaped.
+
+    At verification, with the group empty, ``sweep`` finds every process of
+    the run still alive outside it: each tracked process alive, every
+    process in one of the run's sessions (the sessions of those, and
+    ``pinned`` session ids whose number cannot have been reused: the main
+    process's, while corral keeps it unreaped), and every descendant of one
+    found (by parent pid, while the parent lives), from one scan of /proc.
+    Each is SIGKILLed through its pidfd, so a reused pid is never hit.
+
+    Bounded: all trackers of a process hold at most ``_limit()`` pidfds
+    together; past it new processes are not tracked and ``limit_hit`` says
+    so. A process that leaves the group and forks (in a session of its own)
+    before corral first saw it is beyond its reach.
+    """
+
+    _lock = None
+    _open = 0
+    _max: int | None = None
+
+    def __init__(self, hierarchy: str = "0"):
+        import threading
+
+        if RunTracker._lock is None:
+            RunTracker._lock = threading.Lock()
+        #: The group's path as /proc/PID/cgroup shows it (set once known), and
+        #: which line of that file to read: "0" (cgroup v2) or "name=systemd".
+        self.cgroup: str | None = None
+        self.hierarchy = hierarchy
+        self._fds: dict[int, int] = {}
+        #: pids of the run seen alive outside its group (tracked by pidfd).
+        self.escaped: set[int] = set()
+        #: Escaped pids corral could not signal (PermissionError).
+        self.unkillable: set[int] = set()
+        self.limit_hit = False
+        self.peak = 0
+
+    # -- the budget ----------------------------------------------------
+    def _reserve(self) -> bool:
+        with RunTracker._lock:
+            if RunTracker._max is None:
+                RunTracker._max = _limit()
+            if RunTracker._open >= RunTracker._max:
+                return False
+            RunTracker._open += 1
+            return True
+
+    def _unreserve(self, n: int = 1) -> None:
+        with RunTracker._lock:
+            RunTracker._open -= n
+
+    def _drop(self, pid: int) -> None:
+        os.close(self._fds.pop(pid))
+        self._unreserve()
+
+    # -- watching ------------------------------------------------------
+    def in_group(self, pid: int) -> bool | None:
+        """Is ``pid`` in the group (or below it)? None if it cannot be read."""
+        from .cgroupfs import proc_cgroup
+
+        path = proc_cgroup(pid, self.hierarchy)
+        if path is None or self.cgroup is None:
+            return None
+        return path == self.cgroup or path.startswith(self.cgroup.rstrip("/") + "/")
+
+    def observe(self, listed, relist) -> None:
+        """``listed``: the group's pids as just read; ``relist()`` reads them again."""
+        if self.cgroup is None:
+            return
+        listed_set = set(listed)
+        for pid in [p for p in self._fds if p not in listed_set and p not in self.escaped]:
+            if _exited(self._fds[pid]):
+                self._drop(pid)
+            elif self.in_group(pid) is False and not _exited(self._fds[pid]):
+                self.escaped.add(pid)
+        opened = {}
+        for pid in listed:
+            if pid in self._fds or pid in opened:
+                continue
+            if not self._reserve():
+                self.limit_hit = True
+                break
+            try:
+                opened[pid] = os.pidfd_open(pid)
+            except OSError:
+                self._unreserve()
+        if not opened:
+            return
+        still = set(relist())
+        for pid, fd in opened.items():
+            if pid in still:
+                self._fds[pid] = fd
+            else:  # gone (or moved) before it could be confirmed: not ours to keep
+                os.close(fd)
+                self._unreserve()
+        self.peak = max(self.peak, len(self._fds))
+
+    def sweep(self, pinned: tuple = ()) -> list[int]:
+        """With the group empty: find, track and SIGKILL the run's processes
+        still alive outside it; return those still alive."""
+        live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
+        self.escaped.update(live)
+        sids = set(pinned)
+        for pid in live:
+            info = read_stat(pid)
+            if info is not None and not _exited(self._fds[pid]):
+                sids.add(info.sid)
+        sids.discard(os.getsid(0))
+        if sids or live:
+            self._find_members(sids, set(live))
+        left = []
+        for pid in sorted(self.escaped):
+            fd = self._fds.get(pid)
+            if fd is None or _exited(fd):
+                continue
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                self.unkillable.add(pid)
+            left.append(pid)
+        return left
+
+    def _find_members(self, sids: set, parents: set) -> None:
+        """Track every process (from one /proc scan) in one of ``sids`` or
+        below a live tracked process, confirmed after its pidfd is open."""
+        from .procfs import scan
+
+        table = scan()
+        children: dict[int, list] = {}
+        for info in table.values():
+            children.setdefault(info.ppid, []).append(info)
+        me = os.getpid()
+        found = {info.pid: info for info in table.values() if info.sid in sids and info.alive}
+        stack = list(parents | set(found))
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child.pid not in found and child.alive:
+                    found[child.pid] = child
+                    stack.append(child.pid)
+        for pid, info in found.items():
+            if pid == me or pid in self._fds:
+                continue
+            if not self._reserve():
+                self.limit_hit = True
+                return
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                self._unreserve()
+                continue
+            now = read_stat(pid)
+            if now is not None and now.starttime == info.starttime and (
+                    now.sid in sids or (now.ppid in self._fds and not _exited(self._fds[now.ppid]))):
+                self._fds[pid] = fd
+                self.escaped.add(pid)
+            else:
+                os.close(fd)
+                self._unreserve()
+
+    def kill_escaped(self) -> None:
+        """SIGKILL every escaped process still alive (through its pidfd)."""
+        for pid in self.escaped:
+            fd = self._fds.get(pid)
+            if fd is not None and not _exited(fd):
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def facts(self) -> dict:
+        """For the record: only when something happened."""
+        out = {}
+        if self.escaped:
+            out["escaped_pids"] = sorted(self.escaped)
+        if self.limit_hit:
+            out["limit_hit"] = True
+            out["limit"] = RunTracker._max
+        return {"escape_tracking": out} if out else {}
+
+    def unproven(self) -> str | None:
+        if not self.escaped:
+            return None
+        pids = " ".join(map(str, sorted(self.escaped)))
+        killed = "killed through their pidfds" if not self.unkillable else \
+            f"could not kill {' '.join(map(str, sorted(self.unkillable)))}"
+        return (f"processes of the run left its control group while alive (pids {pids}; {killed}): "
+                "what they started elsewhere cannot be proven gone")
+
+    def close(self) -> None:
+        n = len(self._fds)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if n:
+            self._unreserve(n)

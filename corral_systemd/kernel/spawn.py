@@ -174,6 +174,18 @@ def resolve_executable(name: str, path_env: str, cwd: str | None) -> str:
     raise ExecError(errno.EACCES if denied else errno.ENOENT, name)
 
 
+def resolve_in_cwd(name: str, path_env: str, cwd: str | None) -> str:
+    """The executable ``name`` as exec finds it *after* chdir to the
+    command's ``cwd``: relative PATH entries (and empty ones, the current
+    directory) are taken from ``cwd``, not from corral's own directory.
+    ExecError(ENOENT) if ``cwd`` does not exist (as the command's chdir fails)."""
+    directory = os.path.abspath(cwd or os.getcwd())
+    if not os.path.isdir(directory):
+        raise ExecError(errno.ENOENT, name)
+    search = ":".join(os.path.join(directory, d) for d in path_env.split(":"))
+    return resolve_executable(name, search, directory)
+
+
 #: The gate, as a shell: wait for corral's go (a line on fd 3; EOF means
 #: corral gave up), then become the command in its working directory.
 _GATE_SCRIPT = 'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; shift; exec "$@"'
@@ -208,13 +220,14 @@ def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: in
     ``/bin/sh`` in a new session with default signal dispositions and an
     empty mask; the shell waits at the gate and then execs the command.
 
-    Exec errors: the executable is resolved here first (ExecError with
-    ENOENT/EACCES, before anything starts). A later exec failure (e.g. a
+    Exec errors: the executable is resolved here first, in the command's
+    working directory (``resolve_in_cwd``; ExecError with ENOENT/EACCES,
+    before anything starts). A later exec failure (e.g. a
     format the kernel refuses) is the shell's: it prints why and exits
     126/127, which corral reports as the command's exit.
     """
     env = dict(os.environ if env is None else env)
-    path = resolve_executable(argv[0], env.get("PATH", os.defpath), cwd)
+    path = resolve_in_cwd(argv[0], env.get("PATH", os.defpath), cwd)
     import fcntl
 
     gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
