@@ -285,3 +285,45 @@ def test_output_written_after_the_proof_within_the_drain_limit_is_delivered():
     assert result.verified and result.exit_code == 0, result
     assert b"".join(chunks) == b"main\nlate\n", f"late output lost: {chunks}; {steps}"
     assert steps["finished"] - steps["verified"] < 1.2, steps
+
+
+_SLOW_CLEANUP = """
+import os, signal, sys, time
+out = sys.argv[1]
+def on_term(signum, frame):
+    time.sleep(0.5)  # a cleanup that takes a while, well within the grace period
+    with open(out, "w") as f:
+        f.write("cleaned up")
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(out + ".ready", "w").close()
+while True:
+    signal.pause()
+"""
+
+
+def test_the_grace_period_lets_a_slow_cleanup_finish(tmp_path):
+    """SIGTERM, then the grace period: a TERM handler that needs 0.5 s finishes before any SIGKILL."""
+    script = tmp_path / "slow.py"
+    script.write_text(_SLOW_CLEANUP)
+    out = tmp_path / "cleaned"
+    cancel_r, cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    asked = []
+
+    def stop_once_ready(_processes):
+        if not asked and (tmp_path / "cleaned.ready").exists():
+            asked.append(1)
+            os.write(cancel_w, b"x")
+
+    marker = new_marker()
+    try:
+        result = _supervise([sys.executable, str(script), str(out)], marker=marker,
+                            observer=_Hooks(on_tick=stop_once_ready), cancel_fd=cancel_r,
+                            wall=60, grace=5, verify_timeout=5)
+    finally:
+        os.close(cancel_r)
+        os.close(cancel_w)
+    assert asked and result.verified, result
+    assert out.exists(), f"SIGKILLed before its cleanup finished: {result.steps}"
+    assert "kill_sent" not in result.steps, result.steps
+    assert result.steps["verified"] - result.steps["term_sent"] >= 0.4, result.steps
