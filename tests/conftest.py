@@ -77,7 +77,7 @@ def corral(tmp_path):
         argv = list(CORRAL)
         if record:
             argv += ["--json", str(json_path)]
-        argv += args
+        argv += scale_walls(args)
         start = time.monotonic()
         proc = subprocess.run(argv, env=full_env, capture_output=True, timeout=timeout, input=input,
                               stdin=None if input is not None else subprocess.DEVNULL)
@@ -104,11 +104,38 @@ def fault_cases():
     return cases
 
 
+def _scaled(duration: str) -> str:
+    for suffix, factor in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600)):
+        if duration.endswith(suffix) and duration[: -len(suffix)].replace(".", "", 1).isdigit():
+            return f"{float(duration[: -len(suffix)]) * factor * TIME_SCALE:g}s"
+    return duration
+
+
+def scale_walls(args: list) -> list:
+    """corral's arguments with every ``--wall`` value multiplied by TIME_SCALE
+    (up to the ``--`` that starts the command)."""
+    if TIME_SCALE == 1:
+        return list(args)
+    out, i = [], 0
+    args = list(args)
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        if arg == "--wall" and i + 1 < len(args):
+            out += [arg, _scaled(str(args[i + 1]))]
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def fault_argv(fault, args):
     out = []
     for key, value in args.items():
-        if key == "wall" and TIME_SCALE != 1:
-            value = f"{float(str(value).removesuffix('s')) * TIME_SCALE:g}s"
+        if key == "wall":
+            value = _scaled(str(value))
         out += [f"--{key.replace('_', '-')}", str(value)]
     return out + ["--", str(FAULTS / fault["file"])]
 

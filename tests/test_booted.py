@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORRAL, FAULTS
+from conftest import CORRAL, FAULTS, scale_walls
 from modes import MANAGER, mode_flags, scope_flag, systemctl, unit_property
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
@@ -63,7 +63,7 @@ def _start(unit_type, tmp_path, *extra):
     record = tmp_path / f"record-{marker}.json"
     env = dict(os.environ, **{MARKER_ENV: marker})
     with open(errpath, "wb") as err:  # a file: a survivor holding a pipe could not hang the test
-        proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), "--json", str(record), *extra, "--", "sh", "-c",
+        proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), "--json", str(record), *scale_walls(extra), "--", "sh", "-c",
                                  f"setsid sleep 3600 & touch {ready}; sleep 3600"],
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 30
@@ -140,7 +140,7 @@ def test_a_run_from_a_login_session_lands_in_the_users_manager(tmp_path):
         pytest.skip("root opens the login session (system lane)")
     marker = new_marker()
     record = Path("/tmp") / f"corral-login-{marker}.json"
-    script = (f"env {MARKER_ENV}={marker} {INSTALLED} --json {record} --wall 2s -- "
+    script = (f"env {MARKER_ENV}={marker} {INSTALLED} --json {record} {' '.join(scale_walls(['--wall', '2s']))} -- "
               "sh -c 'setsid sleep 300 & echo session=$XDG_SESSION_ID; cat /proc/self/cgroup; sleep 300'")
     try:
         out = subprocess.run(["su", "-l", "tester", "-c", script], capture_output=True, text=True, timeout=120)
@@ -166,7 +166,7 @@ def test_installed_package_on_this_manager(tmp_path):
     assert os.path.realpath(unit_property("corral.slice", "FragmentPath")) == os.path.realpath(frag)
     marker = new_marker()
     rec = tmp_path / "r.json"
-    out = subprocess.run([INSTALLED, "--json", str(rec), "--wall", "2s", "--", "sh", "-c",
+    out = subprocess.run([INSTALLED, "--json", str(rec), *scale_walls(["--wall", "2s"]), "--", "sh", "-c",
                           "setsid sleep 300 & nohup sleep 300 >/dev/null 2>&1 & sleep 300"],
                          env=dict(os.environ, **{MARKER_ENV: marker}), capture_output=True, text=True, timeout=60)
     try:

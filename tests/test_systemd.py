@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import CORRAL, FAULTS, TIME_SCALE
+from conftest import CORRAL, FAULTS, TIME_SCALE, scale_walls
 from modes import KERNEL_LIMITS, LAYOUT, MANAGER, manager_runtime_dir, mode_flags, needs_user_manager, unit_property
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
@@ -70,7 +70,7 @@ def _start_daemon_run(unit_type, tmp_path, *extra, **popen):
     marker = new_marker()
     ready = tmp_path / f"ready-{marker}"
     env = dict(os.environ, **{MARKER_ENV: marker})
-    proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), *extra, "--", "sh", "-c",
+    proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), *scale_walls(extra), "--", "sh", "-c",
                              f"setsid sleep 3600 & touch {ready}; sleep 3600"], env=env,
                             stdin=subprocess.DEVNULL, **popen)
     deadline = time.monotonic() + 10
