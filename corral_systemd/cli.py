@@ -127,10 +127,10 @@ def _is_stdout(path: str) -> bool:
 def _print_record(result) -> None:
     """The record as JSON on standard output, after everything the command wrote there."""
     from .output import write_all
-    from .record import from_result
+    from .record_json import record_bytes
 
     sys.stdout.flush()
-    write_all(1, from_result(result).model_dump_json(indent=2).encode() + b"\n", raise_broken=True)
+    write_all(1, record_bytes(result), raise_broken=True)
 
 
 def _check_json_path(path: str) -> None:
@@ -170,7 +170,7 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)
     if json_path is not None:
-        from .record import write_record
+        from .record_json import write_record
 
         try:
             _print_record(result) if _is_stdout(json_path) else write_record(result, json_path)
@@ -197,7 +197,9 @@ def summary_line(result) -> str:
     else:
         what = {"timeout": "wall limit reached", "memory": "memory limit exceeded",
                 "output": "output limit exceeded", "interrupted": f"interrupted by signal {result.corral_signal}",
-                "spawn_failed": result.detail, "setup_failed": result.detail}.get(result.reason, result.reason)
+                "spawn_failed": result.detail, "setup_failed": result.detail,
+                # 120 without its reason tells the user nothing to act on.
+                "internal_error": f"corral lost track of the run: {result.detail}"}.get(result.reason, result.reason)
     line = (f"corral: {mode}: {what}; exit {result.exit_code}; {format_duration(result.wall_time)}; "
             f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped")
     if usage := usage_summary(result):

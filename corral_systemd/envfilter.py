@@ -6,7 +6,7 @@ matching a ``--env-drop`` glob (drop wins over keep). Globs are fnmatch
 patterns matched case-sensitively. Only names are ever reported.
 
 corral itself adds one variable, and only with ``--credential``:
-``CREDENTIALS_DIRECTORY``. In service mode systemd adds ``MANAGERPID`` and
+``CREDENTIALS_DIRECTORY``. In service mode systemd adds ``MANAGERPID`` (a user manager) and
 ``SYSTEMD_EXEC_PID`` to every service; corral removes every other variable
 the manager would add (``UnsetEnvironment=``) when the environment is
 filtered.

@@ -1,26 +1,19 @@
-"""The versioned run record written by ``--json``: a pydantic model.
+"""The versioned run record: its schema, as pydantic models.
 
-Imported only when a record is asked for (pydantic costs ~60 ms to load).
-Environment values are never part of a record; only names may appear.
-Arguments that look like secrets are redacted in ``argv`` exactly as the
-run registry redacts them (``redact.redact_argv``), and ``argv_redacted``
-says whether any was; the exact argv is kept out of the JSON
+``record_json.py`` builds the record's data from a run's outcome without
+pydantic (the CLI's ``--json``: pydantic costs more to import than the rest
+of a run's start-up); ``from_result`` validates that same data into these
+models for the library (``RunResult``) and for tests. Environment values are
+never part of a record; only names may appear. ``argv`` is redacted as the
+run registry redacts it; the exact argv is kept out of the JSON
 (``RunRecord.exact_argv``, for the library's caller).
-Written atomically: a temp file in the target's directory, mode 0600,
-fsync, rename — a reader sees the old file or the whole new one.
 """
 
-import os
-import tempfile
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
-from .redact import redact_argv
-
-RECORD_VERSION = 1
-STEP_ORDER = ("spawned", "command_exited", "deadline", "limit_exceeded", "signal_received",
-              "term_sent", "kill_sent", "verified")
+from .record_json import RECORD_VERSION, record_data
 
 
 class _Strict(BaseModel):
@@ -97,6 +90,9 @@ class EngineInfo(BaseModel):
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: Optional[dict[str, int]] = None
     auto_fallback_reason: Optional[str] = None
+    #: How often corral connected to the manager again mid-run (a daemon-reexec
+    #: closes every private connection); None: never needed.
+    reconnected: Optional[int] = None
 
 
 class EnvironmentNames(_Strict):
@@ -157,45 +153,8 @@ class RunRecord(_Strict):
 
 
 def from_result(result, cls=None, **extra) -> RunRecord:
-    """The record of a RunOutcome (``cls``/``extra``: the library's RunResult)."""
-    exact = [str(arg) for arg in result.argv]
-    argv = redact_argv(exact)
-    record = (cls or RunRecord)(
-        **extra,
-        run_id=result.run_id, mode=result.mode, argv=argv, argv_redacted=argv != exact, cwd=result.cwd,
-        limits=Limits(**result.limits), limits_enforced=result.limits_enforced,
-        started_at=result.started_at, started_monotonic=result.started_monotonic,
-        ended_at=result.ended_at, ended_monotonic=result.ended_monotonic, wall_time=result.wall_time,
-        outcome=result.reason, detail=result.detail, exit_code=result.exit_code,
-        command_exit_status=result.command_exit_status, command_signal=result.command_signal,
-        corral_signal=result.corral_signal, steps=Steps(**result.steps),
-        processes_seen=result.processes_seen, processes_stopped=result.processes_stopped,
-        remaining_pids=result.remaining_pids, verified=result.verified, output_bytes=result.output_bytes,
-        engine=EngineInfo(**result.engine), warnings=result.warnings,
-        environment=getattr(result, "environment", None), credentials=getattr(result, "credentials", []),
-        credentials_delivery=getattr(result, "credentials_delivery", None),
-    )
-    record._exact_argv = exact
-    return record
-
-
-def write_record(result, path: str) -> RunRecord:
-    record = from_result(result)
-    data = record.model_dump_json(indent=2).encode() + b"\n"
-    if os.path.lexists(path) and not os.path.isfile(path) or os.path.islink(path):
-        raise OSError(f"{path} is not a regular file; not replacing it")
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".corral-record-", dir=directory)  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """The record of a RunOutcome (``cls``/``extra``: the library's RunResult):
+    the data ``--json`` writes, validated."""
+    record = (cls or RunRecord).model_validate({**extra, **record_data(result)})
+    record._exact_argv = [str(arg) for arg in result.argv]
     return record

@@ -18,6 +18,8 @@ connection whose client sends a StartTransientUnit call is ended there
   again (a command that exited at once, its unit collected).
 
 Later connections are forwarded untouched. ``connections`` counts them.
+``cut_all()`` ends every connection open now, as a manager's daemon-reexec
+does to its private socket's clients; new ones are forwarded again.
 """
 
 import array
@@ -133,6 +135,10 @@ class CuttingProxy:
         except OSError:
             pass
 
+    def cut_all(self) -> None:
+        with self._lock:
+            _shut(self._socks)
+
     def close(self) -> None:
         try:
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone would not
@@ -140,14 +146,19 @@ class CuttingProxy:
             pass
         self._listener.close()
         with self._lock:
+            _shut(self._socks)
             for s in self._socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 s.close()
         for t in self._threads:
             t.join(5)
+
+
+def _shut(socks) -> None:
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _wait_until_read(sock: socket.socket) -> None:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import CORRAL
+from conftest import CORRAL, TIME_SCALE
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 from corral_systemd import registry as REG
@@ -62,7 +62,9 @@ def run_ids(state) -> list[str]:
 
 
 def wait_for(predicate, timeout=10.0, every=0.01):
-    end = time.monotonic() + timeout
+    """The predicate's first true value; AssertionError after ``timeout``
+    seconds (times TIME_SCALE: a give-up bound, it costs nothing when met)."""
+    end = time.monotonic() + timeout * TIME_SCALE
     while time.monotonic() < end:
         value = predicate()
         if value:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORRAL
-from modes import manager_runtime_dir, mode_flags, scope_flag, unit_property
+from modes import MANAGER, manager_runtime_dir, mode_flags, scope_flag, unit_property
 from procscan import marked_pids
 from test_registry import (CRED_PROBE, SECRET, _assert_secret_nowhere, _secret_file, ctl, env_for, events, markers,  # noqa: F401
                            run_ids, state, wait_for)
@@ -169,8 +169,9 @@ def test_env_clear_keep_path(state, unit_type):
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     names = sorted(line.split("=", 1)[0] for line in proc.stdout.splitlines())
-    # services: systemd sets MANAGERPID and SYSTEMD_EXEC_PID for every service (documented)
-    expected = ["PATH"] if unit_type == "scope" else ["MANAGERPID", "PATH", "SYSTEMD_EXEC_PID"]
+    # services: systemd sets SYSTEMD_EXEC_PID, and a user manager MANAGERPID (documented)
+    expected = ["PATH"] if unit_type == "scope" else sorted(
+        ["PATH", "SYSTEMD_EXEC_PID"] + (["MANAGERPID"] if MANAGER == "user" else []))
     assert names == expected
 
 

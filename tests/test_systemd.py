@@ -73,7 +73,7 @@ def _start_daemon_run(unit_type, tmp_path, *extra, **popen):
     proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), *scale_walls(extra), "--", "sh", "-c",
                              f"setsid sleep 3600 & touch {ready}; sleep 3600"], env=env,
                             stdin=subprocess.DEVNULL, **popen)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * TIME_SCALE
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert ready.exists(), "run never started"
@@ -305,6 +305,34 @@ def test_connection_lost_after_a_service_ran_unseen_is_120(corral, cutting_proxy
     assert run.record["outcome"] == "internal_error" and run.record["verified"]
     assert "ended unseen" in run.record["detail"], run.record["detail"]
     assert witness.read_text() == "x\n" and run.survivors == []
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_connection_lost_mid_run_is_reconnected(corral, cutting_proxy, tmp_path, unit_type):
+    """daemon-reexec (a systemd upgrade) closes every private connection
+    while the run goes on: corral connects again, and a service's exit
+    status still comes from the manager (without the reconnect: 120,
+    "manager lost")."""
+    import threading
+
+    proxy = cutting_proxy(None)
+    started = tmp_path / "started"
+
+    def cut_when_started():
+        for _ in range(int(30 / 0.05)):
+            if started.exists():
+                proxy.cut_all()
+                return
+            time.sleep(0.05)
+
+    cutter = threading.Thread(target=cut_when_started, daemon=True)
+    cutter.start()
+    run = corral(mode_flags(unit_type) + ["--", "sh", "-c", f'touch "{started}"; sleep {2 * TIME_SCALE:g}; exit 7'],
+                 env=_proxied_env(proxy, tmp_path))
+    cutter.join(1)
+    assert run.returncode == 7, run.stderr
+    assert proxy.connections == 2 and run.record["engine"].get("reconnected") == 1, (proxy.connections, run.record["engine"])
+    assert run.record["verified"] and run.survivors == []
 
 
 def _wait_unit_gone(unit):

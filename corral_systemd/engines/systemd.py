@@ -55,6 +55,13 @@ RUNTIME_CALL_TIMEOUT = 1.0
 EXIT_EXEC = 203
 #: How often the unit's cgroup figures are read while the run lives (see _arm_watches).
 SAMPLE_INTERVAL = 0.1
+#: A CLI run whose manager connection ended mid-run (daemon-reexec closes every
+#: private connection) connects again for this long before it calls the manager
+#: lost; one attempt every RECONNECT_EVERY, each bounded by RECONNECT_TIMEOUT so
+#: the watch loop (deadline, limits) is never held longer than that.
+RECONNECT_WINDOW = 60.0
+RECONNECT_EVERY = 0.5
+RECONNECT_TIMEOUT = 0.5
 
 
 class SystemdExecError(ExecError):
@@ -160,6 +167,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._status: int | None = None
         self._main_started = False  # a service's main process was started (PropertiesChanged)
         self._conn_dead = False  # the manager connection ended
+        self._conn_lost_at: float | None = None  # when (monotonic); see _reconnect
+        self._next_reconnect = 0.0
         self._adopted: str | None = None  # see _adopt_service
         self._start_reply_lost: str | None = None
         self._cgroup: str | None = None
@@ -749,8 +758,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         try:
             self.conn.read_pending()
         except BusError as exc:
-            # Manager gone: verification will tell what we can prove.
+            # Manager gone (or re-executing): _reconnect tries again; if it
+            # never comes back, verification tells what we can prove.
             self._conn_dead = True
+            if self._conn_lost_at is None:
+                self._conn_lost_at = time.monotonic()
             if self.manager.lost is None:
                 self.manager.lost = str(exc)
         while self.conn.signals:
@@ -766,6 +778,41 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             self._read_watches()
             self._sample_cgroup()
 
+    def _reconnect(self) -> bool:
+        """The CLI's own connection ended while the run lives: connect again,
+        subscribe, and read the unit's state back (a re-executed manager
+        deserialises its units, so the run is still there). True once
+        connected. A Runner's shared connection is the session's to restore."""
+        if not self._conn_dead or self._session is not None or time.monotonic() < self._next_reconnect:
+            return not self._conn_dead
+        self._next_reconnect = time.monotonic() + RECONNECT_EVERY
+        lost = self.manager.lost
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        try:
+            self.manager_kind, self.conn = connect_manager(self.spec.manager, RECONNECT_TIMEOUT)
+            self.manager = Manager(self.conn)
+            self.conn.timeout = RECONNECT_TIMEOUT
+            _subscribe(self.conn, self.manager)
+            self.manager.add_match(self._unit_match)
+            loaded = self.manager.unit_loaded(self.unit)
+            state = self.manager.get(self.unit, UNIT, "ActiveState") if loaded else None
+        except (BusError, SetupError, OSError) as exc:
+            self.manager.lost = lost or str(exc)
+            return False
+        self.conn.timeout = RUNTIME_CALL_TIMEOUT
+        self._conn_dead, self._conn_lost_at = False, None
+        self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
+        if not loaded:
+            self._unit_gone = True  # ended and collected while we were away
+        else:
+            self._active_state = state
+            if self._child is None:
+                self._refresh_service_status()
+        return True
+
     def lost_track(self):
         if self._start_reply_lost is not None and self._status is None:
             return self._start_reply_lost
@@ -774,6 +821,13 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             return f"{self._adopted}; it ended without an exit status of its command"
         # A service's end and exit status come only from the manager: with
         # the connection gone, watching on would wait forever.
+        if self._conn_dead and self._started and self._status is None and not self._reconnect():
+            if self._session is None and not self._unit_gone and (
+                    time.monotonic() - (self._conn_lost_at or 0) < RECONNECT_WINDOW):
+                return None  # a re-executing manager comes back: keep watching (the deadline still holds)
+        if self.facts.get("reconnected") and self._unit_gone and self._child is None and self._status is None:
+            return (f"the systemd manager connection was lost and {self.unit} was collected "
+                    "before corral reconnected: the service's exit status cannot be known")
         if self._conn_dead and self._started and self._child is None and self._status is None:
             return (f"systemd manager lost ({self.manager.lost}): the service's exit status cannot be "
                     "known; stopped it")
@@ -858,6 +912,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         memory = self._watches.get("memory.events")
         if memory is not None and memory.values.get("oom_kill", 0) > 0:
             return True
+        if memory is not None and memory.values.get("oom", 0) > 0 and self._sigkilled_unprompted():
+            # The group hit its limit and the main process died of SIGKILL that
+            # corral did not send: the kernel's kill, whose oom_kill count
+            # was not read before the manager removed the group.
+            return True
         mem_v1 = self._dir("memory")
         if mem_v1:
             try:
@@ -866,6 +925,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             except OSError:
                 pass
         return self.facts.get("unit_result") == "oom-kill"
+
+    def _sigkilled_unprompted(self) -> bool:
+        status = self._status
+        return (status is not None and not self._stopping and os.WIFSIGNALED(status)
+                and os.WTERMSIG(status) == signal.SIGKILL)
 
     def _sample_manager(self, props):
         """Keep the manager's figures (see ``usage_facts``: the larger reading
