@@ -115,6 +115,8 @@ def overhead_runners(manager: bool) -> dict:
         "python-import-typer": [sys.executable, "-c", "import typer"],
         "timeout": ["timeout", "10", "/bin/true"],
         "corral-fallback": corral + MODES["corral-fallback"] + ["--quiet", "--", "/bin/true"],
+        # what an agent runs: the record on stdout (written without pydantic since issue 12)
+        "corral-fallback-json": corral + MODES["corral-fallback"] + ["--quiet", "--json", "-", "--", "/bin/true"],
         "corral-scope": corral + MODES["corral-scope"] + ["--quiet", "--", "/bin/true"],
         "corral-service": corral + MODES["corral-service"] + ["--quiet", "--", "/bin/true"],
         "systemd-run": ["systemd-run", "--user", "--wait", "--collect", "-q", "/bin/true"],
@@ -152,6 +154,8 @@ def section_overhead(opts, manager, tmp):
     p50 = {n: stats[n]["p50"] for n in live}
     ratios = {}
     floor = p50.get("python-import-typer")
+    if "corral-fallback-json" in p50:
+        ratios["corral-fallback-json / corral-fallback"] = p50["corral-fallback-json"] / p50["corral-fallback"]
     for n in ("corral-fallback", "corral-scope", "corral-service"):
         if n in p50 and floor:
             ratios[f"{n} / python-import-typer"] = p50[n] / floor

@@ -65,7 +65,7 @@ def test_readme_corralctl_synopsis_matches_help():
 def test_readme_says_how_long_the_tests_take_and_what_they_run():
     """Item 18: duration, the harness steps, the VM lane and how to run it."""
     text = _readme_section("Run the tests")
-    for needle in ("about 10 minutes", "CORRAL_VM_LANE=1", "tests/vm/run-lane", "tests/harness/with-user-manager",
+    for needle in ("about 30 minutes", "about 10 minutes", "CORRAL_VM_LANE=0", "tests/vm/run-lane", "tests/harness/with-user-manager",
                    "manager_kill", "private_run", "hybrid", "unified"):
         assert needle in text, needle
 

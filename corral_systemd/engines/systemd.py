@@ -802,12 +802,19 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         except (BusError, SetupError, OSError) as exc:
             self.manager.lost = lost or str(exc)
             return False
+        if not loaded and self._pids():
+            # Unknown to the manager, yet its processes still run in its
+            # group: not collected (a collected unit's group is empty and
+            # gone). Ask again on the next attempt, within the window.
+            self.conn.close()
+            return False
         self.conn.timeout = RUNTIME_CALL_TIMEOUT
         self._conn_dead, self._conn_lost_at = False, None
         self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
-        if not loaded:
-            self._unit_gone = True  # ended and collected while we were away
-        else:
+        # The new manager's word wins: one going down for daemon-reexec frees
+        # its units and says UnitRemoved for each, this one too (VM lane).
+        self._unit_gone = not loaded  # not loaded: it ended and was collected while we were away
+        if loaded:
             self._active_state = state
             if self._child is None:
                 self._refresh_service_status()
@@ -822,8 +829,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         # A service's end and exit status come only from the manager: with
         # the connection gone, watching on would wait forever.
         if self._conn_dead and self._started and self._status is None and not self._reconnect():
-            if self._session is None and not self._unit_gone and (
-                    time.monotonic() - (self._conn_lost_at or 0) < RECONNECT_WINDOW):
+            # (_unit_gone is no reason to stop waiting: see _reconnect)
+            if self._session is None and time.monotonic() - (self._conn_lost_at or 0) < RECONNECT_WINDOW:
                 return None  # a re-executing manager comes back: keep watching (the deadline still holds)
         if self.facts.get("reconnected") and self._unit_gone and self._child is None and self._status is None:
             return (f"the systemd manager connection was lost and {self.unit} was collected "
