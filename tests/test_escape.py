@@ -74,7 +74,7 @@ def escape(tmp_path):
 
     script.log = log
     yield script
-    dirs = [line for line in (log.read_text().splitlines() if log.exists() else []) if line != "moved"]
+    dirs = [line for line in (log.read_text().splitlines() if log.exists() else []) if line not in ("moved", "forked")]
     for d in sorted(set(dirs), key=len, reverse=True):
         for _ in range(50):
             try:
@@ -116,9 +116,14 @@ def test_seen_process_that_moves_out_is_killed(corral, escape, mode, every_hiera
 @pytest.mark.parametrize("mode", MODES)
 def test_moved_process_that_forks_loses_its_children_too(corral, escape, mode):
     """After moving, the escaper starts a child in its session and one in a
-    session of its own: both are found (session, parent) and killed."""
-    inner = escape(f"sleep {SEEN}; escape; sleep 600 & setsid sleep 600 & exec sleep 600")
-    cmd = f"setsid sh -c {shlex.quote(inner)} & sleep {SEEN + 1.5}"
+    session of its own: both are found (session, parent) and killed. The
+    command waits until both are forked (a fixed sleep let the run end while
+    the escaper was still moving on a loaded CI machine: then it forked after
+    corral's sweep, which no tracker can see)."""
+    log = shlex.quote(str(escape.log))
+    inner = escape(f"sleep {SEEN}; escape; sleep 600 & setsid sleep 600 & echo forked >>{log}; exec sleep 600")
+    wait = f"i=0; until grep -qx forked {log} 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done"
+    cmd = f"setsid sh -c {shlex.quote(inner)} & {wait}"
     run = corral([*mode_flags(mode), "--", "sh", "-c", cmd])
     _check(run, escape, expect_pids=3)
 

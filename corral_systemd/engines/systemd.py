@@ -919,10 +919,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         memory = self._watches.get("memory.events")
         if memory is not None and memory.values.get("oom_kill", 0) > 0:
             return True
-        if memory is not None and memory.values.get("oom", 0) > 0 and self._sigkilled_unprompted():
+        if memory is not None and (memory.values.get("oom", 0) > 0 or memory.values.get("max", 0) > 0) \
+                and self._sigkilled_unprompted():
             # The group hit its limit and the main process died of SIGKILL that
-            # corral did not send: the kernel's kill, whose oom_kill count
-            # was not read before the manager removed the group.
+            # corral did not send: the kernel's kill, whose oom_kill count was
+            # not read before the manager removed the group (the VM lane, under
+            # emulation, read {max: 1, oom: 0, oom_kill: 0} last).
             return True
         mem_v1 = self._dir("memory")
         if mem_v1:
