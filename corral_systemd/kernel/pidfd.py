@@ -205,24 +205,14 @@ class RunTracker:
         still alive outside it; return those still alive."""
         live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
         self.escaped.update(live)
-        # SIGSTOP first, and each process found below as it is found: one
-        # that is stopped cannot fork, so nothing is born between the scan
-        # and the SIGKILL (a child forked there into a session of its own
-        # would be out of reach once its parent died; seen in CI).
-        self._send(live, signal.SIGSTOP)
         sids = set(pinned)
         for pid in live:
             info = read_stat(pid)
             if info is not None and not _exited(self._fds[pid]):
                 sids.add(info.sid)
         sids.discard(os.getsid(0))
-        parents = set(live)
-        while sids or parents:
-            new = self._find_members(sids, parents)
-            if not new:
-                break
-            self._send(new, signal.SIGSTOP)
-            parents = set(new)  # their children, born before they stopped
+        if sids or live:
+            self._find_members(sids, set(live))
         left = []
         for pid in sorted(self.escaped):
             fd = self._fds.get(pid)
@@ -237,19 +227,9 @@ class RunTracker:
             left.append(pid)
         return left
 
-    def _send(self, pids, signo) -> None:
-        for pid in pids:
-            fd = self._fds.get(pid)
-            if fd is not None and not _exited(fd):
-                try:
-                    signal.pidfd_send_signal(fd, signo)
-                except (ProcessLookupError, PermissionError):
-                    pass  # gone; or not ours to signal (sweep's SIGKILL records that)
-
-    def _find_members(self, sids: set, parents: set) -> list[int]:
+    def _find_members(self, sids: set, parents: set) -> None:
         """Track every process (from one /proc scan) in one of ``sids`` or
-        below a live tracked process, confirmed after its pidfd is open;
-        return the pids newly tracked."""
+        below a live tracked process, confirmed after its pidfd is open."""
         from .procfs import scan
 
         table = scan()
@@ -257,7 +237,6 @@ class RunTracker:
         for info in table.values():
             children.setdefault(info.ppid, []).append(info)
         me = os.getpid()
-        added = []
         found = {info.pid: info for info in table.values() if info.sid in sids and info.alive}
         stack = list(parents | set(found))
         while stack:
@@ -270,7 +249,7 @@ class RunTracker:
                 continue
             if not self._reserve():
                 self.limit_hit = True
-                return added
+                return
             try:
                 fd = os.pidfd_open(pid)
             except OSError:
@@ -281,11 +260,9 @@ class RunTracker:
                     now.sid in sids or (now.ppid in self._fds and not _exited(self._fds[now.ppid]))):
                 self._fds[pid] = fd
                 self.escaped.add(pid)
-                added.append(pid)
             else:
                 os.close(fd)
                 self._unreserve()
-        return added
 
     def kill_escaped(self) -> None:
         """SIGKILL every escaped process still alive (through its pidfd)."""
