@@ -200,9 +200,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type,
                       "transport": "private" if self.direct else "bus"}
 
-    def _open_own_connection(self) -> None:
+    def _open_own_connection(self, timeout: float = START_TIMEOUT) -> None:
         """A connection of this run's own (the CLI), subscribed to the unit's signals."""
-        self.manager_kind, self.conn = connect_manager(self.spec.manager, START_TIMEOUT)
+        self.manager_kind, self.conn = connect_manager(self.spec.manager, timeout)
         self.manager = Manager(self.conn)
         try:
             _subscribe(self.conn, self.manager)
@@ -792,11 +792,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         except Exception:
             pass
         try:
-            self.manager_kind, self.conn = connect_manager(self.spec.manager, RECONNECT_TIMEOUT)
-            self.manager = Manager(self.conn)
-            self.conn.timeout = RECONNECT_TIMEOUT
-            _subscribe(self.conn, self.manager)
-            self.manager.add_match(self._unit_match)
+            self._open_own_connection(RECONNECT_TIMEOUT)
             loaded = self.manager.unit_loaded(self.unit)
             state = self.manager.get(self.unit, UNIT, "ActiveState") if loaded else None
         except (BusError, SetupError, OSError) as exc:
