@@ -265,7 +265,17 @@ class RunTracker:
                 self._unreserve()
 
     def kill_escaped(self) -> None:
-        """SIGKILL every escaped process still alive (through its pidfd)."""
+        """SIGKILL every escaped process still alive (through its pidfd).
+
+        Their sessions and children are found first, while they live: once
+        an escaper is dead its session id may be reused and its children
+        are reparented, so ``sweep`` could no longer tell them from
+        strangers (a moved process's children then outlived the run)."""
+        live = {pid for pid in self.escaped if pid in self._fds and not _exited(self._fds[pid])}
+        if live:
+            sids = {info.sid for pid in live if (info := read_stat(pid)) is not None}
+            sids.discard(os.getsid(0))
+            self._find_members(sids, live)
         for pid in self.escaped:
             fd = self._fds.get(pid)
             if fd is not None and not _exited(fd):
