@@ -39,8 +39,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (BENCH, FAULTS, MARKER_ENV, RESULTS, corral_argv, environment_info,  # noqa: E402
-                    exit_status, kill_marked, marked_pids, new_marker, user_manager_reachable)
+from common import (
+    BENCH,
+    FAULTS,
+    MARKER_ENV,
+    RESULTS,
+    corral_argv,
+    environment_info,  # noqa: E402
+    exit_status,
+    kill_marked,
+    marked_pids,
+    new_marker,
+    user_manager_reachable,
+)
 
 MODES = {
     "corral-fallback": ["--cgroup-mode", "fallback"],
@@ -62,8 +73,14 @@ def pct(values, q):
 def summary(values):
     if not values:
         return {"n": 0}
-    return {"n": len(values), "p50": statistics.median(values), "p95": pct(values, 95),
-            "min": min(values), "max": max(values), "mean": statistics.fmean(values)}
+    return {
+        "n": len(values),
+        "p50": statistics.median(values),
+        "p95": pct(values, 95),
+        "min": min(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+    }
 
 
 GNU_TIME = "/usr/bin/time"
@@ -108,6 +125,7 @@ def run_wait4(argv, env=None, stdout=subprocess.DEVNULL, timeout=60.0):
 
 # --------------------------------------------------------------------- overhead
 
+
 def overhead_runners(manager: bool) -> dict:
     corral = corral_argv()
     runners = {
@@ -133,7 +151,7 @@ def section_overhead(opts, manager, tmp):
     total = opts.overhead_runs + opts.warmup
     for rnd in range(total):
         # Round-robin, rotating who goes first so no runner always follows the same one.
-        order = live[rnd % len(live):] + live[:rnd % len(live)]
+        order = live[rnd % len(live) :] + live[: rnd % len(live)]
         for name in order:
             elapsed, status, _ = run_wait4(runners[name])
             if status != 0:
@@ -149,8 +167,14 @@ def section_overhead(opts, manager, tmp):
             value = read_rss(path)
             if value is not None:
                 rss[name].append(value)
-    stats = {n: ({**summary(times[n]), "rss_kib": summary(rss[n]), "nonzero_exits": bad[n]} if runners[n]
-                 else {"n/a": "no systemd user manager reachable"}) for n in runners}
+    stats = {
+        n: (
+            {**summary(times[n]), "rss_kib": summary(rss[n]), "nonzero_exits": bad[n]}
+            if runners[n]
+            else {"n/a": "no systemd user manager reachable"}
+        )
+        for n in runners
+    }
     p50 = {n: stats[n]["p50"] for n in live}
     ratios = {}
     floor = p50.get("python-import-typer")
@@ -167,11 +191,18 @@ def section_overhead(opts, manager, tmp):
             if n != "systemd-run":
                 ratios[f"{n} / systemd-run"] = p50[n] / p50["systemd-run"]
     argv = {n: a for n, a in runners.items()}
-    return {"runs": opts.overhead_runs, "warmup_rounds": opts.warmup, "argv": argv, "seconds": stats,
-            "ratios_of_medians": ratios, "raw": times}
+    return {
+        "runs": opts.overhead_runs,
+        "warmup_rounds": opts.warmup,
+        "argv": argv,
+        "seconds": stats,
+        "ratios_of_medians": ratios,
+        "raw": times,
+    }
 
 
 # ------------------------------------------------------------------------- stop
+
 
 def corral_record_run(mode, extra, target, tmp: Path, timeout=120.0):
     """One corral run with --json; returns dict with the record's key figures."""
@@ -196,16 +227,24 @@ def figures(rec_path: Path, elapsed, status, maxrss, survivors):
         out["record"] = None
         return out
     steps = rec["steps"]
-    out.update({
-        "stop_latency": (steps["verified"] - steps["deadline"]
-                         if steps.get("verified") is not None and steps.get("deadline") is not None else None),
-        "deadline_to_term": (steps["term_sent"] - steps["deadline"]
-                             if steps.get("term_sent") is not None and steps.get("deadline") is not None else None),
-        "spawned": steps.get("spawned"),
-        "processes_stopped": rec.get("processes_stopped"),
-        "verified": rec.get("verified"),
-        "record_wall_time": rec.get("wall_time"),
-    })
+    out.update(
+        {
+            "stop_latency": (
+                steps["verified"] - steps["deadline"]
+                if steps.get("verified") is not None and steps.get("deadline") is not None
+                else None
+            ),
+            "deadline_to_term": (
+                steps["term_sent"] - steps["deadline"]
+                if steps.get("term_sent") is not None and steps.get("deadline") is not None
+                else None
+            ),
+            "spawned": steps.get("spawned"),
+            "processes_stopped": rec.get("processes_stopped"),
+            "verified": rec.get("verified"),
+            "record_wall_time": rec.get("wall_time"),
+        }
+    )
     rec_path.unlink(missing_ok=True)
     return out
 
@@ -235,14 +274,18 @@ def section_stop(opts, manager, tmp):
     runs = {m: [] for m in modes}
     target = [str(FAULTS / "F05-daemon-stays")]
     for i in range(opts.stop_runs):
-        for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+        for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:
             runs[mode].append(corral_record_run(mode, ["--wall", "200ms"], target, tmp))
         if (i + 1) % 10 == 0:
             log(f"stop: {i + 1}/{opts.stop_runs}")
-    return {"fault": "F5", "wall": "200ms", "runs_per_mode": opts.stop_runs,
-            "modes": {m: summarize_runs(runs[m]) for m in modes},
-            "unavailable": [m for m in MODES if m not in modes],
-            "raw_stop_latency": {m: [r.get("stop_latency") for r in runs[m]] for m in modes}}
+    return {
+        "fault": "F5",
+        "wall": "200ms",
+        "runs_per_mode": opts.stop_runs,
+        "modes": {m: summarize_runs(runs[m]) for m in modes},
+        "unavailable": [m for m in MODES if m not in modes],
+        "raw_stop_latency": {m: [r.get("stop_latency") for r in runs[m]] for m in modes},
+    }
 
 
 def section_tree(opts, manager, tmp):
@@ -252,11 +295,15 @@ def section_tree(opts, manager, tmp):
         wall = f"{1 + size / 400:.2f}s"
         runs = {m: [] for m in modes}
         for i in range(opts.tree_reps):
-            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+            for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:
                 runs[mode].append(corral_record_run(mode, ["--wall", wall], [str(BENCH / "tree.py"), str(size)], tmp))
         out[str(size)] = {"wall": wall, "modes": {m: summarize_runs(runs[m]) for m in modes}}
-        log(f"tree {size}: " + ", ".join(f"{m} p50 {out[str(size)]['modes'][m]['stop_latency'].get('p50', float('nan')):.3f}s"
-                                         for m in modes))
+        log(
+            f"tree {size}: "
+            + ", ".join(
+                f"{m} p50 {out[str(size)]['modes'][m]['stop_latency'].get('p50', float('nan')):.3f}s" for m in modes
+            )
+        )
     return {"reps": opts.tree_reps, "sizes": out, "unavailable": [m for m in MODES if m not in modes]}
 
 
@@ -278,8 +325,9 @@ def section_concurrency(opts, manager, tmp):
                     argv = corral_argv() + MODES[mode] + ["--wall", "2s", "--quiet", "--json", str(rec), "--"] + target
                     argv = rss_wrap(argv, tmp / f"{marker}.rss")
                     start = time.perf_counter()
-                    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen(
+                        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                    )
                     batch.append((proc, marker, rec, start))
                 finished = {}
                 pending = {p.pid: (p, m, r, s) for p, m, r, s in batch}
@@ -290,14 +338,14 @@ def section_concurrency(opts, manager, tmp):
                         time.sleep(0.002)
                         continue
                     if pid in pending:
-                        proc, marker, rec, start = pending.pop(pid)
+                        proc, _marker, _rec, start = pending.pop(pid)
                         proc.returncode = os.waitstatus_to_exitcode(status)
                         finished[pid] = (time.perf_counter() - start, exit_status(proc.returncode), ru.ru_maxrss)
-                for pid, (proc, marker, rec, start) in pending.items():  # hung: kill by pid
+                for pid, (proc, *_) in pending.items():  # hung: kill by pid
                     proc.kill()
                     proc.wait()
                     finished[pid] = (120.0, "hang", 0)
-                for proc, marker, rec, start in batch:
+                for proc, marker, rec, _start in batch:
                     survivors = len(marked_pids(marker))
                     kill_marked(marker)
                     elapsed, status, _ = finished[proc.pid]
@@ -305,14 +353,25 @@ def section_concurrency(opts, manager, tmp):
                     runs.append(figures(rec, elapsed, status, maxrss, survivors))
             level[mode] = summarize_runs(runs)
         out[str(k)] = level
-        log(f"concurrency {k}: " + ", ".join(f"{m} p50 {level[m]['stop_latency'].get('p50', float('nan')):.3f}s "
-                                            f"p95 {level[m]['stop_latency'].get('p95', float('nan')):.3f}s"
-                                            for m in modes))
-    return {"fault": "F5", "wall": "2s", "rounds": opts.concurrency_rounds, "levels": out,
-            "unavailable": [m for m in MODES if m not in modes]}
+        log(
+            f"concurrency {k}: "
+            + ", ".join(
+                f"{m} p50 {level[m]['stop_latency'].get('p50', float('nan')):.3f}s "
+                f"p95 {level[m]['stop_latency'].get('p95', float('nan')):.3f}s"
+                for m in modes
+            )
+        )
+    return {
+        "fault": "F5",
+        "wall": "2s",
+        "rounds": opts.concurrency_rounds,
+        "levels": out,
+        "unavailable": [m for m in MODES if m not in modes],
+    }
 
 
 # ------------------------------------------------------------------------ plots
+
 
 def plots(data, out: Path):
     try:
@@ -352,19 +411,32 @@ def plots(data, out: Path):
         plt.close(fig)
 
     if "tree" in data:
-        latency_plot(data["tree"], "sizes", "sleeping processes in the tree", "Stop latency vs tree size",
-                     "bench_tree.png", True)
+        latency_plot(
+            data["tree"], "sizes", "sleeping processes in the tree", "Stop latency vs tree size", "bench_tree.png", True
+        )
     if "concurrency" in data:
-        latency_plot(data["concurrency"], "levels", "concurrent corral runs (each with a daemon, F5)",
-                     "Stop latency vs concurrency", "bench_concurrency.png", True)
+        latency_plot(
+            data["concurrency"],
+            "levels",
+            "concurrent corral runs (each with a daemon, F5)",
+            "Stop latency vs concurrency",
+            "bench_concurrency.png",
+            True,
+        )
     if "overhead" in data:
         stats = data["overhead"]["seconds"]
         names = [n for n in stats if "p50" in stats[n]]
         fig, ax = plt.subplots(figsize=(7, 3.8))
         ax.barh(names, [stats[n]["p50"] * 1000 for n in names], color="tab:blue", label="p50")
-        ax.errorbar([stats[n]["p50"] * 1000 for n in names], names,
-                    xerr=[[0] * len(names), [(stats[n]["p95"] - stats[n]["p50"]) * 1000 for n in names]],
-                    fmt="none", ecolor="black", capsize=3, label="to p95")
+        ax.errorbar(
+            [stats[n]["p50"] * 1000 for n in names],
+            names,
+            xerr=[[0] * len(names), [(stats[n]["p95"] - stats[n]["p50"]) * 1000 for n in names]],
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+            label="to p95",
+        )
         ax.set_xlabel("ms to run /bin/true")
         ax.set_title("Start-to-return overhead (/bin/true)")
         ax.grid(axis="x", alpha=0.3)
@@ -407,14 +479,21 @@ def main(argv=None) -> int:
     manager = user_manager_reachable()
     if not manager:
         log("no systemd user manager reachable: systemd modes are n/a (run through tests/harness/with-user-manager)")
-    data = {"version": 1, "environment": environment_info(), "options": {
-        k: v for k, v in vars(opts).items() if k != "out"}}
+    data = {
+        "version": 1,
+        "environment": environment_info(),
+        "options": {k: v for k, v in vars(opts).items() if k != "out"},
+    }
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
         tmp = Path(tmp)
         for s in sections:
             t0 = time.monotonic()
-            data[s] = {"overhead": section_overhead, "stop": section_stop, "tree": section_tree,
-                       "concurrency": section_concurrency}[s](opts, manager, tmp)
+            data[s] = {
+                "overhead": section_overhead,
+                "stop": section_stop,
+                "tree": section_tree,
+                "concurrency": section_concurrency,
+            }[s](opts, manager, tmp)
             data[s]["section_seconds"] = round(time.monotonic() - t0, 1)
             log(f"{s} done in {data[s]['section_seconds']} s")
     note = plots(data, opts.out)
@@ -431,7 +510,9 @@ def print_report(data):
         print("\n## /bin/true overhead (ms)\n\n| runner | p50 | p95 | peak RSS p50 (MiB) |\n|---|---|---|---|")
         for n, s in data["overhead"]["seconds"].items():
             if "p50" in s:
-                print(f"| {n} | {s['p50'] * 1000:.1f} | {s['p95'] * 1000:.1f} | {s['rss_kib'].get('p50', 0) / 1024:.1f} |")
+                print(
+                    f"| {n} | {s['p50'] * 1000:.1f} | {s['p95'] * 1000:.1f} | {s['rss_kib'].get('p50', 0) / 1024:.1f} |"
+                )
             else:
                 print(f"| {n} | n/a | n/a | n/a |")
         print("\n| ratio (of medians) | value |\n|---|---|")
@@ -439,27 +520,40 @@ def print_report(data):
             print(f"| {k} | {v:.2f} |")
     if "stop" in data:
         print(f"\n## Stop latency, F5 --wall 200ms, {data['stop']['runs_per_mode']} runs/mode (ms)\n")
-        print("| mode | p50 | p95 | max | deadline→TERM p50 | exits | max survivors | unverified | peak RSS p50 (MiB) |\n|---|---|---|---|---|---|---|---|---|")
+        print(
+            "| mode | p50 | p95 | max | deadline→TERM p50 | exits | max survivors | unverified "
+            "| peak RSS p50 (MiB) |\n|---|---|---|---|---|---|---|---|---|"
+        )
         for m, s in data["stop"]["modes"].items():
             sl = s["stop_latency"]
-            print(f"| {m} | {sl.get('p50', 0) * 1000:.1f} | {sl.get('p95', 0) * 1000:.1f} | {sl.get('max', 0) * 1000:.1f} | "
-                  f"{s['deadline_to_term'].get('p50', 0) * 1000:.1f} | {','.join(s['exits'])} | {s['max_survivors']} | {s['unverified']} | {s['rss_kib'].get('p50', 0) / 1024:.1f} |")
+            print(
+                f"| {m} | {sl.get('p50', 0) * 1000:.1f} | {sl.get('p95', 0) * 1000:.1f} | "
+                f"{sl.get('max', 0) * 1000:.1f} | {s['deadline_to_term'].get('p50', 0) * 1000:.1f} | "
+                f"{','.join(s['exits'])} | {s['max_survivors']} | {s['unverified']} | "
+                f"{s['rss_kib'].get('p50', 0) / 1024:.1f} |"
+            )
     for key, label, sub in (("tree", "tree size", "sizes"), ("concurrency", "concurrent runs", "levels")):
         if key in data:
             print(f"\n## Stop latency vs {label} (ms, p50/p95; peak RSS p50 MiB)\n")
             levels = data[key][sub]
-            modes = sorted({m for lv in levels.values() for m in (lv["modes"] if "modes" in lv else lv)},
-                           key=list(MODES).index)
+            modes = sorted(
+                {m for lv in levels.values() for m in (lv["modes"] if "modes" in lv else lv)}, key=list(MODES).index
+            )
             print(f"| {label} | " + " | ".join(modes) + " |\n|---|" + "---|" * len(modes))
             for x, lv in levels.items():
                 lv = lv["modes"] if "modes" in lv else lv
                 cells = []
                 for m in modes:
                     s = lv[m]["stop_latency"]
-                    extra = "" if lv[m]["max_survivors"] == 0 and lv[m]["unverified"] == 0 else \
-                        f" **survivors {lv[m]['max_survivors']}, unverified {lv[m]['unverified']}**"
-                    cells.append(f"{s.get('p50', 0) * 1000:.0f}/{s.get('p95', 0) * 1000:.0f} "
-                                 f"({lv[m]['rss_kib'].get('p50', 0) / 1024:.0f} MiB){extra}")
+                    extra = (
+                        ""
+                        if lv[m]["max_survivors"] == 0 and lv[m]["unverified"] == 0
+                        else f" **survivors {lv[m]['max_survivors']}, unverified {lv[m]['unverified']}**"
+                    )
+                    cells.append(
+                        f"{s.get('p50', 0) * 1000:.0f}/{s.get('p95', 0) * 1000:.0f} "
+                        f"({lv[m]['rss_kib'].get('p50', 0) / 1024:.0f} MiB){extra}"
+                    )
                 print(f"| {x} | " + " | ".join(cells) + " |")
 
 

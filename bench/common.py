@@ -44,9 +44,17 @@ def user_manager_reachable() -> bool:
         return False
     try:
         probe = subprocess.run(
-            [busctl, "--user", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
-             "org.freedesktop.DBus.Peer", "Ping"],
-            capture_output=True, timeout=10,
+            [
+                busctl,
+                "--user",
+                "call",
+                "org.freedesktop.systemd1",
+                "/org/freedesktop/systemd1",
+                "org.freedesktop.DBus.Peer",
+                "Ping",
+            ],
+            capture_output=True,
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -35,8 +35,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (BENCH, FAULTS, MARKER_ENV, RESULTS, corral_argv, environment_info,  # noqa: E402
-                    exit_status, kill_marked, manifest, marked_pids, new_marker, user_manager_reachable)
+from common import (
+    BENCH,
+    FAULTS,
+    MARKER_ENV,
+    RESULTS,
+    corral_argv,
+    environment_info,  # noqa: E402
+    exit_status,
+    kill_marked,
+    manifest,
+    marked_pids,
+    new_marker,
+    user_manager_reachable,
+)
 
 RUNNERS = ["corral-scope", "corral-service", "corral-fallback", "timeout", "naive", "systemd-run"]
 LABELS = {
@@ -55,9 +67,11 @@ def fault_argv_for(runner: str, fault: dict, marker: str) -> list[str]:
     seconds = float(wall.rstrip("s"))
     target = str(FAULTS / fault["file"])
     if runner.startswith("corral-"):
-        mode = {"corral-scope": ["--cgroup-mode", "enforced", "--unit-type", "scope"],
-                "corral-service": ["--cgroup-mode", "enforced", "--unit-type", "service"],
-                "corral-fallback": ["--cgroup-mode", "fallback"]}[runner]
+        mode = {
+            "corral-scope": ["--cgroup-mode", "enforced", "--unit-type", "scope"],
+            "corral-service": ["--cgroup-mode", "enforced", "--unit-type", "service"],
+            "corral-fallback": ["--cgroup-mode", "fallback"],
+        }[runner]
         flags = []
         for key, value in args.items():
             flags += [f"--{key.replace('_', '-')}", str(value)]
@@ -69,8 +83,17 @@ def fault_argv_for(runner: str, fault: dict, marker: str) -> list[str]:
     if runner == "systemd-run":
         # The user manager gives units its own small environment, so the
         # marker is passed explicitly (corral passes the caller's environment).
-        argv = ["systemd-run", "--user", "--wait", "--collect", "--pipe", "-q",
-                "-p", f"RuntimeMaxSec={wall}", f"--setenv={MARKER_ENV}={marker}"]
+        argv = [
+            "systemd-run",
+            "--user",
+            "--wait",
+            "--collect",
+            "--pipe",
+            "-q",
+            "-p",
+            f"RuntimeMaxSec={wall}",
+            f"--setenv={MARKER_ENV}={marker}",
+        ]
         if "mem" in args:
             argv += ["-p", f"MemoryMax={args['mem']}"]
         return argv + [target]
@@ -122,8 +145,12 @@ def run_once(argv: list[str], marker: str, hang_after: float, logdir: Path) -> d
     kill_marked(marker)
     log.close()
     tail = (logdir / f"{marker}.log").read_bytes()[-400:].decode(errors="replace")
-    return {"exit": "hang" if hung else exit_status(proc.returncode), "survivors": len(survivors),
-            "elapsed": round(elapsed, 3), "tail": tail}
+    return {
+        "exit": "hang" if hung else exit_status(proc.returncode),
+        "survivors": len(survivors),
+        "elapsed": round(elapsed, 3),
+        "tail": tail,
+    }
 
 
 def cell_text(cell: dict) -> str:
@@ -136,12 +163,16 @@ def cell_text(cell: dict) -> str:
 
 def write_markdown(data: dict, path: Path) -> None:
     runners = data["runners"]
-    lines = ["# Fault matrix", "",
-             f"Cells: exit status / most processes left behind over {data['reps']} rep(s) "
-             f"(`a|b` = differing exit statuses, most common first; `hang` = runner had not returned "
-             f"after {data['hang_after']} s; `n/a` = runner unavailable here).", "",
-             "| fault | expected | " + " | ".join(LABELS[r] for r in runners) + " |",
-             "|---|---|" + "---|" * len(runners)]
+    lines = [
+        "# Fault matrix",
+        "",
+        f"Cells: exit status / most processes left behind over {data['reps']} rep(s) "
+        f"(`a|b` = differing exit statuses, most common first; `hang` = runner had not returned "
+        f"after {data['hang_after']} s; `n/a` = runner unavailable here).",
+        "",
+        "| fault | expected | " + " | ".join(LABELS[r] for r in runners) + " |",
+        "|---|---|" + "---|" * len(runners),
+    ]
     for fault in data["faults"]:
         fid = fault["id"]
         row = [f"{fid} {fault['file'].split('-', 1)[1]}", str(fault["expected_exit"])]
@@ -151,8 +182,13 @@ def write_markdown(data: dict, path: Path) -> None:
             bad = not cell.get("na") and (max(cell["survivors"]) > 0 or "hang" in text)
             row.append(f"**{text}**" if bad else text)
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Median seconds until the runner returned:", "",
-              "| fault | " + " | ".join(runners) + " |", "|---|" + "---|" * len(runners)]
+    lines += [
+        "",
+        "Median seconds until the runner returned:",
+        "",
+        "| fault | " + " | ".join(runners) + " |",
+        "|---|" + "---|" * len(runners),
+    ]
     for fault in data["faults"]:
         fid = fault["id"]
         row = [fid]
@@ -164,8 +200,11 @@ def write_markdown(data: dict, path: Path) -> None:
     if unavailable:
         lines += ["", "Unavailable: " + "; ".join(f"{r}: {w}" for r, w in unavailable.items())]
     env = data["environment"]
-    lines += ["", f"Environment: Python {env['python']}, kernel {env['kernel']}, {env['cpus']} CPUs, "
-              f"{env.get('systemd')}, harness layout {env.get('harness_layout')}."]
+    lines += [
+        "",
+        f"Environment: Python {env['python']}, kernel {env['kernel']}, {env['cpus']} CPUs, "
+        f"{env.get('systemd')}, harness layout {env.get('harness_layout')}.",
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -194,8 +233,7 @@ def write_png(data: dict, path: Path) -> str | None:
         for j, runner in enumerate(runners):
             ax.text(j, i, cell_text(data["cells"][fid][runner]), ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(runners)), [LABELS[r].replace(" (", "\n(") for r in runners], fontsize=7)
-    ax.set_yticks(range(len(faults)), [f"{f['id']} {f['file'].split('-', 1)[1]}" for f in data["faults"]],
-                  fontsize=8)
+    ax.set_yticks(range(len(faults)), [f"{f['id']} {f['file'].split('-', 1)[1]}" for f in data["faults"]], fontsize=8)
     ax.set_title(f"Processes left behind (cell: exit/survivors, max of {data['reps']} reps; grey = n/a)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -227,9 +265,17 @@ def main(argv=None) -> int:
     unavailable = availability(runners)
     opts.out.mkdir(parents=True, exist_ok=True)
 
-    cells = {f["id"]: {r: ({"na": True, "why": unavailable[r]} if unavailable[r] else
-                           {"exits": [], "survivors": [], "elapsed": [], "tails": []}) for r in runners}
-             for f in faults}
+    cells = {
+        f["id"]: {
+            r: (
+                {"na": True, "why": unavailable[r]}
+                if unavailable[r]
+                else {"exits": [], "survivors": [], "elapsed": [], "tails": []}
+            )
+            for r in runners
+        }
+        for f in faults
+    }
     missing_tools = {f["id"]: [t for t in f.get("requires", []) if shutil.which(t) is None] for f in faults}
     with tempfile.TemporaryDirectory(prefix="corral-compare-") as tmp:
         logdir = Path(tmp)
@@ -249,10 +295,14 @@ def main(argv=None) -> int:
                     cell["elapsed"].append(result["elapsed"])
                     if result["exit"] != fault["expected_exit"] or result["survivors"]:
                         cell["tails"].append(result["tail"])
-                    print(f"rep {rep + 1}/{opts.reps} {fault['id']:>3} {runner:<16} exit={result['exit']!s:<4} "
-                          f"survivors={result['survivors']:<3} {result['elapsed']:.2f}s", file=sys.stderr, flush=True)
+                    print(
+                        f"rep {rep + 1}/{opts.reps} {fault['id']:>3} {runner:<16} exit={result['exit']!s:<4} "
+                        f"survivors={result['survivors']:<3} {result['elapsed']:.2f}s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     for fid in cells:
-        for runner, cell in cells[fid].items():
+        for cell in cells[fid].values():
             cell["cell"] = cell_text(cell)
             if "tails" in cell:
                 cell["tails"] = cell["tails"][:2]
@@ -264,8 +314,7 @@ def main(argv=None) -> int:
         "runner_labels": {r: LABELS[r] for r in runners},
         "runner_argv": {r: fault_argv_for(r, {"args": {"wall": "2s"}, "file": "FAULT"}, "MARKER") for r in runners},
         "unavailable": unavailable,
-        "faults": [{k: f[k] for k in ("id", "file", "args", "expected_exit", "exit_under_timeout")}
-                   for f in faults],
+        "faults": [{k: f[k] for k in ("id", "file", "args", "expected_exit", "exit_under_timeout")} for f in faults],
         "cells": cells,
         "environment": environment_info(),
     }

@@ -57,8 +57,7 @@ def per_run(rounds: int) -> dict:
     out = {}
     for name, values in times.items():
         values.sort()
-        out[name] = {"p50_ms": statistics.median(values) * 1e3,
-                     "p95_ms": values[int(len(values) * 0.95) - 1] * 1e3}
+        out[name] = {"p50_ms": statistics.median(values) * 1e3, "p95_ms": values[int(len(values) * 0.95) - 1] * 1e3}
     base = out["systemd-run"]["p50_ms"]
     for name in ("runner-scope", "runner-service"):
         out[name]["ratio_to_systemd_run"] = out[name]["p50_ms"] / base
@@ -84,8 +83,11 @@ async def _runner_throughput(n: int, unit_type: str) -> dict:
         elapsed = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-        return {"runs_per_s": n / elapsed, "cpu_ms_per_run": cpu * 1e3 / n,
-                "voluntary_switches_per_run": (after.ru_nvcsw - before.ru_nvcsw) / n}
+        return {
+            "runs_per_s": n / elapsed,
+            "cpu_ms_per_run": cpu * 1e3 / n,
+            "voluntary_switches_per_run": (after.ru_nvcsw - before.ru_nvcsw) / n,
+        }
 
 
 def throughput(n: int, rounds: int) -> dict:

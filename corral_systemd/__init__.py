@@ -9,8 +9,16 @@ __version__ = "0.1.0"
 # The library API loads on first use (PEP 562), so the CLI's start-up does
 # not pay for asyncio and pydantic.
 _API = {"run", "arun", "start", "Runner", "RunHandle", "RunResult", "make_spec"}
-_ERRORS = {"CorralError", "UsageError", "SetupError", "RunError", "ExecFailed", "NotFound",
-           "CannotExecute", "Unverified"}
+_ERRORS = {
+    "CorralError",
+    "UsageError",
+    "SetupError",
+    "RunError",
+    "ExecFailed",
+    "NotFound",
+    "CannotExecute",
+    "Unverified",
+}
 __all__ = sorted(_API | _ERRORS | {"__version__"})
 
 

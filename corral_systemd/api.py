@@ -32,24 +32,25 @@ command started is gone, proven — or ``Unverified`` is raised.
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict
-from typing import AsyncIterator, Callable, Optional, Sequence, Union
 
 from . import result as R
 from .errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
 from .record import RunRecord, from_result
 from .spec import RunSpec
 from .supervisor import OutputPump, Supervisor
-from .units import parse_duration, parse_size
+from .units import parse_count, parse_duration, parse_size
 
-Duration = Union[float, int, str, None]
-Size = Union[int, str, None]
+Duration = float | int | str | None
+Size = int | str | None
 
 
 class RunResult(RunRecord):
@@ -65,7 +66,7 @@ def _is_directory(path) -> bool:
     return isinstance(text, str) and "\0" not in text and os.path.isdir(text)
 
 
-def _seconds(value: Duration, what: str) -> Optional[float]:
+def _seconds(value: Duration, what: str) -> float | None:
     if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
         if value is not None and value < 0:
             raise UsageError(f"{what} must not be negative")
@@ -76,7 +77,35 @@ def _seconds(value: Duration, what: str) -> Optional[float]:
         raise UsageError(str(exc)) from None
 
 
-def _bytes(value: Size, what: str) -> Optional[int]:
+def _limit_values(given: dict) -> dict:
+    """The library's limit keywords as RunSpec values: a number as it is
+    (seconds, bytes, a count), a string parsed as the CLI parses it."""
+    from .limits import BY_FIELD
+
+    out = {}
+    for name, value in given.items():
+        kind = BY_FIELD[name].kind
+        if kind == "duration":
+            out[name] = _seconds(value, name)
+        elif kind == "size":
+            out[name] = _bytes(value, name)
+        elif isinstance(value, str):
+            try:
+                out[name] = parse_count(value, what=name)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        else:
+            out[name] = value  # RunSpec range-checks it
+    return out
+
+
+def _required(seconds: float | None, what: str) -> float:
+    if seconds is None:
+        raise UsageError(f"{what} must be a number of seconds, not None")
+    return seconds
+
+
+def _bytes(value: Size, what: str) -> int | None:
     if value is None or isinstance(value, int) and not isinstance(value, bool):
         if value is not None and value <= 0:
             raise UsageError(f"{what} must be greater than zero")
@@ -87,12 +116,25 @@ def _bytes(value: Size, what: str) -> Optional[int]:
         raise UsageError(str(exc)) from None
 
 
-def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, pids: Optional[int] = None,
-              max_output: Size = None, grace: Duration = 2.0, verify_timeout: Duration = 2.0,
-              mode: str = "auto", unit_type: str = "service", manager: str = "auto", slice: str = "corral.slice",
-              cgroup_parent: Optional[str] = None, stdin: Union[None, bytes, str] = None,
-              env: Optional[dict] = None, cwd: Optional[str] = None,
-              credentials: Optional[dict] = None) -> RunSpec:
+def make_spec(
+    argv: Sequence[str],
+    *,
+    wall: Duration = None,
+    mem: Size = None,
+    pids: int | None = None,
+    max_output: Size = None,
+    grace: Duration = 2.0,
+    verify_timeout: Duration = 2.0,
+    mode: str = "auto",
+    unit_type: str = "service",
+    manager: str = "auto",
+    slice: str = "corral.slice",
+    cgroup_parent: str | None = None,
+    stdin: None | bytes | str = None,
+    env: dict | None = None,
+    cwd: str | None = None,
+    credentials: dict | None = None,
+) -> RunSpec:
     """Validate the library's keyword arguments into a RunSpec (UsageError if bad).
 
     ``unit_type`` defaults to "service" here (the CLI's default is "scope"):
@@ -116,8 +158,6 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
         raise UsageError(f"invalid mode {mode!r}: expected auto, enforced or fallback")
     if unit_type not in ("scope", "service"):
         raise UsageError(f"invalid unit_type {unit_type!r}")
-    if pids is not None and (not isinstance(pids, int) or pids <= 0):
-        raise UsageError("pids must be a whole number greater than zero")
     if stdin is None:
         stdin = "null"
     elif not isinstance(stdin, bytes) and stdin not in ("null", "inherit", "pipe"):
@@ -135,14 +175,51 @@ def make_spec(argv: Sequence[str], *, wall: Duration = None, mem: Size = None, p
         requests = [parse_credential(f"{name}={os.fspath(path)}") for name, path in credentials.items()]
         check_unique(requests)
     return RunSpec(
-        argv=argv, wall=_seconds(wall, "wall"), grace=_seconds(grace, "grace"),
-        verify_timeout=_seconds(verify_timeout, "verify_timeout"), mem=_bytes(mem, "mem"), pids=pids,
-        max_output=_bytes(max_output, "max_output"), cgroup_mode=mode, cgroup_parent=cgroup_parent,
-        stdin=stdin, manager=manager, unit_type=unit_type, slice=slice,
+        argv=argv,
+        **_limit_values({"wall": wall, "mem": mem, "pids": pids, "max_output": max_output}),
+        grace=_required(_seconds(grace, "grace"), "grace"),
+        verify_timeout=_required(_seconds(verify_timeout, "verify_timeout"), "verify_timeout"),
+        cgroup_mode=mode,
+        cgroup_parent=cgroup_parent,
+        stdin=stdin,
+        manager=manager,
+        unit_type=unit_type,
+        slice=slice,
         env=None if env is None else {str(k): str(v) for k, v in env.items()},
         cwd=None if cwd is None else os.path.abspath(cwd),
         credential_requests=requests,
     )
+
+
+class _OwnedFds:
+    """File descriptors this frame owns until it closes or hands them off;
+    ``close_all`` (from an ExitStack) closes whatever is still owned."""
+
+    def __init__(self):
+        self._owned: set[int] = set()
+
+    def add(self, fd: int) -> int:
+        self._owned.add(fd)
+        return fd
+
+    def pipe(self, flags: int) -> tuple[int, int]:
+        r, w = os.pipe2(flags)
+        self._owned.update((r, w))
+        return r, w
+
+    def release(self, *fds: int) -> int:
+        """Ownership moves elsewhere (a file object, the pump); returns the first."""
+        self._owned.difference_update(fds)
+        return fds[0]
+
+    def close(self, *fds: int) -> None:
+        for fd in fds:
+            self._owned.discard(fd)
+            os.close(fd)
+
+    def close_all(self) -> None:
+        while self._owned:
+            os.close(self._owned.pop())
 
 
 def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult:
@@ -153,8 +230,9 @@ def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult
         if outcome.reason == R.INTERNAL_ERROR and not outcome.remaining_pids and outcome.verified:
             # Stopped and proven empty, but how the command ended is unknown
             # (e.g. the manager died under a service): still not a result.
-            raise Unverified(f"the run was stopped and proven empty, but its outcome is unknown: {outcome.detail}",
-                             result)
+            raise Unverified(
+                f"the run was stopped and proven empty, but its outcome is unknown: {outcome.detail}", result
+            )
         raise Unverified(f"could not prove every process stopped; remaining: {outcome.remaining_pids}", result)
     if outcome.reason == R.SETUP_FAILED:
         raise SetupError(outcome.detail)
@@ -168,8 +246,15 @@ class _Execution:
     is verified like any other.
     """
 
-    def __init__(self, spec: RunSpec, session, on_stdout: Callable[[bytes], None],
-                 on_stderr: Callable[[bytes], None], stdin_fd: int = 0, register: bool = True):
+    def __init__(
+        self,
+        spec: RunSpec,
+        session,
+        on_stdout: Callable[[bytes], None],
+        on_stderr: Callable[[bytes], None],
+        stdin_fd: int = 0,
+        register: bool = True,
+    ):
         self.spec = spec
         self._register = register
         self._stdin_fd = stdin_fd
@@ -177,7 +262,7 @@ class _Execution:
         self._on_stdout = on_stdout
         self._on_stderr = on_stderr
         self._cancel_r, self._cancel_w = os.pipe2(os.O_CLOEXEC)
-        self._child: Optional[subprocess.Popen] = None
+        self._child: subprocess.Popen | None = None
         self._engine = None
         self._lock = threading.Lock()
         self._done = False
@@ -192,18 +277,26 @@ class _Execution:
             if self._use_child():
                 return self._in_child()
             from .engines import open_engine
-
             from .runguard import RunGuard
 
             # A shared session's runs take turns (baton.py): one of them runs
             # Python at a time and hands over only while it waits.
             baton = getattr(self._session, "baton", None)
-            with baton.held() if baton is not None else nullcontext(), \
-                    RunGuard(self.spec, registry=self._register, owner_kind="library") as guard:
+            with (
+                baton.held() if baton is not None else nullcontext(),
+                RunGuard(self.spec, registry=self._register, owner_kind="library") as guard,
+            ):
                 engine = self._engine = open_engine(self.spec, self._session)
                 observer = guard.register(engine)  # visible to corralctl ps/status/stop
-                outcome = Supervisor(self.spec, engine, cancel_fd=self._cancel_r, stdout=self._on_stdout,
-                                     stderr=self._on_stderr, stdin_fd=self._stdin_fd, observer=observer).run()
+                outcome = Supervisor(
+                    self.spec,
+                    engine,
+                    cancel_fd=self._cancel_r,
+                    stdout=self._on_stdout,
+                    stderr=self._on_stderr,
+                    stdin_fd=self._stdin_fd,
+                    observer=observer,
+                ).run()
                 guard.annotate(outcome)
                 return outcome
         finally:
@@ -232,23 +325,27 @@ class _Execution:
     def _in_child(self) -> R.RunOutcome:
         spec = self.spec
         fields = asdict(spec)
-        stdin = None
-        if isinstance(spec.stdin, bytes):
-            stdin = os.memfd_create("corral-stdin", os.MFD_CLOEXEC)
-            os.write(stdin, spec.stdin)
-            os.lseek(stdin, 0, os.SEEK_SET)
-            fields["stdin"] = "inherit"
-        elif spec.stdin in ("inherit", "pipe"):
-            stdin = self._stdin_fd
-            fields["stdin"] = "inherit"
         fields["cgroup_mode"] = "fallback"
         fields["register"] = self._register
-        spec_r, spec_w = os.pipe()
-        result_r, result_w = os.pipe()
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
-        try:
+        with contextlib.ExitStack() as cleanup:
+            fds = _OwnedFds()
+            cleanup.callback(fds.close_all)
+            stdin = None
+            if isinstance(spec.stdin, bytes):
+                stdin = fds.add(os.memfd_create("corral-stdin", os.MFD_CLOEXEC))
+                os.write(stdin, spec.stdin)
+                os.lseek(stdin, 0, os.SEEK_SET)
+                fields["stdin"] = "inherit"
+            elif spec.stdin in ("inherit", "pipe"):
+                stdin = self._stdin_fd
+                fields["stdin"] = "inherit"
+            spec_r, spec_w = fds.pipe(0)
+            result_r, result_w = fds.pipe(0)
+            out_r, out_w = fds.pipe(os.O_CLOEXEC)
+            err_r, err_w = fds.pipe(os.O_CLOEXEC)
+            pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
+            cleanup.callback(pump.close)  # it closes out_r and err_r
+            fds.release(out_r, err_r)
             # The child gets the read end of our cancel pipe: readable when we
             # cancel, and at EOF when this process dies (only we hold the
             # write end), so one descriptor covers both. Its own session:
@@ -256,25 +353,18 @@ class _Execution:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "corral_systemd._child", str(spec_r), str(result_w), str(self._cancel_r)],
                 stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=out_w, stderr=err_w, pass_fds=(spec_r, result_w, self._cancel_r), start_new_session=True)
-            for fd in (spec_r, result_w, out_w, err_w):
-                os.close(fd)
-            spec_r = result_w = out_w = err_w = -1
-            with os.fdopen(spec_w, "w") as f:
-                spec_w = -1
+                stdout=out_w,
+                stderr=err_w,
+                pass_fds=(spec_r, result_w, self._cancel_r),
+                start_new_session=True,
+            )
+            fds.close(spec_r, result_w, out_w, err_w)  # the child's ends: EOF needs them gone here
+            with os.fdopen(fds.release(spec_w), "w") as f:
                 json.dump(fields, f)
             pump.drain(None)  # EOF once the run (and the child) are gone
             self._child.wait()
-            with os.fdopen(result_r, "r") as f:
-                result_r = -1
+            with os.fdopen(fds.release(result_r), "r") as f:
                 data = json.loads(f.read() or "{}")
-        finally:
-            pump.close()
-            for fd in (spec_r, spec_w, result_r, result_w, out_w, err_w):
-                if fd >= 0:
-                    os.close(fd)
-            if isinstance(spec.stdin, bytes):
-                os.close(stdin)
         if "error" in data or "run_id" not in data:
             raise SetupError(data.get("error", "the fallback supervisor died without a result"))
         outcome = R.RunOutcome(**data)
@@ -375,7 +465,8 @@ class Runner:
         """Run to completion in this thread. See ``make_spec`` for the options;
         ``capture=False`` passes output to this process's stdout/stderr."""
         spec, capture, register = self._spec(argv, kwargs)
-        out, err = [], []
+        out: list[bytes] = []
+        err: list[bytes] = []
         outcome = self._execution(spec, capture, register, out, err).execute()
         return _to_result(outcome, b"".join(out), b"".join(err))
 
@@ -405,10 +496,10 @@ class RunHandle:
         self._register = register
         self.stdout = _Stream()
         self.stderr = _Stream()
-        self._future: Optional[asyncio.Future] = None
-        self._execution: Optional[_Execution] = None
-        self._result: Optional[RunResult] = None
-        self._stdin_w: Optional[int] = None
+        self._future: asyncio.Future | None = None
+        self._execution: _Execution | None = None
+        self._result: RunResult | None = None
+        self._stdin_w: int | None = None
 
     def pids(self) -> list[int]:
         """The run's live processes right now."""
@@ -436,7 +527,7 @@ class RunHandle:
         view = memoryview(data).cast("B")
         while view:
             try:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             except BlockingIOError:
                 ready = loop.create_future()
                 loop.add_writer(fd, ready.set_result, None)
@@ -453,6 +544,8 @@ class RunHandle:
     async def __aenter__(self) -> "RunHandle":
         loop = asyncio.get_running_loop()
         self.stdout._loop = self.stderr._loop = loop
+        on_out: Callable[[bytes], None]
+        on_err: Callable[[bytes], None]
         if self._capture:
             on_out, on_err = self.stdout._feed_threadsafe, self.stderr._feed_threadsafe
         else:
@@ -488,6 +581,7 @@ class RunHandle:
     async def _settle(self) -> R.RunOutcome:
         """Wait for the worker thread, even through cancellation of the caller."""
         cancelled = False
+        assert self._future is not None and self._execution is not None, "the run was never started"
         while True:
             try:
                 outcome = await asyncio.shield(self._future)
@@ -510,6 +604,8 @@ class RunHandle:
 
     async def stop(self) -> RunResult:
         """Stop the run now (SIGTERM, grace, SIGKILL, verified) and return the result."""
+        if self._execution is None:
+            raise RuntimeError("stop() before the run was started (use it inside `async with`)")
         self._execution.cancel()
         return await self.wait()
 
@@ -586,16 +682,17 @@ def _in_thread(loop, fn, *, name: str) -> asyncio.Future:
 
 def _writer(fd: int) -> Callable[[bytes], None]:
     from . import baton
-    from .supervisor import _write_all
+    from .output import write_all
 
     def write(data: bytes) -> None:
         with baton.released():  # our stdout's reader may be slow: not the other runs' problem
-            _write_all(fd, data)
+            write_all(fd, data)
 
     return write
 
 
 # -- module-level faces: a run without a shared Runner ------------------
+
 
 def run(argv: Sequence[str], **kwargs) -> RunResult:
     """Run ``argv`` under corral and return its RunResult (see ``make_spec``)."""

@@ -38,7 +38,8 @@ Guarantees and failure modes:
   itself, a window of a few instructions, not guarded.)
 """
 
-from _thread import _local as _ThreadLocal, allocate_lock  # not threading: the CLI imports this module too
+from _thread import _local as _ThreadLocal  # not threading: the CLI imports this module too
+from _thread import allocate_lock
 from collections import deque
 from contextlib import contextmanager
 from time import monotonic

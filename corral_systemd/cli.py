@@ -8,13 +8,14 @@ summary line and the exit code. This module never touches /proc.
 import enum
 import os
 import sys
-from typing import List, Optional
+from typing import Any
 
 import click
 import typer
 
 from . import __version__
 from .errors import CorralError, UsageError
+from .limits import MAX_OUTPUT, MEM, PIDS, WALL
 
 
 class CgroupMode(str, enum.Enum):
@@ -45,46 +46,80 @@ def _version(value: bool):
         raise typer.Exit(0)
 
 
-app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["--help", "-h"]})
+app = typer.Typer(
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["--help", "-h"]},
+)
+
 
 @app.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-h"]})
 def corral(
-    command: List[str] = typer.Argument(..., metavar="-- COMMAND [ARG...]", help="The command to run and its arguments."),
-    wall: Optional[str] = typer.Option(None, metavar="DURATION", help="Wall-clock limit (e.g. 30s, 5m). Default: none."),
+    command: list[str] = typer.Argument(
+        ..., metavar="-- COMMAND [ARG...]", help="The command to run and its arguments."
+    ),
+    wall: str | None = typer.Option(None, WALL.option, metavar=WALL.metavar, help=WALL.help),
     grace: str = typer.Option("2s", metavar="DURATION", help="Time between SIGTERM and SIGKILL when stopping."),
-    verify_timeout: str = typer.Option("2s", metavar="DURATION", help="Bound on proving every process gone; past it, exit 120."),
-    mem: Optional[str] = typer.Option(None, metavar="SIZE", help="Memory limit (bytes, K/M/G); exceeding it exits 121."),
-    pids: Optional[str] = typer.Option(None, metavar="COUNT", help="Process/thread count limit (kernel-enforced modes only)."),
-    max_output: Optional[str] = typer.Option(None, metavar="SIZE", help="Cap on stdout+stderr bytes together; exceeding it exits 122."),
+    verify_timeout: str = typer.Option(
+        "2s", metavar="DURATION", help="Bound on proving every process gone; past it, exit 120."
+    ),
+    mem: str | None = typer.Option(None, MEM.option, metavar=MEM.metavar, help=MEM.help),
+    pids: str | None = typer.Option(None, PIDS.option, metavar=PIDS.metavar, help=PIDS.help),
+    max_output: str | None = typer.Option(None, MAX_OUTPUT.option, metavar=MAX_OUTPUT.metavar, help=MAX_OUTPUT.help),
     cgroup_mode: CgroupMode = typer.Option(CgroupMode.auto, help="auto: systemd when reachable, else fallback."),
-    cgroup_parent: Optional[str] = typer.Option(None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."),
+    cgroup_parent: str | None = typer.Option(
+        None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."
+    ),
     stdin: StdinMode = typer.Option(StdinMode.null, help="The command's stdin: /dev/null or corral's own."),
     manager: Manager = typer.Option(Manager.auto, help="Which systemd manager to use in enforced mode."),
     unit_type: UnitType = typer.Option(UnitType.scope, help="Transient unit type in enforced mode."),
     slice_: str = typer.Option("corral.slice", "--slice", metavar="SLICE", help="Slice for the run's unit."),
-    json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Write the run record (JSON, mode 0600) here; - or /dev/stdout: to standard output."),
-    env_clear: bool = typer.Option(False, "--env-clear", help="Start the command with an empty environment (see --env-keep)."),
-    env_keep: Optional[List[str]] = typer.Option(None, "--env-keep", metavar="NAME", help="With --env-clear: keep variables matching this glob (repeatable)."),
-    env_drop: Optional[List[str]] = typer.Option(None, "--env-drop", metavar="NAME", help="Remove variables matching this glob (repeatable)."),
-    credential: Optional[List[str]] = typer.Option(None, "--credential", metavar="CREDENTIAL", help="NAME=PATH: give the run a copy of PATH as $CREDENTIALS_DIRECTORY/NAME, removed when the run ends (repeatable)."),
-    no_registry: bool = typer.Option(False, "--no-registry", help="Do not register the run (corralctl will not see it)."),
+    json_path: str | None = typer.Option(
+        None,
+        "--json",
+        metavar="PATH",
+        help="Write the run record (JSON, mode 0600) here; - or /dev/stdout: to standard output.",
+    ),
+    env_clear: bool = typer.Option(
+        False, "--env-clear", help="Start the command with an empty environment (see --env-keep)."
+    ),
+    env_keep: list[str] | None = typer.Option(
+        None, "--env-keep", metavar="NAME", help="With --env-clear: keep variables matching this glob (repeatable)."
+    ),
+    env_drop: list[str] | None = typer.Option(
+        None, "--env-drop", metavar="NAME", help="Remove variables matching this glob (repeatable)."
+    ),
+    credential: list[str] | None = typer.Option(
+        None,
+        "--credential",
+        metavar="CREDENTIAL",
+        help="NAME=PATH: give the run a copy of PATH as $CREDENTIALS_DIRECTORY/NAME, "
+        "removed when the run ends (repeatable).",
+    ),
+    no_registry: bool = typer.Option(
+        False, "--no-registry", help="Do not register the run (corralctl will not see it)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No summary line on stderr."),
-    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+    version: bool | None = typer.Option(
+        None, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
 ):
     """Run COMMAND under limits; when corral returns, every process it started is gone."""
-    from .units import parse_count, parse_duration, parse_size
+    from .limits import BY_FIELD
     from .spec import RunSpec
+    from .units import parse_duration
 
+    given = {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output}
     try:
+        limits: dict[str, Any] = {
+            name: None if text is None else BY_FIELD[name].parse(text) for name, text in given.items()
+        }
         spec = RunSpec(
             argv=list(command),
-            wall=None if wall is None else parse_duration(wall, what="--wall"),
+            **limits,
             grace=parse_duration(grace, what="--grace"),
             verify_timeout=parse_duration(verify_timeout, what="--verify-timeout"),
-            mem=None if mem is None else parse_size(mem, what="--mem"),
-            pids=None if pids is None else parse_count(pids, what="--pids"),
-            max_output=None if max_output is None else parse_size(max_output, what="--max-output"),
             cgroup_mode=cgroup_mode.value,
             cgroup_parent=cgroup_parent,
             stdin=stdin.value,
@@ -107,13 +142,16 @@ def corral(
             raise UsageError("--env-keep needs --env-clear (without it every variable is kept)")
         from .envfilter import filter_environment
 
-        spec.env, environment = filter_environment(os.environ, clear=env_clear, keep=env_keep or (), drop=env_drop or ())
+        spec.env, environment = filter_environment(
+            os.environ, clear=env_clear, keep=env_keep or (), drop=env_drop or ()
+        )
     if credential:
         from .credentials import parse_credential
 
         credentials = [parse_credential(text) for text in credential]
-    raise typer.Exit(_run(spec, json_path, quiet, environment=environment, credentials=credentials or (),
-                          registry=not no_registry))
+    raise typer.Exit(
+        _run(spec, json_path, quiet, environment=environment, credentials=credentials or (), registry=not no_registry)
+    )
 
 
 #: --json values that mean "standard output" (the record follows the command's output there).
@@ -160,8 +198,10 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
 
     dbus.light_import = True  # this process is corral's own: see dbus/_dbus_fast.py
 
-    with SignalWatch() as signals, RunGuard(spec, environment=environment, credentials=credentials,
-                                            registry=registry) as guard:
+    with (
+        SignalWatch() as signals,
+        RunGuard(spec, environment=environment, credentials=credentials, registry=registry) as guard,
+    ):
         engine = open_engine(spec)  # SetupError -> 125, nothing started
         observer = guard.register(engine)  # entry on disk before the command starts, or 125
         result = Supervisor(spec, engine, signals=signals, observer=observer).run()
@@ -182,6 +222,7 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
 
 
 def summary_line(result) -> str:
+    from .limits import BY_REASON
     from .result import usage_summary
     from .units import format_duration
 
@@ -194,14 +235,20 @@ def summary_line(result) -> str:
             what = f"command killed by signal {result.command_signal}"
         else:
             what = f"command exited {result.command_exit_status}"
+    elif (limit := BY_REASON.get(result.reason)) is not None:
+        what = limit.reached
     else:
-        what = {"timeout": "wall limit reached", "memory": "memory limit exceeded",
-                "output": "output limit exceeded", "interrupted": f"interrupted by signal {result.corral_signal}",
-                "spawn_failed": result.detail, "setup_failed": result.detail,
-                # 120 without its reason tells the user nothing to act on.
-                "internal_error": f"corral lost track of the run: {result.detail}"}.get(result.reason, result.reason)
-    line = (f"corral: {mode}: {what}; exit {result.exit_code}; {format_duration(result.wall_time)}; "
-            f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped")
+        what = {
+            "interrupted": f"interrupted by signal {result.corral_signal}",
+            "spawn_failed": result.detail,
+            "setup_failed": result.detail,
+            # 120 without its reason tells the user nothing to act on.
+            "internal_error": f"corral lost track of the run: {result.detail}",
+        }.get(result.reason, result.reason)
+    line = (
+        f"corral: {mode}: {what}; exit {result.exit_code}; {format_duration(result.wall_time)}; "
+        f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped"
+    )
     if usage := usage_summary(result):
         line += f"; {usage}"
     if reason := result.engine.get("auto_fallback_reason"):

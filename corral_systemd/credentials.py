@@ -66,16 +66,16 @@ CHECK_FAILED = 87
 EXIT_CREDENTIALS = 243
 #: The ExecStartPre= check, run by /bin/sh with the NAMEs as arguments. It
 #: must contain neither "${" nor "$$": systemd expands those in command lines.
-CHECK_SCRIPT = ('for n do [ -f "$CREDENTIALS_DIRECTORY/$n" ] && [ -r "$CREDENTIALS_DIRECTORY/$n" ] '
-                f'|| exit {CHECK_FAILED}; done')
+CHECK_SCRIPT = (
+    f'for n do [ -f "$CREDENTIALS_DIRECTORY/$n" ] && [ -r "$CREDENTIALS_DIRECTORY/$n" ] || exit {CHECK_FAILED}; done'
+)
 
 
 def parse_credential(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
         raise UsageError(f"invalid --credential {text!r}: expected NAME=PATH")
-    if name in (".", "..") or len(name) > 255 or not all(c.isalnum() or c in "._-" for c in name) \
-            or not name.isascii():
+    if name in (".", "..") or len(name) > 255 or not all(c.isalnum() or c in "._-" for c in name) or not name.isascii():
         raise UsageError(f"invalid --credential name {name!r}: letters, digits, '.', '_' and '-' only")
     return name, os.path.abspath(path)
 
@@ -161,8 +161,9 @@ def credentials_base(state_directory: str, warnings: list | None = None) -> str:
         if warnings is not None:
             warnings.append(f"--credential: {refused}; using {alternative} instead")
         return alternative
-    raise SetupError("--credential: no tmpfs for the credentials directory "
-                     f"(neither {state_directory} nor /dev/shm is a tmpfs)")
+    raise SetupError(
+        f"--credential: no tmpfs for the credentials directory (neither {state_directory} nor /dev/shm is a tmpfs)"
+    )
 
 
 def candidate_bases(state_directory: str) -> list[str]:
@@ -173,8 +174,11 @@ def candidate_bases(state_directory: str) -> list[str]:
         parent, name = os.path.split(base)
         out.append(base)
         try:
-            out += [os.path.join(parent, n) for n in sorted(os.listdir(parent))
-                    if n.startswith(name + ".") and len(n) == len(name) + 9]
+            out += [
+                os.path.join(parent, n)
+                for n in sorted(os.listdir(parent))
+                if n.startswith(name + ".") and len(n) == len(name) + 9
+            ]
         except OSError:
             pass
     return out
@@ -234,13 +238,12 @@ class PrivateCredentials:
     def __init__(self, pairs: list[tuple[str, str]], run_id: str, state_directory: str):
         self.pairs = pairs
         self.names = check_unique(pairs)
-        self.path = None
-        self.watcher_pid = None
-        self._pipe_w = None
+        self.watcher_pid: int | None = None
+        self._pipe_w: int | None = None
         self._lock_fd = -1
         self.warnings: list[str] = []
         self._contents = self._read_sources()
-        self.path = os.path.join(credentials_base(state_directory, self.warnings), run_id)
+        self.path: str = os.path.join(credentials_base(state_directory, self.warnings), run_id)
 
     def _read_sources(self) -> list[tuple[str, bytes]]:
         out = []
@@ -283,12 +286,15 @@ class PrivateCredentials:
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
             self._start_watcher()
             for name, data in self._contents:
-                fd = os.open(os.path.join(self.path, name),
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+                fd = os.open(
+                    os.path.join(self.path, name),
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o400,
+                )
                 try:
                     view = memoryview(data)
                     while view:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                 finally:
                     os.close(fd)
         except OSError as exc:
@@ -306,8 +312,14 @@ class PrivateCredentials:
         if pid == 0:  # the watcher
             try:
                 os.setsid()
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
-                            signal.SIGPIPE):
+                for sig in (
+                    signal.SIGINT,
+                    signal.SIGTERM,
+                    signal.SIGHUP,
+                    signal.SIGQUIT,
+                    signal.SIGTSTP,
+                    signal.SIGPIPE,
+                ):
                     signal.signal(sig, signal.SIG_IGN)
                 try:
                     signal.set_wakeup_fd(-1)
@@ -344,7 +356,8 @@ class PrivateCredentials:
             os.close(self._pipe_w)
             self._pipe_w = None
             try:
-                os.waitpid(self.watcher_pid, 0)
+                if self.watcher_pid is not None:
+                    os.waitpid(self.watcher_pid, 0)
             except ChildProcessError:
                 pass
 

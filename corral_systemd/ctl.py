@@ -43,7 +43,8 @@ def status(run: str, directory: str | None = None) -> int:
 # -- the run's processes --------------------------------------------------------
 def _cgroup_dirs(entry: dict, events: list) -> list[str]:
     cg = entry.get("control_group") or next(
-        (e["data"].get("control_group") for e in events if e.get("event") == "started"), None)
+        (e["data"].get("control_group") for e in events if e.get("event") == "started"), None
+    )
     if not cg:
         return []
     if entry.get("mode") == "cgroup":
@@ -153,7 +154,7 @@ def _age(seconds: float | None) -> str:
     return "-" + text if neg else text
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "K", "M", "G"):
         if n < 1024 or unit == "G":
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
@@ -174,14 +175,24 @@ def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
         events = REG.read_events(directory, entry["run_id"])
         procs = run_processes(entry, events, table)
         deadline = entry.get("deadline_monotonic")
-        rows.append({
-            "run_id": entry["run_id"], "state": state, "why": why, "owner_alive": REG.owner_alive(entry),
-            "owner_pid": (entry.get("owner") or {}).get("pid"), "mode": entry.get("mode"),
-            "unit": entry.get("unit"), "age": now - entry.get("registered_at", now),
-            "time_to_deadline": None if deadline is None else deadline - mono,
-            "processes": len(procs), "pids": [p.pid for p in procs],
-            "memory": run_memory(entry, events, procs), "cwd": entry.get("cwd"), "command": entry.get("command"),
-        })
+        rows.append(
+            {
+                "run_id": entry["run_id"],
+                "state": state,
+                "why": why,
+                "owner_alive": REG.owner_alive(entry),
+                "owner_pid": (entry.get("owner") or {}).get("pid"),
+                "mode": entry.get("mode"),
+                "unit": entry.get("unit"),
+                "age": now - entry.get("registered_at", now),
+                "time_to_deadline": None if deadline is None else deadline - mono,
+                "processes": len(procs),
+                "pids": [p.pid for p in procs],
+                "memory": run_memory(entry, events, procs),
+                "cwd": entry.get("cwd"),
+                "command": entry.get("command"),
+            }
+        )
     rows.sort(key=lambda r: -r["age"])
     return rows
 
@@ -194,12 +205,23 @@ def ps(as_json: bool, directory: str | None = None) -> int:
     header = ("RUN", "STATE", "MODE", "UNIT", "AGE", "DEADLINE", "PROCS", "MEM", "CWD", "COMMAND")
     lines = [header]
     for r in rows:
-        lines.append((r["run_id"], r["state"], r["mode"] or "-", _cell(r["unit"] or "-"), _age(r["age"]),
-                      _age(r["time_to_deadline"]), str(r["processes"]), _size(r["memory"]),
-                      _cell(r["cwd"] or "-"), command_text(r["command"] or [])))
+        lines.append(
+            (
+                r["run_id"],
+                r["state"],
+                r["mode"] or "-",
+                _cell(r["unit"] or "-"),
+                _age(r["age"]),
+                _age(r["time_to_deadline"]),
+                str(r["processes"]),
+                _size(r["memory"]),
+                _cell(r["cwd"] or "-"),
+                command_text(r["command"] or []),
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     for line in lines:
-        print("  ".join(col.ljust(w) for col, w in zip(line, widths)) + "  " + line[-1])
+        print("  ".join(col.ljust(w) for col, w in zip(line, widths, strict=False)) + "  " + line[-1])
     return 0
 
 
@@ -214,8 +236,10 @@ def _cell(text) -> str:
     shown as backslash escapes (``\\n``, ``\\t``, ``\\x1b``), so no value can
     break or forge a row. ``ps --json`` has the exact text."""
     names = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    return "".join(names.get(ch, f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-                   if _unsafe(ch) else ch for ch in str(text))
+    return "".join(
+        names.get(ch, f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") if _unsafe(ch) else ch
+        for ch in str(text)
+    )
 
 
 _SHELL_SPECIAL = set("'\"\\$`;&|<>()*?[]#~!{}")
@@ -298,8 +322,12 @@ class _Bus:
             description = self.manager.get(unit, UNIT, "Description")
         except BusError as exc:
             return f"cannot read its properties ({exc.name})"
-        tethers = [b for b in bound if b == f"corral-{m.group(1)}-tether.scope"
-                   or re.fullmatch(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope", b)]
+        tethers = [
+            b
+            for b in bound
+            if b == f"corral-{m.group(1)}-tether.scope"
+            or re.fullmatch(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope", b)
+        ]
         if not tethers:
             return "not bound to a corral tether (BindsTo=)"
         if not str(description).startswith("corral: "):
@@ -368,8 +396,15 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
     events = REG.read_events(directory, entry["run_id"])
     grace = _seconds(entry.get("grace"), 2.0)
     verify = _seconds(entry.get("verify_timeout"), 2.0) + 1.0
-    report = {"run_id": entry["run_id"], "mode": entry.get("mode"), "unit": entry.get("unit"), "actions": [],
-              "verified": True, "remaining": [], "notes": []}
+    report = {
+        "run_id": entry["run_id"],
+        "mode": entry.get("mode"),
+        "unit": entry.get("unit"),
+        "actions": [],
+        "verified": True,
+        "remaining": [],
+        "notes": [],
+    }
     actions = report["actions"]
     # The unit: the manager stops it (TERM, TimeoutStopSec=grace, KILL) and waits for its cgroup.
     # Only a unit proven corral's for this run (name, tether, description): the entry may be forged.
@@ -433,11 +468,13 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
             if left:
                 report["verified"] = False
                 report["remaining"] = [p.pid for p in left]
-        report["notes"].append("fallback: only processes still in the command's session, or in the session of a "
-                               "detached process the log recorded, can be found once corral is gone")
+        report["notes"].append(
+            "fallback: only processes still in the command's session, or in the session of a "
+            "detached process the log recorded, can be found once corral is gone"
+        )
     creds = entry.get("credentials_directory")
     if creds and isinstance(creds, str) and os.path.lexists(creds):
-        from .credentials import remove_tree, removable
+        from .credentials import removable, remove_tree
 
         why = removable(creds, entry["run_id"], directory)
         if why is not None:
@@ -460,10 +497,18 @@ def _record_reclaim(directory: str, entry: dict, report: dict, by: str) -> None:
         fcntl.flock(log.fd, fcntl.LOCK_EX)
         log.seq, log.head = REG._tail(path)
         reg = REG.Registration(directory, dict(entry), log)
-        reg.event("reclaimed", {"by": by, "actions": report["actions"], "verified": report["verified"],
-                                "remaining": report["remaining"]})
-        reg.save(state="finished", outcome="reclaimed", verified=report["verified"],
-                 remaining_pids=report["remaining"], finished_at=time.time(), finished_monotonic=time.monotonic())
+        reg.event(
+            "reclaimed",
+            {"by": by, "actions": report["actions"], "verified": report["verified"], "remaining": report["remaining"]},
+        )
+        reg.save(
+            state="finished",
+            outcome="reclaimed",
+            verified=report["verified"],
+            remaining_pids=report["remaining"],
+            finished_at=time.time(),
+            finished_monotonic=time.monotonic(),
+        )
     finally:
         log.close()
 
@@ -489,7 +534,12 @@ def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | N
             if state not in ("inactive", "failed", "gone") and bus.not_corrals(unit, run_id) is None:
                 return f"its unit {unit} is {state}", unit
     cg = entry.get("control_group")
-    if entry.get("mode") == "cgroup" and _not_corrals_cgroup(cg, run_id) is None and cgroupfs.populated(cg):
+    if (
+        entry.get("mode") == "cgroup"
+        and isinstance(cg, str)
+        and _not_corrals_cgroup(cg, run_id) is None
+        and cgroupfs.populated(cg)
+    ):
         return f"its control group {cg} still has processes", None
     members = _session_members(entry, REG.read_events(directory, run_id), procfs.scan())
     if members:
@@ -537,24 +587,38 @@ def stop(run: str, timeout: float | None = None, directory: str | None = None) -
         print(f"{run_id}: entry claims finished but {left}: stopping it")
         entry = dict(entry, state="expired", unit=unit or entry.get("unit"))
     elif entry.get("state") == "finished":
-        print(f"{run_id}: entry claims finished but its owner (pid {entry['owner']['pid']}) is alive and "
-              "running the run: stopping it")
-    wait = timeout if timeout is not None else (_seconds(entry.get("grace"), 2.0)
-                                                + _seconds(entry.get("verify_timeout"), 2.0) + 10)
+        print(
+            f"{run_id}: entry claims finished but its owner (pid {entry['owner']['pid']}) is alive and "
+            "running the run: stopping it"
+        )
+    wait = (
+        timeout
+        if timeout is not None
+        else (_seconds(entry.get("grace"), 2.0) + _seconds(entry.get("verify_timeout"), 2.0) + 10)
+    )
     verified, why = REG.owner_verified(entry)
     if verified and entry["owner"].get("kind") == "library":
         return _stop_library_run(directory, entry, wait)
     if verified:
         if _signal_owner(entry):  # corral runs its verified stop
-            code = _await_finished(directory, entry, wait, f"stopped by its corral (pid {entry['owner']['pid']})",
-                                   "its corral", give_up=lambda e: not REG.owner_alive(e))
+            code = _await_finished(
+                directory,
+                entry,
+                wait,
+                f"stopped by its corral (pid {entry['owner']['pid']})",
+                "its corral",
+                give_up=lambda e: not REG.owner_alive(e),
+            )
             if code is not None:
                 return code  # else: died without finishing; reclaim below
     elif REG.owner_alive(entry):
         print(f"{run_id}: not signalling the owner the entry names: {why}", file=sys.stderr)
     fresh = REG.read_entry(directory, run_id)
-    if fresh is not None and REG.effective_state(fresh)[0] == "finished" and not _leftovers(
-            directory, fresh, bus if bus is not None else (_Bus() if fresh.get("unit") else None))[0]:
+    if (
+        fresh is not None
+        and REG.effective_state(fresh)[0] == "finished"
+        and not _leftovers(directory, fresh, bus if bus is not None else (_Bus() if fresh.get("unit") else None))[0]
+    ):
         print(f"{run_id}: already finished (exit {fresh.get('exit_code')}, {fresh.get('outcome')})")
         return 0
     if bus is None and entry.get("unit"):
@@ -569,8 +633,11 @@ def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
     application; stop the unit, and let its in-process supervisor verify."""
     run_id = entry["run_id"]
     if not entry.get("unit"):
-        print(f"corralctl: {run_id}: owned by process {entry['owner']['pid']} through the Python API, "
-              "without a unit: stop it from that application", file=sys.stderr)
+        print(
+            f"corralctl: {run_id}: owned by process {entry['owner']['pid']} through the Python API, "
+            "without a unit: stop it from that application",
+            file=sys.stderr,
+        )
         return 1
     bus = _Bus()
     if bus.manager is None:
@@ -580,13 +647,15 @@ def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
         print(f"corralctl: {run_id}: {_cell(entry['unit'])} left alone: {why}", file=sys.stderr)
         return 1
     bus.stop_verified(entry["unit"], wait)
-    code = _await_finished(directory, entry, wait, f"unit {entry['unit']} stopped; its supervisor reports",
-                           "its supervisor")
+    code = _await_finished(
+        directory, entry, wait, f"unit {entry['unit']} stopped; its supervisor reports", "its supervisor"
+    )
     return 1 if code is None else code
 
 
-def _await_finished(directory: str, entry: dict, wait: float, done: str, who: str,
-                    give_up=lambda entry: False) -> int | None:
+def _await_finished(
+    directory: str, entry: dict, wait: float, done: str, who: str, give_up=lambda entry: False
+) -> int | None:
     """Wait for the run's supervisor to record "finished"; report and return the exit code.
 
     None when ``give_up(entry)`` says waiting is pointless (the owner died).
@@ -597,8 +666,10 @@ def _await_finished(directory: str, entry: dict, wait: float, done: str, who: st
         entry = REG.read_entry(directory, run_id) or entry
         if REG.effective_state(entry)[0] == "finished":  # the owner's token, while it holds one
             ok = bool(entry.get("verified"))
-            print(f"{run_id}: {done}: exit {entry.get('exit_code')}, "
-                  + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}"))
+            print(
+                f"{run_id}: {done}: exit {entry.get('exit_code')}, "
+                + ("verified" if ok else f"NOT verified, still present: {entry.get('remaining_pids')}")
+            )
             return 0 if ok else 1
         if give_up(entry):
             return None
@@ -609,9 +680,14 @@ def _await_finished(directory: str, entry: dict, wait: float, done: str, who: st
 
 def _print_report(report: dict, dry_run: bool) -> None:
     what = "; ".join(report["actions"]) or "nothing left to stop"
-    verdict = "would do" if dry_run else ("verified" if report["verified"] else
-                                          f"NOT verified, still present: {report['remaining']}")
-    print(f"{report['run_id']} ({report['mode']}{' ' + report['unit'] if report.get('unit') else ''}): {what}: {verdict}")
+    verdict = (
+        "would do"
+        if dry_run
+        else ("verified" if report["verified"] else f"NOT verified, still present: {report['remaining']}")
+    )
+    print(
+        f"{report['run_id']} ({report['mode']}{' ' + report['unit'] if report.get('unit') else ''}): {what}: {verdict}"
+    )
     for note in report.get("notes", []):
         if not report["verified"] or dry_run:
             print(f"  note: {note}")
@@ -630,12 +706,15 @@ def parse_keep(text: str) -> float:
 def _print_pruned(rows: list[dict], dry_run: bool) -> None:
     for row in rows:
         done = "would remove" if dry_run else ("NOT removed: " + row["error"] if "error" in row else "removed")
-        print(f"{row['run_id']}: finished {_age(row['age'])} ago (exit {row['exit_code']}, {row['outcome']}): "
-              f"entry and event log {done}")
+        print(
+            f"{row['run_id']}: finished {_age(row['age'])} ago (exit {row['exit_code']}, {row['outcome']}): "
+            f"entry and event log {done}"
+        )
 
 
-def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
-       keep_finished: float = REG.KEEP_FINISHED) -> int:
+def gc(
+    dry_run: bool, as_json: bool = False, directory: str | None = None, keep_finished: float = REG.KEEP_FINISHED
+) -> int:
     """Reclaim what dead owners left, then remove finished runs older than ``keep_finished`` seconds.
 
     Exit 0 when everything was stopped (verified) and removed, else 1.
@@ -671,8 +750,15 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
                 continue  # a live corral's, or not corral's at all (by its marks, not its name)
             if any(r["unit"] == unit for r in reports):
                 continue
-            report = {"run_id": run_id, "mode": "systemd", "unit": unit, "actions": [f"StopUnit {unit}"],
-                      "verified": True, "remaining": [], "notes": ["no live owner (no registry entry, no tether)"]}
+            report = {
+                "run_id": run_id,
+                "mode": "systemd",
+                "unit": unit,
+                "actions": [f"StopUnit {unit}"],
+                "verified": True,
+                "remaining": [],
+                "notes": ["no live owner (no registry entry, no tether)"],
+            }
             if not dry_run and not bus.stop_verified(unit, 15):
                 report["verified"] = False
                 report["notes"].append(f"{unit} still {bus.active_state(unit)}")
@@ -683,7 +769,7 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
     # Credential directories without a live run (a watcher killed by hand):
     # only in corral's own bases, and never one a live run holds locked,
     # registered here or not (--no-registry, another state directory).
-    from .credentials import candidate_bases, remove_tree, removable
+    from .credentials import candidate_bases, removable, remove_tree
 
     for base in candidate_bases(directory):
         try:
@@ -696,14 +782,33 @@ def gc(dry_run: bool, as_json: bool = False, directory: str | None = None,
             path = os.path.join(base, name)
             if removable(path, None, directory) is not None:
                 continue
-            reports.append({"run_id": name, "mode": "-", "unit": None, "actions": [f"remove {path}"],
-                            "verified": True, "remaining": [], "notes": []})
+            reports.append(
+                {
+                    "run_id": name,
+                    "mode": "-",
+                    "unit": None,
+                    "actions": [f"remove {path}"],
+                    "verified": True,
+                    "remaining": [],
+                    "notes": [],
+                }
+            )
             if not dry_run:
                 remove_tree(path)
     ok = ok and not any("error" in row for row in pruned)
     if as_json:
-        print(json.dumps({"dry_run": dry_run, "reclaimed": reports, "pruned": pruned,
-                          "keep_finished": keep_finished, "notes": notes}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "dry_run": dry_run,
+                    "reclaimed": reports,
+                    "pruned": pruned,
+                    "keep_finished": keep_finished,
+                    "notes": notes,
+                },
+                indent=2,
+            )
+        )
     else:
         for report in reports:
             _print_report(report, dry_run)
@@ -720,7 +825,8 @@ def audit_verify(run: str, directory: str | None = None) -> int:
     directory = directory or REG.state_dir()
     run_id = REG.normalize_run_id(run)
     if not REG.valid_run_id(run_id) or not any(
-            os.path.lexists(path) for path in (REG.entry_path(directory, run_id), REG.log_path(directory, run_id))):
+        os.path.lexists(path) for path in (REG.entry_path(directory, run_id), REG.log_path(directory, run_id))
+    ):
         print(f"corralctl: unknown run {run!r}", file=sys.stderr)
         return STATUS_EXIT["unknown"]
     ok, message, line = REG.verify_log(directory, run_id)
@@ -734,8 +840,10 @@ def audit_verify(run: str, directory: str | None = None) -> int:
     from . import journal
 
     if not journal.available():
-        print(f"{path}: OK: {message}; no journal to compare with: the chain cannot tell a rewrite "
-              "by the run's own uid (see man corralctl)")
+        print(
+            f"{path}: OK: {message}; no journal to compare with: the chain cannot tell a rewrite "
+            "by the run's own uid (see man corralctl)"
+        )
         return 0
     records = journal.read_records(run_id)
     if records is None:
@@ -762,14 +870,18 @@ def audit_verify(run: str, directory: str | None = None) -> int:
 
 # -- command line ---------------------------------------------------------------------
 def _app():
-    from typing import Optional
 
     import typer
 
-    app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                      no_args_is_help=True, context_settings={"help_option_names": ["--help", "-h"]},
-                      help="Look at and act on corral runs (the run registry: $CORRAL_STATE_DIR, else /run/corral "
-                           "for root, $XDG_RUNTIME_DIR/corral for other users).")
+    app = typer.Typer(
+        add_completion=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        no_args_is_help=True,
+        context_settings={"help_option_names": ["--help", "-h"]},
+        help="Look at and act on corral runs (the run registry: $CORRAL_STATE_DIR, else /run/corral "
+        "for root, $XDG_RUNTIME_DIR/corral for other users).",
+    )
     audit = typer.Typer(help="The runs' audit logs.", no_args_is_help=True)
     app.add_typer(audit, name="audit")
 
@@ -784,20 +896,29 @@ def _app():
         raise typer.Exit(status(run))
 
     @app.command("stop")
-    def _stop(run: str = typer.Argument(..., metavar="RUN"),
-              timeout: Optional[float] = typer.Option(
-                  None, "--timeout", metavar="SECONDS",
-                  help="Seconds to wait for the owner to finish the run. "
-                       "Default: the run's grace + verify timeout + 10 s.")):
+    def _stop(
+        run: str = typer.Argument(..., metavar="RUN"),
+        timeout: float | None = typer.Option(
+            None,
+            "--timeout",
+            metavar="SECONDS",
+            help="Seconds to wait for the owner to finish the run. Default: the run's grace + verify timeout + 10 s.",
+        ),
+    ):
         """Stop a run through its owner (its corral, or its unit when corral is gone), verified."""
         raise typer.Exit(stop(run, timeout))
 
     @app.command("gc")
-    def _gc(dry_run: bool = typer.Option(False, "--dry-run", help="Report only; stop and remove nothing."),
-            keep_finished: str = typer.Option(
-                f"{REG.KEEP_FINISHED / 3600:g}h", "--keep-finished", metavar="DURATION",
-                help="Remove finished runs (entry and event log) that finished longer ago than this."),
-            as_json: bool = typer.Option(False, "--json", help="JSON report.")):
+    def _gc(
+        dry_run: bool = typer.Option(False, "--dry-run", help="Report only; stop and remove nothing."),
+        keep_finished: str = typer.Option(
+            f"{REG.KEEP_FINISHED / 3600:g}h",
+            "--keep-finished",
+            metavar="DURATION",
+            help="Remove finished runs (entry and event log) that finished longer ago than this.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="JSON report."),
+    ):
         """Reclaim what crashed corrals left; prune old finished runs.
 
         Removes finished runs (entry and event log) that finished longer ago

@@ -31,6 +31,11 @@ def filter_environment(environ, *, clear: bool, keep=(), drop=()) -> tuple[dict 
         if _matches(name, drop):
             continue
         env[name] = value
-    report = {"cleared": clear, "keep": keep, "drop": drop,
-              "kept": sorted(env), "dropped": sorted(set(environ) - set(env))}
+    report = {
+        "cleared": clear,
+        "keep": keep,
+        "drop": drop,
+        "kept": sorted(env),
+        "dropped": sorted(set(environ) - set(env)),
+    }
     return env, report

@@ -31,13 +31,13 @@ import os
 #: journald's native socket; tests point this at a socket of their own.
 SOCKET = "/run/systemd/journal/socket"
 
-_senders: dict[str, "Sender"] = {}
+_senders: dict[str, "Sender | None"] = {}
 
 
 def encode(fields) -> bytes:
     """The native protocol's datagram for ``fields`` (a dict or (key, value) pairs)."""
     out = bytearray()
-    for key, value in (fields.items() if isinstance(fields, dict) else fields):
+    for key, value in fields.items() if isinstance(fields, dict) else fields:
         k = key.encode()
         v = value if isinstance(value, bytes) else str(value).encode()
         if b"\n" in v:
@@ -59,8 +59,8 @@ def decode(data: bytes) -> dict[str, bytes]:
             i = nl + 1
         else:
             key = line
-            size = int.from_bytes(data[nl + 1:nl + 9], "little")
-            value = data[nl + 9:nl + 9 + size]
+            size = int.from_bytes(data[nl + 1 : nl + 9], "little")
+            value = data[nl + 9 : nl + 9 + size]
             i = nl + 9 + size + 1
         fields[key.decode()] = value
     return fields
@@ -91,8 +91,9 @@ class Sender:
         fd = os.memfd_create("corral-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.write(fd, data)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-                        | fcntl.F_SEAL_SEAL)
+            fcntl.fcntl(
+                fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            )
             self.sock.sendmsg([], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0, self.path)
             return True
         except OSError:
@@ -116,16 +117,18 @@ def send_event(line: dict, raw: bytes) -> bool:
     out = sender()
     if out is None:
         return False
-    return out.send([
-        ("MESSAGE", f"corral run {line['run_id']}: {line['event']}"),
-        ("PRIORITY", "6"),
-        ("SYSLOG_IDENTIFIER", "corral"),
-        ("CORRAL_RUN_ID", line["run_id"]),
-        ("CORRAL_EVENT", line["event"]),
-        ("CORRAL_SEQ", str(line["seq"])),
-        ("CORRAL_HASH", line["hash"]),
-        ("CORRAL_LINE", raw),
-    ])
+    return out.send(
+        [
+            ("MESSAGE", f"corral run {line['run_id']}: {line['event']}"),
+            ("PRIORITY", "6"),
+            ("SYSLOG_IDENTIFIER", "corral"),
+            ("CORRAL_RUN_ID", line["run_id"]),
+            ("CORRAL_EVENT", line["event"]),
+            ("CORRAL_SEQ", str(line["seq"])),
+            ("CORRAL_HASH", line["hash"]),
+            ("CORRAL_LINE", raw),
+        ]
+    )
 
 
 # -- reading back ------------------------------------------------------------------------
@@ -140,8 +143,11 @@ def read_records(run_id: str, timeout: float = 30.0) -> list[dict] | None:
     import subprocess
 
     try:
-        proc = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", f"CORRAL_RUN_ID={run_id}"],
-                              capture_output=True, timeout=timeout)
+        proc = subprocess.run(
+            ["journalctl", "--no-pager", "-q", "-o", "json", f"CORRAL_RUN_ID={run_id}"],
+            capture_output=True,
+            timeout=timeout,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
@@ -175,8 +181,14 @@ def trusted_lines(records: list[dict], run_id: str, uid: int) -> tuple[dict[int,
     the run (the run's uid can send such datagrams too) is ignored.
     """
     mine = [r for r in records if _text(r.get("_UID")) == str(uid) and _text(r.get("CORRAL_RUN_ID")) == run_id]
-    owner = next((_text(r.get("_PID")) for r in mine
-                  if _text(r.get("CORRAL_EVENT")) == "registered" and _text(r.get("CORRAL_SEQ")) == "0"), None)
+    owner = next(
+        (
+            _text(r.get("_PID"))
+            for r in mine
+            if _text(r.get("CORRAL_EVENT")) == "registered" and _text(r.get("CORRAL_SEQ")) == "0"
+        ),
+        None,
+    )
     lines: dict[int, str] = {}
     for r in mine:
         event, pid, cmd = _text(r.get("CORRAL_EVENT")), _text(r.get("_PID")), _text(r.get("_CMDLINE"))

@@ -56,8 +56,7 @@ class FdSink:
             self._sock = socket.socket(fileno=os.dup(fd))
         elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
             try:
-                self._own_fd = os.open(f"/proc/self/fd/{fd}",
-                                       os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+                self._own_fd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
             except OSError:
                 self._careful = True
         elif not (stat.S_ISREG(mode) or stat.S_ISBLK(mode)):
@@ -106,7 +105,7 @@ class FdSink:
             poller.register(self.fd, select.POLLOUT)
             if not poller.poll(0):
                 raise BlockingIOError
-            return os.write(self.fd, view[:select.PIPE_BUF])
+            return os.write(self.fd, view[: select.PIPE_BUF])
         return os.write(self.fd, view)
 
     def close(self) -> None:
@@ -262,7 +261,7 @@ def write_all(fd: int, data: bytes, raise_broken: bool = False) -> None:
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except BrokenPipeError:
             if raise_broken:
                 raise

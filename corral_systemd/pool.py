@@ -29,9 +29,9 @@ at once (``on_full="fail"``) with PoolFull.
 
 import asyncio
 import time
-from typing import Hashable, Optional, Sequence
+from collections.abc import Hashable, Sequence
 
-from .api import Runner, RunHandle
+from .api import RunHandle, Runner
 from .errors import CorralError
 
 
@@ -48,7 +48,7 @@ class _Session:
         self.started = time.monotonic()
         self.last_used = self.started
         self.in_flight = False
-        self.idle_timer: Optional[asyncio.TimerHandle] = None
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     @property
     def alive(self) -> bool:
@@ -56,8 +56,16 @@ class _Session:
 
 
 class SessionPool:
-    def __init__(self, *, max_sessions: int = 8, idle_ttl: float = 300.0, acquire_timeout: float = 30.0,
-                 on_full: str = "wait", runner: Optional[Runner] = None, **run_options):
+    def __init__(
+        self,
+        *,
+        max_sessions: int = 8,
+        idle_ttl: float = 300.0,
+        acquire_timeout: float = 30.0,
+        on_full: str = "wait",
+        runner: Runner | None = None,
+        **run_options,
+    ):
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
         if on_full not in ("wait", "fail"):
@@ -127,15 +135,16 @@ class SessionPool:
                     raise PoolFull(f"{self.max_sessions} sessions busy (on_full='fail')")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PoolFull(f"no session slot free within {self.acquire_timeout:g}s "
-                                   f"({self.max_sessions} sessions busy)")
+                    raise PoolFull(
+                        f"no session slot free within {self.acquire_timeout:g}s ({self.max_sessions} sessions busy)"
+                    )
                 try:
                     await asyncio.wait_for(self._changed.wait(), left)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             self._starting += 1
 
-    def _idle_lru(self) -> Optional[_Session]:
+    def _idle_lru(self) -> _Session | None:
         idle = [s for s in self._sessions.values() if not s.in_flight and not s.lock.locked()]
         return min(idle, key=lambda s: s.last_used) if idle else None
 
@@ -205,15 +214,17 @@ class SessionPool:
         now = time.monotonic()
         sessions = []
         for sess in self._sessions.values():
-            sessions.append({
-                "key": sess.key,
-                "run_id": sess.handle._spec.run_id,
-                "age": now - sess.started,
-                "idle": 0.0 if sess.in_flight else now - sess.last_used,
-                "in_flight": sess.in_flight,
-                "alive": sess.alive,
-                "memory": _memory(sess),
-            })
+            sessions.append(
+                {
+                    "key": sess.key,
+                    "run_id": sess.handle._spec.run_id,
+                    "age": now - sess.started,
+                    "idle": 0.0 if sess.in_flight else now - sess.last_used,
+                    "in_flight": sess.in_flight,
+                    "alive": sess.alive,
+                    "memory": _memory(sess),
+                }
+            )
         return {"sessions": sessions, "count": len(sessions), "max_sessions": self.max_sessions}
 
 
@@ -230,7 +241,7 @@ class _Request:
         self._key = key
         self._argv = argv
         self._options = options
-        self._sess: Optional[_Session] = None
+        self._sess: _Session | None = None
 
     async def __aenter__(self) -> RunHandle:
         self._sess = await self._pool._acquire(self._key, self._argv, self._options)

@@ -9,7 +9,7 @@ run registry redacts it; the exact argv is kept out of the JSON
 (``RunRecord.exact_argv``, for the library's caller).
 """
 
-from typing import Literal, Optional
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
@@ -21,27 +21,27 @@ class _Strict(BaseModel):
 
 
 class Limits(_Strict):
-    wall: Optional[float] = None
+    wall: float | None = None
     grace: float
     verify_timeout: float
-    mem: Optional[int] = None
-    pids: Optional[int] = None
-    max_output: Optional[int] = None
+    mem: int | None = None
+    pids: int | None = None
+    max_output: int | None = None
 
 
 class Steps(_Strict):
     """Seconds since the run started (monotonic clock)."""
 
-    spawned: Optional[float] = None
-    command_exited: Optional[float] = None
-    deadline: Optional[float] = None
-    limit_exceeded: Optional[float] = None
-    signal_received: Optional[float] = None
-    term_sent: Optional[float] = None
-    kill_sent: Optional[float] = None
-    verified: Optional[float] = None
-    unverified: Optional[float] = None
-    finished: Optional[float] = None
+    spawned: float | None = None
+    command_exited: float | None = None
+    deadline: float | None = None
+    limit_exceeded: float | None = None
+    signal_received: float | None = None
+    term_sent: float | None = None
+    kill_sent: float | None = None
+    verified: float | None = None
+    unverified: float | None = None
+    finished: float | None = None
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -67,32 +67,32 @@ class EngineInfo(BaseModel):
     """What the engine knows: unit and cgroup facts, resource use."""
 
     model_config = ConfigDict(extra="allow")
-    manager: Optional[Literal["user", "system"]] = None
-    unit: Optional[str] = None
-    unit_type: Optional[Literal["scope", "service"]] = None
+    manager: Literal["user", "system"] | None = None
+    unit: str | None = None
+    unit_type: Literal["scope", "service"] | None = None
     #: How corral reached the manager: its private socket, or a bus.
-    transport: Optional[Literal["private", "bus"]] = None
-    invocation_id: Optional[str] = None
-    control_group: Optional[str] = None
-    unit_result: Optional[str] = None
+    transport: Literal["private", "bus"] | None = None
+    invocation_id: str | None = None
+    control_group: str | None = None
+    unit_result: str | None = None
     #: Resource use, from the run's cgroup (the kernel's own figures, read
     #: while the group exists) or, where it gave none, from the manager:
     #: peak memory (bytes), CPU time (ns), peak tasks, block I/O (bytes).
-    memory_peak: Optional[int] = None
-    cpu_usage_nsec: Optional[int] = None
-    cpu_user_nsec: Optional[int] = None
-    cpu_system_nsec: Optional[int] = None
-    tasks_peak: Optional[int] = None
-    io_read_bytes: Optional[int] = None
-    io_write_bytes: Optional[int] = None
+    memory_peak: int | None = None
+    cpu_usage_nsec: int | None = None
+    cpu_user_nsec: int | None = None
+    cpu_system_nsec: int | None = None
+    tasks_peak: int | None = None
+    io_read_bytes: int | None = None
+    io_write_bytes: int | None = None
     #: Whose figures those are; None when there are none.
-    accounting_source: Optional[Literal["cgroup", "manager", "cgroup+manager"]] = None
+    accounting_source: Literal["cgroup", "manager", "cgroup+manager"] | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
-    memory_events: Optional[dict[str, int]] = None
-    auto_fallback_reason: Optional[str] = None
+    memory_events: dict[str, int] | None = None
+    auto_fallback_reason: str | None = None
     #: How often corral connected to the manager again mid-run (a daemon-reexec
     #: closes every private connection); None: never needed.
-    reconnected: Optional[int] = None
+    reconnected: int | None = None
 
 
 class EnvironmentNames(_Strict):
@@ -122,39 +122,43 @@ class RunRecord(_Strict):
     ended_at: float
     ended_monotonic: float
     wall_time: float
-    outcome: Literal["exited", "timeout", "memory", "output", "interrupted", "spawn_failed", "setup_failed",
-                     "internal_error"]
+    outcome: Literal[
+        "exited", "timeout", "memory", "output", "interrupted", "spawn_failed", "setup_failed", "internal_error"
+    ]
     detail: str = ""
     exit_code: int
-    command_exit_status: Optional[int] = None
-    command_signal: Optional[int] = None
-    corral_signal: Optional[int] = None
+    command_exit_status: int | None = None
+    command_signal: int | None = None
+    corral_signal: int | None = None
     steps: Steps
     processes_seen: int
     processes_stopped: int
     remaining_pids: list[int]
     verified: bool
-    output_bytes: Optional[int] = None
+    output_bytes: int | None = None
     engine: EngineInfo
     warnings: list[str] = []
-    environment: Optional[EnvironmentNames] = None
+    environment: EnvironmentNames | None = None
     credentials: list[str] = []
     #: Who made $CREDENTIALS_DIRECTORY: "systemd" (a service's LoadCredential=)
     #: or "corral" (its private tmpfs directory); None without --credential.
-    credentials_delivery: Optional[Literal["systemd", "corral"]] = None
-    _exact_argv: Optional[list[str]] = PrivateAttr(default=None)
+    credentials_delivery: Literal["systemd", "corral"] | None = None
+    _exact_argv: list[str] | None = PrivateAttr(default=None)
 
     @property
-    def exact_argv(self) -> Optional[list[str]]:
+    def exact_argv(self) -> list[str] | None:
         """The command line as given, unredacted; never serialised (not in the
         ``--json`` file, not in ``model_dump``): there for the library's caller,
         who gave it. None for a record read back from JSON."""
         return None if self._exact_argv is None else list(self._exact_argv)
 
 
-def from_result(result, cls=None, **extra) -> RunRecord:
+_Record = TypeVar("_Record", bound=RunRecord)
+
+
+def from_result(result, cls: type[_Record] = RunRecord, **extra) -> _Record:  # type: ignore[assignment]
     """The record of a RunOutcome (``cls``/``extra``: the library's RunResult):
     the data ``--json`` writes, validated."""
-    record = (cls or RunRecord).model_validate({**extra, **record_data(result)})
+    record = cls.model_validate({**extra, **record_data(result)})
     record._exact_argv = [str(arg) for arg in result.argv]
     return record

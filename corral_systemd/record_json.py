@@ -20,21 +20,48 @@ whole new one.
 import json
 import os
 import tempfile
+from typing import Final
 
 from .redact import redact_argv
 
-RECORD_VERSION = 1
+RECORD_VERSION: Final = 1
 #: ``Limits``' fields, in order (float ones first: JSON keeps 5 and 5.0 apart).
 LIMIT_FLOATS = ("wall", "grace", "verify_timeout")
 LIMIT_FIELDS = (*LIMIT_FLOATS, "mem", "pids", "max_output")
 #: ``Steps``' fields, in order: seconds since the run started.
-STEP_FIELDS = ("spawned", "command_exited", "deadline", "limit_exceeded", "signal_received",
-               "term_sent", "kill_sent", "verified", "unverified", "finished")
+STEP_FIELDS = (
+    "spawned",
+    "command_exited",
+    "deadline",
+    "limit_exceeded",
+    "signal_received",
+    "term_sent",
+    "kill_sent",
+    "verified",
+    "unverified",
+    "finished",
+)
 #: ``EngineInfo``'s declared fields, in order (an engine may add others after them).
-ENGINE_FIELDS = ("manager", "unit", "unit_type", "transport", "invocation_id", "control_group", "unit_result",
-                 "memory_peak", "cpu_usage_nsec", "cpu_user_nsec", "cpu_system_nsec", "tasks_peak",
-                 "io_read_bytes", "io_write_bytes", "accounting_source", "memory_events",
-                 "auto_fallback_reason", "reconnected")
+ENGINE_FIELDS = (
+    "manager",
+    "unit",
+    "unit_type",
+    "transport",
+    "invocation_id",
+    "control_group",
+    "unit_result",
+    "memory_peak",
+    "cpu_usage_nsec",
+    "cpu_user_nsec",
+    "cpu_system_nsec",
+    "tasks_peak",
+    "io_read_bytes",
+    "io_write_bytes",
+    "accounting_source",
+    "memory_events",
+    "auto_fallback_reason",
+    "reconnected",
+)
 #: ``EnvironmentNames``' fields, in order: the --env-* patterns and names, never values.
 ENVIRONMENT_FIELDS = ("cleared", "keep", "drop", "kept", "dropped")
 
@@ -58,18 +85,32 @@ def record_data(result) -> dict:
         environment = {name: environment.get(name) for name in ENVIRONMENT_FIELDS} | environment
     return {
         "version": RECORD_VERSION,
-        "run_id": result.run_id, "mode": result.mode, "argv": argv, "argv_redacted": argv != exact,
-        "cwd": result.cwd, "limits": limits, "limits_enforced": dict(result.limits_enforced),
-        "started_at": float(result.started_at), "started_monotonic": float(result.started_monotonic),
-        "ended_at": float(result.ended_at), "ended_monotonic": float(result.ended_monotonic),
+        "run_id": result.run_id,
+        "mode": result.mode,
+        "argv": argv,
+        "argv_redacted": argv != exact,
+        "cwd": result.cwd,
+        "limits": limits,
+        "limits_enforced": dict(result.limits_enforced),
+        "started_at": float(result.started_at),
+        "started_monotonic": float(result.started_monotonic),
+        "ended_at": float(result.ended_at),
+        "ended_monotonic": float(result.ended_monotonic),
         "wall_time": float(result.wall_time),
-        "outcome": result.reason, "detail": result.detail, "exit_code": result.exit_code,
-        "command_exit_status": result.command_exit_status, "command_signal": result.command_signal,
+        "outcome": result.reason,
+        "detail": result.detail,
+        "exit_code": result.exit_code,
+        "command_exit_status": result.command_exit_status,
+        "command_signal": result.command_signal,
         "corral_signal": result.corral_signal,
         "steps": {name: _float(result.steps.get(name)) for name in STEP_FIELDS},
-        "processes_seen": result.processes_seen, "processes_stopped": result.processes_stopped,
-        "remaining_pids": list(result.remaining_pids), "verified": result.verified,
-        "output_bytes": result.output_bytes, "engine": engine, "warnings": list(result.warnings),
+        "processes_seen": result.processes_seen,
+        "processes_stopped": result.processes_stopped,
+        "remaining_pids": list(result.remaining_pids),
+        "verified": result.verified,
+        "output_bytes": result.output_bytes,
+        "engine": engine,
+        "warnings": list(result.warnings),
         "environment": environment,
         "credentials": list(getattr(result, "credentials", [])),
         "credentials_delivery": getattr(result, "credentials_delivery", None),

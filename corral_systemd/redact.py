@@ -11,10 +11,22 @@ What is redacted: the value after ``Authorization:``-like headers and
 like one (``--password X``), and the password of a URL (``https://u:p@host``).
 """
 
-_SECRET_WORDS = ("password", "passwd", "passphrase", "token", "secret", "apikey", "api-key", "api_key",
-                 "credential", "private-key", "private_key", "access-key", "access_key")
-_SECRET_HEADERS = ("authorization:", "proxy-authorization:", "cookie:", "x-api-key:", "private-token:",
-                   "x-auth-token:")
+_SECRET_WORDS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "token",
+    "secret",
+    "apikey",
+    "api-key",
+    "api_key",
+    "credential",
+    "private-key",
+    "private_key",
+    "access-key",
+    "access_key",
+)
+_SECRET_HEADERS = ("authorization:", "proxy-authorization:", "cookie:", "x-api-key:", "private-token:", "x-auth-token:")
 REDACTED = "[redacted]"
 
 

@@ -52,6 +52,7 @@ SHA-256 implementation and ``redact`` (the redaction the run record shares).
 import json
 import os
 import time
+from typing import Any, TypeGuard
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
@@ -172,8 +173,10 @@ def ensure_private_dir(path: str, *, parents_below: str | None = None) -> str:
     except FileExistsError:
         pass
     except FileNotFoundError:
-        raise OSError(f"{path}: parent directory {os.path.dirname(path.rstrip('/')) or '/'} does not exist "
-                      "(only the last component is created)") from None
+        raise OSError(
+            f"{path}: parent directory {os.path.dirname(path.rstrip('/')) or '/'} does not exist "
+            "(only the last component is created)"
+        ) from None
     reason = unsafe_dir_reason(path)
     if reason:
         raise OSError(f"refusing the private directory {reason}")
@@ -199,7 +202,7 @@ def normalize_run_id(text: str) -> str:
     """Accept ``<id>``, ``corral-<id>`` and unit names ``corral-<id>.scope``."""
     text = text.strip()
     if text.startswith("corral-"):
-        text = text[len("corral-"):]
+        text = text[len("corral-") :]
     for suffix in (".scope", ".service"):
         if text.endswith(suffix):
             text = text[: -len(suffix)]
@@ -250,7 +253,7 @@ def owner_alive(entry: dict) -> bool:
     return st is not None and st[4] == owner.get("starttime") and st[3] not in ("Z", "X")
 
 
-def _is_pid(value) -> bool:
+def _is_pid(value) -> "TypeGuard[int]":
     return type(value) is int and 0 < value < 1 << 22
 
 
@@ -280,9 +283,15 @@ class OwnerToken:
     def update(self, entry: dict) -> None:
         import fcntl
 
-        data = _canonical({"run_id": self.run_id, "state": entry.get("state"),
-                           "deadline_monotonic": entry.get("deadline_monotonic"), "boot_id": boot_id(),
-                           "pid": os.getpid()})
+        data = _canonical(
+            {
+                "run_id": self.run_id,
+                "state": entry.get("state"),
+                "deadline_monotonic": entry.get("deadline_monotonic"),
+                "boot_id": boot_id(),
+                "pid": os.getpid(),
+            }
+        )
         fd = os.memfd_create(TOKEN_PREFIX + self.run_id, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.write(fd, data)
@@ -382,7 +391,7 @@ def owner_verified(entry: dict) -> tuple[bool, str]:
         return False, "its owner is gone"
     if owner_token(entry) is None:
         return False, f"process {pid} holds no token for this run: not its owner"
-    if owner.get("kind", "corral") == "corral" and not looks_like_corral(pid):
+    if owner.get("kind", "corral") == "corral" and not (_is_pid(pid) and looks_like_corral(pid)):
         return False, f"process {pid} is not a corral"
     return True, ""
 
@@ -418,7 +427,7 @@ def process_mark(pid: int) -> str | None:
             continue
         for item in data.split(b"\0"):
             if item.startswith(key):
-                return item[len(key):].decode(errors="replace")
+                return item[len(key) :].decode(errors="replace")
         if data:
             return None
     return None
@@ -428,8 +437,12 @@ def carries_mark(pid: int, entry: dict) -> bool:
     """Is ``pid`` proven a member of this run by the mark it inherited?"""
     want = entry.get("mark_sha256")
     mark = process_mark(pid)
-    return (isinstance(want, str) and mark is not None and mark.startswith(f"{entry.get('run_id')}.")
-            and mark_hash(mark) == want)
+    return (
+        isinstance(want, str)
+        and mark is not None
+        and mark.startswith(f"{entry.get('run_id')}.")
+        and mark_hash(mark) == want
+    )
 
 
 # -- files ------------------------------------------------------------
@@ -468,7 +481,7 @@ def read_entry(directory: str, run_id: str) -> dict | None:
 
 
 def list_entries(directory: str) -> list[dict]:
-    out = []
+    out: list[dict] = []
     try:
         names = os.listdir(directory)
     except OSError:
@@ -511,8 +524,15 @@ class EventLog:
         self.fd = os.open(path, flags, 0o600)
 
     def append(self, event: str, data: dict | None = None) -> dict:
-        line = {"seq": self.seq, "event": event, "time": time.time(), "monotonic": time.monotonic(),
-                "run_id": self.run_id, "data": data or {}, "prev": self.head}
+        line: dict[str, Any] = {
+            "seq": self.seq,
+            "event": event,
+            "time": time.time(),
+            "monotonic": time.monotonic(),
+            "run_id": self.run_id,
+            "data": data or {},
+            "prev": self.head,
+        }
         body = _canonical(line)
         line["hash"] = sha256(body).hexdigest()
         # The canonical form plus the hash as its last member: verifying
@@ -581,11 +601,21 @@ class Registration:
             self.token.close()
 
 
-def register(spec, *, mode: str, unit: str | None = None, control_group: str | None = None,
-             environment: dict | None = None, credentials: list | None = None,
-             credentials_directory: str | None = None, credentials_delivery: str | None = None,
-             helper_pids=(), directory: str | None = None, owner_kind: str = "corral",
-             mark: str | None = None) -> Registration:
+def register(
+    spec,
+    *,
+    mode: str,
+    unit: str | None = None,
+    control_group: str | None = None,
+    environment: dict | None = None,
+    credentials: list | None = None,
+    credentials_directory: str | None = None,
+    credentials_delivery: str | None = None,
+    helper_pids=(),
+    directory: str | None = None,
+    owner_kind: str = "corral",
+    mark: str | None = None,
+) -> Registration:
     """Write the run's entry (state ``active``) and its ``registered`` event.
 
     Raises OSError when the state directory or the files cannot be written:
@@ -605,8 +635,15 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
         # kind "corral": the owner is a corral process (SIGTERM makes it stop
         # the run, verified); "library": an application using the Python API,
         # which must never be signalled — its runs are stopped through the unit.
-        "owner": {"pid": os.getpid(), "starttime": own_starttime(), "pgid": os.getpgid(0),
-                  "sid": os.getsid(0), "uid": os.geteuid(), "boot_id": boot_id(), "kind": owner_kind},
+        "owner": {
+            "pid": os.getpid(),
+            "starttime": own_starttime(),
+            "pgid": os.getpgid(0),
+            "sid": os.getsid(0),
+            "uid": os.geteuid(),
+            "boot_id": boot_id(),
+            "kind": owner_kind,
+        },
         "mode": mode,
         "unit": unit,
         "control_group": control_group,
@@ -633,9 +670,25 @@ def register(spec, *, mode: str, unit: str | None = None, control_group: str | N
     token = OwnerToken(run_id)
     try:
         reg = Registration(directory, entry, log, token)
-        reg.event("registered", {k: entry[k] for k in (
-            "owner", "mode", "unit", "control_group", "wall", "deadline_at", "command", "cwd", "environment",
-            "credentials", "credentials_delivery")})
+        reg.event(
+            "registered",
+            {
+                k: entry[k]
+                for k in (
+                    "owner",
+                    "mode",
+                    "unit",
+                    "control_group",
+                    "wall",
+                    "deadline_at",
+                    "command",
+                    "cwd",
+                    "environment",
+                    "credentials",
+                    "credentials_delivery",
+                )
+            },
+        )
         reg.save()
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -677,9 +730,17 @@ class RegistryObserver:
         if name == "started":
             self.main_pid = data.get("pid")
             st = proc_stat(self.main_pid) if self.main_pid else None
-            reg.event("started", {"pid": self.main_pid, "pgid": self.main_pid, "sid": self.main_pid,
-                                  "starttime": st[4] if st else None,
-                                  "unit": data.get("unit"), "control_group": data.get("control_group")})
+            reg.event(
+                "started",
+                {
+                    "pid": self.main_pid,
+                    "pgid": self.main_pid,
+                    "sid": self.main_pid,
+                    "starttime": st[4] if st else None,
+                    "unit": data.get("unit"),
+                    "control_group": data.get("control_group"),
+                },
+            )
             if data.get("control_group") and not reg.entry.get("control_group"):
                 reg.save(control_group=data["control_group"], main_pid=self.main_pid)
             else:
@@ -691,9 +752,15 @@ class RegistryObserver:
             reg.event("command_exited", _status_data(data.get("status")))
         elif name == "finished":
             line = reg.event("finished", dict(data))
-            reg.save(state="finished", finished_at=line["time"], finished_monotonic=line["monotonic"],
-                     exit_code=data.get("exit_code"), outcome=data.get("outcome"),
-                     verified=self.verified, remaining_pids=self.remaining)
+            reg.save(
+                state="finished",
+                finished_at=line["time"],
+                finished_monotonic=line["monotonic"],
+                exit_code=data.get("exit_code"),
+                outcome=data.get("outcome"),
+                verified=self.verified,
+                remaining_pids=self.remaining,
+            )
             reg.close()
         else:
             if name == "verified":
@@ -717,10 +784,18 @@ class RegistryObserver:
         for p in live:
             if (p.sid != ref or p.pgid != ref) and (p.pid, p.starttime) not in self._seen_detached:
                 self._seen_detached.add((p.pid, p.starttime))
-                self.reg.event("detached", {
-                    "pid": p.pid, "starttime": p.starttime, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid,
-                    "left": "session" if p.sid != ref else "process group",
-                    "argv": redact_argv(cmdline(p.pid))})
+                self.reg.event(
+                    "detached",
+                    {
+                        "pid": p.pid,
+                        "starttime": p.starttime,
+                        "ppid": p.ppid,
+                        "pgid": p.pgid,
+                        "sid": p.sid,
+                        "left": "session" if p.sid != ref else "process group",
+                        "argv": redact_argv(cmdline(p.pid)),
+                    },
+                )
 
 
 # -- retention ---------------------------------------------------------------------------
@@ -731,11 +806,15 @@ def finished_time(entry: dict, mtime: float) -> float:
     return max(recorded if isinstance(recorded, (int, float)) else 0.0, mtime)
 
 
-def prunable(entry, mtime: float, cutoff: float) -> bool:
+def prunable(entry, mtime: float, cutoff: float) -> "TypeGuard[dict]":
     """May this entry be removed? Only if it is ``finished`` as written, finished
     before ``cutoff`` and its owner process is gone. Never an active or expired one."""
-    return (isinstance(entry, dict) and entry.get("state") == "finished"
-            and finished_time(entry, mtime) < cutoff and not owner_alive(entry))
+    return (
+        isinstance(entry, dict)
+        and entry.get("state") == "finished"
+        and finished_time(entry, mtime) < cutoff
+        and not owner_alive(entry)
+    )
 
 
 def remove_run(directory: str, run_id: str) -> None:
@@ -751,8 +830,14 @@ def remove_run(directory: str, run_id: str) -> None:
             pass
 
 
-def prune_finished(directory: str, keep: float = KEEP_FINISHED, *, dry_run: bool = False,
-                   limit: int | None = None, now: float | None = None) -> list[dict]:
+def prune_finished(
+    directory: str,
+    keep: float = KEEP_FINISHED,
+    *,
+    dry_run: bool = False,
+    limit: int | None = None,
+    now: float | None = None,
+) -> list[dict]:
     """Remove finished runs (entry and log) that finished more than ``keep`` seconds ago.
 
     Returns one dict per run removed (or, with ``dry_run``, that would be):
@@ -763,7 +848,7 @@ def prune_finished(directory: str, keep: float = KEEP_FINISHED, *, dry_run: bool
     """
     now = time.time() if now is None else now
     cutoff = now - keep
-    out = []
+    out: list[dict] = []
     try:
         scan = os.scandir(directory)
     except OSError:
@@ -785,8 +870,13 @@ def prune_finished(directory: str, keep: float = KEEP_FINISHED, *, dry_run: bool
             if not prunable(entry, mtime, cutoff):
                 continue
             finished_at = finished_time(entry, mtime)
-            row = {"run_id": run_id, "finished_at": finished_at, "age": now - finished_at,
-                   "outcome": entry.get("outcome"), "exit_code": entry.get("exit_code")}
+            row = {
+                "run_id": run_id,
+                "finished_at": finished_at,
+                "age": now - finished_at,
+                "outcome": entry.get("outcome"),
+                "exit_code": entry.get("exit_code"),
+            }
             if not dry_run:
                 try:
                     remove_run(directory, run_id)
@@ -882,8 +972,11 @@ def _finished_why(entry: dict) -> str:
     """How a finished run ended, in words: its exit, or how it was reclaimed."""
     if entry.get("outcome") == "reclaimed":
         # Its corral died; corralctl stopped what was left. No exit status is known.
-        proof = ("verified" if entry.get("verified")
-                 else f"NOT verified, still present: {' '.join(map(str, entry.get('remaining_pids') or [])) or '?'}")
+        proof = (
+            "verified"
+            if entry.get("verified")
+            else f"NOT verified, still present: {' '.join(map(str, entry.get('remaining_pids') or [])) or '?'}"
+        )
         return f"reclaimed after its corral was gone, exit status unknown; {proof}"
     exit_code = entry.get("exit_code")
     return f"exit {'unknown' if exit_code is None else exit_code}, {entry.get('outcome') or 'unknown outcome'}"
@@ -922,18 +1015,19 @@ def effective_state(entry: dict | None, *, now_monotonic: float | None = None) -
         elif entry.get("deadline_monotonic") != deadline:
             why += f"; entry's deadline differs from its owner's (pid {pid})"
         return state, why
-    state = written
-    if state == "finished":
+    if written == "finished":
         return "finished", _finished_why(entry)
-    if state == "expired":
+    if written == "expired":
         return "expired", "deadline passed"
-    if state != "active":
-        return "unknown", f"unreadable state {state!r}"
+    if written != "active":
+        return "unknown", f"unreadable state {written!r}"
     deadline = entry.get("deadline_monotonic")
     same_boot = (entry.get("owner") or {}).get("boot_id") in (None, "", boot_id())
     if isinstance(deadline, (int, float)) and (now >= deadline or not same_boot):
         return "expired", "deadline passed"
     if not owner_alive(entry):
         return "expired", "its corral process is gone"
-    return "expired", (f"its owner (pid {(entry.get('owner') or {}).get('pid')}) holds no token for this run: "
-                       "the entry alone does not make it active")
+    return "expired", (
+        f"its owner (pid {(entry.get('owner') or {}).get('pid')}) holds no token for this run: "
+        "the entry alone does not make it active"
+    )

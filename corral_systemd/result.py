@@ -6,11 +6,14 @@ record (``record.py``) is built from it only when someone asks for JSON.
 
 from dataclasses import dataclass, field
 
+from .limits import BY_REASON, MAX_OUTPUT, MEM, WALL
+
 # Why the run ended, in the order the supervisor may decide it.
 EXITED = "exited"  # the command's main process exited (or died of a signal) on its own
-TIMEOUT = "timeout"  # --wall passed
-MEMORY = "memory"  # --mem exceeded
-OUTPUT = "output"  # --max-output exceeded
+# A limit ended it (see limits.py): --wall, --mem, --max-output.
+TIMEOUT = WALL.reason
+MEMORY = MEM.reason
+OUTPUT = MAX_OUTPUT.reason
 INTERRUPTED = "interrupted"  # corral received SIGINT/SIGTERM/SIGHUP
 SPAWN_FAILED = "spawn_failed"  # the command could not be executed (126/127)
 SETUP_FAILED = "setup_failed"  # corral could not set the run up (125)
@@ -43,6 +46,7 @@ class RunOutcome:
     output_bytes: int | None = None  # counted only when output passes through corral
     engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
     warnings: list[str] = field(default_factory=list)
+    observer_error: str | None = None  # the observer (the registry) failed: see supervisor.RunObserver
     environment: dict | None = None  # --env-*: names kept and dropped, never values
     credentials: list[str] = field(default_factory=list)  # --credential names, never contents
     credentials_delivery: str | None = None  # who made $CREDENTIALS_DIRECTORY: "systemd" or "corral"
@@ -54,8 +58,10 @@ class RunOutcome:
 
 def exit_code_for(result: RunOutcome, spawn_exit: int | None = None) -> int:
     """corral's exit code. 120 (unproven stop) overrides everything."""
-    if result.remaining_pids or result.reason == INTERNAL_ERROR or (
-        not result.verified and result.reason not in (SETUP_FAILED, SPAWN_FAILED)
+    if (
+        result.remaining_pids
+        or result.reason == INTERNAL_ERROR
+        or (not result.verified and result.reason not in (SETUP_FAILED, SPAWN_FAILED))
     ):
         return 120
     if result.reason == SETUP_FAILED:
@@ -64,12 +70,8 @@ def exit_code_for(result: RunOutcome, spawn_exit: int | None = None) -> int:
         return spawn_exit if spawn_exit is not None else 127
     if result.reason == INTERRUPTED:
         return 128 + (result.corral_signal or 0)
-    if result.reason == TIMEOUT:
-        return 124
-    if result.reason == MEMORY:
-        return 121
-    if result.reason == OUTPUT:
-        return 122
+    if (limit := BY_REASON.get(result.reason)) is not None:
+        return limit.exit_code
     if result.command_signal is not None:
         return 128 + result.command_signal
     return result.command_exit_status or 0

@@ -11,24 +11,35 @@
 Kept out of cli.py so the CLI stays thin and the pieces stay testable.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .credentials import PrivateCredentials
+
 import os
 
 from .errors import SetupError
 
 
 class RunGuard:
-    def __init__(self, spec, *, environment: dict | None = None, credentials=(), registry: bool = True,
-                 owner_kind: str = "corral"):
+    def __init__(
+        self,
+        spec,
+        *,
+        environment: dict | None = None,
+        credentials=(),
+        registry: bool = True,
+        owner_kind: str = "corral",
+    ):
         self.spec = spec
         self.owner_kind = owner_kind
         self.environment = environment
         self.credential_pairs = [tuple(pair) for pair in (credentials or spec.credential_requests)]
         self.use_registry = registry
         self.registration = None
-        self.creds = None
+        self.creds: PrivateCredentials | None = None
         #: Who makes $CREDENTIALS_DIRECTORY: "systemd" (a service) or "corral".
-        self.delivery = None
-        self._state_dir = None
+        self.delivery: str | None = None
 
     def __enter__(self):
         if self.credential_pairs:
@@ -61,6 +72,7 @@ class RunGuard:
         except BaseException:
             engine.close()
             raise
+        assert self.creds is not None and self.creds.watcher_pid is not None
         engine.ignore_child(self.creds.watcher_pid)  # forked after the engine: not the run's
 
     def register(self, engine):
@@ -87,12 +99,18 @@ class RunGuard:
             self.spec.env = env
         try:
             self.registration = register(
-                self.spec, mode=engine.mode, unit=getattr(engine, "unit", None),
-                control_group=facts.get("control_group"), environment=self.environment,
-                credentials=[n for n, _ in self.credential_pairs], credentials_delivery=self.delivery,
+                self.spec,
+                mode=engine.mode,
+                unit=getattr(engine, "unit", None),
+                control_group=facts.get("control_group"),
+                environment=self.environment,
+                credentials=[n for n, _ in self.credential_pairs],
+                credentials_delivery=self.delivery,
                 credentials_directory=self.creds.path if self.creds else None,
-                helper_pids=[self.creds.watcher_pid] if self.creds else [], owner_kind=self.owner_kind,
-                mark=mark)
+                helper_pids=[self.creds.watcher_pid] if self.creds else [],
+                owner_kind=self.owner_kind,
+                mark=mark,
+            )
         except OSError as exc:
             engine.close()
             raise SetupError(f"cannot register the run: {exc}") from None

@@ -22,16 +22,16 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import UsageError
+from .limits import LIMITS, MAX_DURATION, MAX_PIDS, MAX_SIZE
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
 STDIN_MODES = ("null", "inherit")
 MANAGERS = ("auto", "user", "system")
 UNIT_TYPES = ("scope", "service")
 
-
-MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds
-MAX_SIZE = 2**63 - 1  # bytes
-MAX_PIDS = 4194304  # PID_MAX_LIMIT
+#: The stop sequence's timings (durations, always set), beside the limits.
+TIMINGS = ("grace", "verify_timeout")
+_BOUNDS = {"size": f"{MAX_SIZE} bytes (8 EiB)", "count": f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)"}
 
 
 def new_run_id() -> str:
@@ -49,7 +49,7 @@ class RunSpec:
     max_output: int | None = None  # bytes, stdout + stderr together
     cgroup_mode: str = "auto"
     cgroup_parent: str | None = None
-    stdin: str = "null"
+    stdin: str | bytes = "null"  # "null", "inherit", "pipe" (library) or the bytes to send
     manager: str = "auto"
     unit_type: str = "scope"
     slice: str = "corral.slice"
@@ -70,41 +70,45 @@ class RunSpec:
 
     def validate(self) -> None:
         """Range-check every field (see the module's bounds); UsageError names the first bad one."""
-        for name in ("wall", "grace", "verify_timeout"):
-            _check_duration(name, getattr(self, name), optional=name == "wall")
-        for name in ("mem", "max_output"):
-            _check_int(name, getattr(self, name), MAX_SIZE, f"{MAX_SIZE} bytes (8 EiB)")
-        _check_int("pids", self.pids, MAX_PIDS, f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)")
+        for name in TIMINGS:
+            _check_duration(name, getattr(self, name), optional=False)
+        for limit in LIMITS:
+            value = getattr(self, limit.field)
+            if limit.kind == "duration":
+                _check_duration(limit.field, value, optional=True)
+            else:
+                _check_int(limit.field, value, int(limit.maximum), _BOUNDS[limit.kind])
         _check_choice("cgroup_mode", self.cgroup_mode, CGROUP_MODES)
         _check_choice("manager", self.manager, MANAGERS)
         _check_choice("unit_type", self.unit_type, UNIT_TYPES)
         if not isinstance(self.stdin, bytes):
             _check_choice("stdin", self.stdin, (*STDIN_MODES, "pipe"))
-        if not isinstance(self.slice, str) or not self.slice.endswith(".slice") or len(self.slice) <= 6 \
-                or "/" in self.slice or "\0" in self.slice:
+        if (
+            not isinstance(self.slice, str)
+            or not self.slice.endswith(".slice")
+            or len(self.slice) <= 6
+            or "/" in self.slice
+            or "\0" in self.slice
+        ):
             raise UsageError(f"invalid slice {self.slice!r}: must be a unit name ending in .slice")
         if not isinstance(self.argv, list) or not self.argv or not _text(self.argv[0]):
             raise UsageError("no command given")
         if not all(_text(arg) for arg in self.argv):
             raise UsageError("invalid command: arguments must be strings without NUL bytes")
-        if self.env is not None and not all(_text(k) and k and "=" not in k and _text(v)
-                                            for k, v in self.env.items()):
-            raise UsageError("invalid environment: names and values must be strings without NUL bytes "
-                             "(names non-empty, without '=')")
+        if self.env is not None and not all(_text(k) and k and "=" not in k and _text(v) for k, v in self.env.items()):
+            raise UsageError(
+                "invalid environment: names and values must be strings without NUL bytes (names non-empty, without '=')"
+            )
         for name in ("cwd", "cgroup_parent"):
             value = getattr(self, name)
             if value is not None and (not _text(value) or not value):
                 raise UsageError(f"invalid {name} {value!r}: must be a path without NUL bytes")
 
     def limits(self) -> dict:
-        return {
-            "wall": self.wall,
-            "grace": self.grace,
-            "verify_timeout": self.verify_timeout,
-            "mem": self.mem,
-            "pids": self.pids,
-            "max_output": self.max_output,
-        }
+        """The record's ``limits``: every limit (None: not set) and the stop timings."""
+        out = {limit.field: getattr(self, limit.field) for limit in LIMITS}
+        out.update((name, getattr(self, name)) for name in TIMINGS)
+        return out
 
 
 def _text(value) -> bool:
@@ -119,8 +123,7 @@ def _check_duration(name: str, value, *, optional: bool) -> None:
     if not math.isfinite(value) or value < 0:
         raise UsageError(f"invalid {name} {value!r}: must be a finite number of seconds, not negative")
     if value > MAX_DURATION:
-        raise UsageError(f"invalid {name}: {value:g}s is out of range (at most {MAX_DURATION / 3600:.0f}h, "
-                         "100 years)")
+        raise UsageError(f"invalid {name}: {value:g}s is out of range (at most {MAX_DURATION / 3600:.0f}h, 100 years)")
 
 
 def _check_int(name: str, value, maximum: int, shown: str) -> None:

@@ -31,8 +31,8 @@ from . import result as R
 from .errors import SetupError
 from .kernel.signals import stop_signals
 from .kernel.spawn import ExecError
+from .limits import ENDS_RUN, MAX_OUTPUT
 from .output import OutputPump
-from .output import write_all as _write_all  # noqa: F401  (the library's fd writer)
 
 _STOP_SIGNALS = stop_signals()
 # The stop and verify loops re-check at growing intervals: fast for the
@@ -127,8 +127,18 @@ class Supervisor:
     receives each chunk. ``stdin_fd``: what ``spec.stdin == "inherit"`` gives.
     """
 
-    def __init__(self, spec, engine, *, signals: SignalWatch | None = None, cancel_fd: int | None = None,
-                 stdout=1, stderr=2, stdin_fd: int = 0, observer: RunObserver | None = None):
+    def __init__(
+        self,
+        spec,
+        engine,
+        *,
+        signals: SignalWatch | None = None,
+        cancel_fd: int | None = None,
+        stdout=1,
+        stderr=2,
+        stdin_fd: int = 0,
+        observer: RunObserver | None = None,
+    ):
         self.spec = spec
         self.engine = engine
         self.signals = signals
@@ -139,8 +149,11 @@ class Supervisor:
         self._stdin_fd = stdin_fd
         self._t0 = 0.0
         self.result = R.RunOutcome(
-            run_id=spec.run_id, mode=engine.mode, argv=list(spec.argv),
-            cwd=spec.cwd or os.getcwd(), limits=spec.limits(),
+            run_id=spec.run_id,
+            mode=engine.mode,
+            argv=list(spec.argv),
+            cwd=spec.cwd or os.getcwd(),
+            limits=spec.limits(),
         )
 
     # -- helpers -------------------------------------------------------
@@ -162,7 +175,10 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 -- the stop and the proof come first
             self.observer = None
             what = args[0] if method == "event" else "the run's processes"
-            message = f"registry: could not record {what}: {exc}; later steps are not recorded (the stop and the proof went on)"
+            message = (
+                f"registry: could not record {what}: {exc}; "
+                "later steps are not recorded (the stop and the proof went on)"
+            )
             self.result.observer_error = message
             self.result.warnings.append(message)
 
@@ -229,8 +245,9 @@ class Supervisor:
 
     def _abort_fds(self) -> tuple:
         """What may cut short the final delivery of output: a stop signal, a cancel."""
-        return tuple(fd for fd in (self.signals.read_fd if self.signals is not None else None, self.cancel_fd)
-                     if fd is not None)
+        return tuple(
+            fd for fd in (self.signals.read_fd if self.signals is not None else None, self.cancel_fd) if fd is not None
+        )
 
     def _start(self) -> OutputPump | None:
         spec = self.spec
@@ -253,10 +270,12 @@ class Supervisor:
                 os.set_blocking(err_r, False)
                 pump = OutputPump({out_r: self._stdout, err_r: self._stderr}, spec.max_output)
             self.engine.start(
-                spec.argv, stdin=stdin,
+                spec.argv,
+                stdin=stdin,
                 stdout=out_w if out_w is not None else self._stdout,
                 stderr=err_w if err_w is not None else self._stderr,
-                env=spec.env, cwd=spec.cwd,
+                env=spec.env,
+                cwd=spec.cwd,
             )
         except BaseException:
             if pump is not None:
@@ -268,8 +287,11 @@ class Supervisor:
             for fd in (out_w, err_w):
                 if fd is not None:
                     os.close(fd)
-        self._step("spawned", pid=self.engine.main_pid, **{
-            k: v for k, v in self.engine.describe().items() if k in ("unit", "control_group")})
+        self._step(
+            "spawned",
+            pid=self.engine.main_pid,
+            **{k: v for k, v in self.engine.describe().items() if k in ("unit", "control_group")},
+        )
         return pump
 
     def _watch(self, pump: OutputPump | None) -> None:
@@ -295,16 +317,16 @@ class Supervisor:
                 res.reason = R.TIMEOUT
                 return
             if next_watch is not None and now >= next_watch:
-                if engine.check_limits() == "memory":
-                    self._step("limit_exceeded", limit="mem")
-                    res.reason = R.MEMORY
+                if (name := engine.check_limits()) is not None:
+                    self._step("limit_exceeded", limit=name)
+                    res.reason = ENDS_RUN[name].reason
                     return
                 next_watch = now + watch_every
             if pump is not None and pump.exceeded:
-                self._step("limit_exceeded", limit="max_output")
+                self._step("limit_exceeded", limit=MAX_OUTPUT.field)
                 res.reason = R.OUTPUT
                 return
-            if next_tick is not None and now >= next_tick:
+            if next_tick is not None and tick_every is not None and now >= next_tick:
                 self._tell("tick", engine.processes())
                 next_tick = now + tick_every
             timeout = None
@@ -348,7 +370,7 @@ class Supervisor:
                 for num in self.signals.drain():
                     if num in self.signals.stop_signals and stop_sig is None:
                         stop_sig = num
-            elif fd == self.cancel_fd:
+            elif self.cancel_fd is not None and fd == self.cancel_fd:
                 # One byte per request (a second one skips the grace period);
                 # EOF (the writer died) is one request, then stop watching.
                 if not os.read(self.cancel_fd, 64):

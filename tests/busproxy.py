@@ -123,7 +123,8 @@ class CuttingProxy:
         end = time.monotonic() + 10
         while time.monotonic() < end:
             if unit_property(tether, "LoadState") == "loaded" and (
-                    self.cut != "after-ended" or unit_property(unit, "LoadState") != "loaded"):
+                self.cut != "after-ended" or unit_property(unit, "LoadState") != "loaded"
+            ):
                 return
             time.sleep(0.01)
 
@@ -164,5 +165,5 @@ def _shut(socks) -> None:
 def _wait_until_read(sock: socket.socket) -> None:
     try:
         wait_until_peer_read(sock, 5)
-    except socket.timeout:
+    except TimeoutError:
         pass  # the manager is stuck: the test fails on its own

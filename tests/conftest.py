@@ -25,6 +25,7 @@ def pytest_sessionfinish(session, exitstatus):
 
         shutil.rmtree(_OWN_STATE_DIR, ignore_errors=True)
 
+
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "faults"
 MANIFEST = json.loads((FAULTS / "manifest.json").read_text())
@@ -79,8 +80,14 @@ def corral(tmp_path):
             argv += ["--json", str(json_path)]
         argv += scale_walls(args)
         start = time.monotonic()
-        proc = subprocess.run(argv, env=full_env, capture_output=True, timeout=timeout, input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv,
+            env=full_env,
+            capture_output=True,
+            timeout=timeout,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
         elapsed = time.monotonic() - start
         data = json.loads(json_path.read_text()) if record and json_path.exists() else None
         if data is not None:

@@ -5,7 +5,6 @@ import shutil
 
 import pytest
 
-
 #: Which manager the systemd tests run against: "user" (the session's, or the
 #: harness's) or "system" (root on a machine booted with systemd: the VM lane).
 #: corral's own choice is "auto" in both cases; the tests only need to know
@@ -31,8 +30,10 @@ def manager_runtime_dir() -> str:
 
 def manager_reachable() -> bool:
     """Does the manager the tests target answer on its bus?"""
-    if MANAGER == "user" and not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(
-        os.path.join(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "bus")
+    if (
+        MANAGER == "user"
+        and not os.environ.get("DBUS_SESSION_BUS_ADDRESS")
+        and not os.path.exists(os.path.join(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "bus"))
     ):
         return False
     busctl = shutil.which("busctl")
@@ -41,9 +42,17 @@ def manager_reachable() -> bool:
     import subprocess
 
     probe = subprocess.run(
-        [busctl, *scope_flag(), "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
-         "org.freedesktop.DBus.Peer", "Ping"],
-        capture_output=True, timeout=10,
+        [
+            busctl,
+            *scope_flag(),
+            "call",
+            "org.freedesktop.systemd1",
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.DBus.Peer",
+            "Ping",
+        ],
+        capture_output=True,
+        timeout=10,
     )
     return probe.returncode == 0
 
@@ -56,8 +65,9 @@ def systemctl(*args: str, check: bool = False, timeout: float = 60):
     """``systemctl [--user] ARGS`` against the manager under test."""
     import subprocess
 
-    return subprocess.run(["systemctl", *scope_flag(), *args], capture_output=True, text=True,
-                          check=check, timeout=timeout)
+    return subprocess.run(
+        ["systemctl", *scope_flag(), *args], capture_output=True, text=True, check=check, timeout=timeout
+    )
 
 
 def unit_property(unit: str, name: str) -> str:

@@ -23,9 +23,8 @@ import types
 
 import pytest
 
-from modes import mode_flags
-
 from corral_systemd.kernel import cgroupfs
+from modes import mode_flags
 
 UNIT_TYPES = [pytest.param("scope", marks=pytest.mark.systemd), pytest.param("service", marks=pytest.mark.systemd)]
 MiB = 2**20
@@ -54,10 +53,22 @@ def _summary(run) -> str:
 
 # -- the kernel's figures, from the unit's cgroup -------------------------
 
+
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_memory_peak_is_the_cgroups(corral, unit_type):
-    run = corral(mode_flags(unit_type) + ["--wall", "30s", "--mem", "1G", "--", "python3", "-c",
-                                          "import time; b = bytearray(200 << 20); time.sleep(0.5)"])
+    run = corral(
+        mode_flags(unit_type)
+        + [
+            "--wall",
+            "30s",
+            "--mem",
+            "1G",
+            "--",
+            "python3",
+            "-c",
+            "import time; b = bytearray(200 << 20); time.sleep(0.5)",
+        ]
+    )
     assert run.returncode == 0, _detail(run)
     engine = run.record["engine"]
     if _memory_peak_offered(run.record):
@@ -92,8 +103,10 @@ def test_cpu_time_is_the_cgroups(corral, unit_type):
 
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_tasks_peak_counts_the_runs_processes(corral, unit_type):
-    run = corral(mode_flags(unit_type) + ["--wall", "30s", "--pids", "1000", "--", "sh", "-c",
-                                          "for i in 1 2 3 4 5; do sleep 0.5 & done; wait"])
+    run = corral(
+        mode_flags(unit_type)
+        + ["--wall", "30s", "--pids", "1000", "--", "sh", "-c", "for i in 1 2 3 4 5; do sleep 0.5 & done; wait"]
+    )
     assert run.returncode == 0, _detail(run)
     engine = run.record["engine"]
     if run.record["limits_enforced"].get("pids") == "kernel":
@@ -105,8 +118,7 @@ def test_tasks_peak_counts_the_runs_processes(corral, unit_type):
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_figures_of_a_stopped_run(corral, unit_type):
     """Leftovers stopped at the deadline: the figures include their CPU time."""
-    run = corral(mode_flags(unit_type) + ["--wall", "2s", "--", "sh", "-c",
-                                          'python3 -c "while 1: pass" & sleep 60'])
+    run = corral(mode_flags(unit_type) + ["--wall", "2s", "--", "sh", "-c", 'python3 -c "while 1: pass" & sleep 60'])
     assert run.returncode == 124, _detail(run)
     cpu = run.record["engine"]["cpu_usage_nsec"]
     assert cpu is not None and 0.3e9 <= cpu <= 10e9, _detail(run)  # (the spinner shares a busy machine)
@@ -114,10 +126,12 @@ def test_figures_of_a_stopped_run(corral, unit_type):
 
 # -- OOM kills ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_memory_hog_is_121(corral, unit_type):
-    run = corral(mode_flags(unit_type) + ["--wall", "10s", "--mem", "64M", "--", "python3", "-c",
-                                          "b = bytearray(400 << 20)"])
+    run = corral(
+        mode_flags(unit_type) + ["--wall", "10s", "--mem", "64M", "--", "python3", "-c", "b = bytearray(400 << 20)"]
+    )
     assert run.returncode == 121, _detail(run)
     assert run.record["outcome"] == "memory" and run.record["verified"], _detail(run)
     engine = run.record["engine"]
@@ -134,6 +148,7 @@ def test_memory_hog_is_121(corral, unit_type):
 
 # -- 126/127: services as scopes ---------------------------------------------
 
+
 def _exec_cases(tmp_path):
     plain = tmp_path / "not-executable"
     plain.write_text("#!/bin/sh\necho never\n")
@@ -141,11 +156,13 @@ def _exec_cases(tmp_path):
     garbage = tmp_path / "garbage"  # executable bit, but no format the kernel knows (ENOEXEC)
     garbage.write_bytes(b"\x7fELF but not really\n")
     garbage.chmod(0o755)
-    return [(str(tmp_path / "missing"), 127, ("No such file or directory",)),
-            ("no-such-command-corral-test", 127, ("No such file or directory",)),
-            (str(plain), 126, ("Permission denied",)),
-            (str(tmp_path), 126, ("Is a directory", "Permission denied")),
-            (str(garbage), 126, None)]
+    return [
+        (str(tmp_path / "missing"), 127, ("No such file or directory",)),
+        ("no-such-command-corral-test", 127, ("No such file or directory",)),
+        (str(plain), 126, ("Permission denied",)),
+        (str(tmp_path), 126, ("Is a directory", "Permission denied")),
+        (str(garbage), 126, None),
+    ]
 
 
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
@@ -200,6 +217,7 @@ def test_service_path_lookup_is_the_commands(tmp_path):
 
 # -- the mechanisms, on this host --------------------------------------------
 
+
 class _FakeConnection:
     """Enough of a manager connection for ``poll_events`` (nothing arrives)."""
 
@@ -221,10 +239,17 @@ def _engine_on_fake_cgroup(tmp_path, monkeypatch, unit="corral-accounting-test.s
     cg = f"/corral.slice/{unit}"
     group = tmp_path / "unified" / cg.lstrip("/")
     group.mkdir(parents=True)
-    files = {"cgroup.controllers": "memory pids\n", "memory.max": f"{64 * MiB}\n", "memory.swap.max": "0\n",
-             "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n", "cgroup.events": "populated 1\nfrozen 0\n",
-             "memory.peak": f"{3 * MiB}\n", "cpu.stat": "usage_usec 1000\nuser_usec 600\nsystem_usec 400\n",
-             "pids.peak": "1\n", "pids.current": "1\n"}
+    files = {
+        "cgroup.controllers": "memory pids\n",
+        "memory.max": f"{64 * MiB}\n",
+        "memory.swap.max": "0\n",
+        "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+        "cgroup.events": "populated 1\nfrozen 0\n",
+        "memory.peak": f"{3 * MiB}\n",
+        "cpu.stat": "usage_usec 1000\nuser_usec 600\nsystem_usec 400\n",
+        "pids.peak": "1\n",
+        "pids.current": "1\n",
+    }
     for name, text in files.items():
         (group / name).write_text(text)
     mounts = types.SimpleNamespace(unified=str(tmp_path / "unified"), v1={})
@@ -241,10 +266,26 @@ def _engine_on_fake_cgroup(tmp_path, monkeypatch, unit="corral-accounting-test.s
     engine.manager = types.SimpleNamespace(lost=None)
     pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], os.environ)
     engine._child = types.SimpleNamespace(pid=pid, pidfd=-1)
-    for name, value in dict(_status=None, _conn_dead=False, _cgroup=None, _mounts=None, _oom_eventfd=None,
-                            _oom_seen=False, _oom_signals_after_removal=0, _watches={}, _usage=cgroupfs.Usage(), _manager_figures={},
-                            _exit_sampled=False, _next_sample=0.0, _active_state=None, _unit_gone=False,
-                            _start_reply_lost=None, _adopted=None, _started=True, facts={"unit": unit}).items():
+    for name, value in dict(
+        _status=None,
+        _conn_dead=False,
+        _cgroup=None,
+        _mounts=None,
+        _oom_eventfd=None,
+        _oom_seen=False,
+        _oom_signals_after_removal=0,
+        _watches={},
+        _usage=cgroupfs.Usage(),
+        _manager_figures={},
+        _exit_sampled=False,
+        _next_sample=0.0,
+        _active_state=None,
+        _unit_gone=False,
+        _start_reply_lost=None,
+        _adopted=None,
+        _started=True,
+        facts={"unit": unit},
+    ).items():
         setattr(engine, name, value)
     engine._locate_cgroup()
     return engine, group
@@ -282,8 +323,15 @@ def test_usage_keeps_the_largest_reading(tmp_path):
     (tmp_path / "pids.current").write_text("1\n")
     usage.sample(str(tmp_path))
     usage.sample(str(tmp_path / "gone"))  # a removed group adds nothing
-    assert usage.figures == {"cpu_usage_nsec": 2_000_000, "cpu_user_nsec": 1_500_000, "cpu_system_nsec": 500_000,
-                             "memory_peak": 4096, "tasks_peak": 3, "io_read_bytes": 105, "io_write_bytes": 20}
+    assert usage.figures == {
+        "cpu_usage_nsec": 2_000_000,
+        "cpu_user_nsec": 1_500_000,
+        "cpu_system_nsec": 500_000,
+        "memory_peak": 4096,
+        "tasks_peak": 3,
+        "io_read_bytes": 105,
+        "io_write_bytes": 20,
+    }
 
 
 def test_usage_facts_take_the_larger_reading():

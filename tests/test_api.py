@@ -11,6 +11,7 @@ import time
 import pytest
 
 import corral_systemd as corral
+from conftest import marker_env as _env
 from modes import systemctl, user_manager_reachable
 from procscan import kill_marked, marked_pids, new_marker
 
@@ -24,13 +25,13 @@ def _mode_param(mode):
 MODES = [_mode_param("fallback"), _mode_param("enforced")]
 
 
-from conftest import marker_env as _env
-
-
 @pytest.fixture(autouse=True)
 def _require_manager(request):
-    if "mode" in request.fixturenames and request.getfixturevalue("mode") == "enforced" \
-            and not user_manager_reachable():
+    if (
+        "mode" in request.fixturenames
+        and request.getfixturevalue("mode") == "enforced"
+        and not user_manager_reachable()
+    ):
         if os.environ.get("CORRAL_REQUIRE_SYSTEMD") == "1":
             pytest.fail("no user manager reachable")
         pytest.skip("no user manager reachable")
@@ -38,8 +39,9 @@ def _require_manager(request):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_run_captures_and_cleans_up(mode, marker):
-    result = corral.run(["sh", "-c", "printf out; printf err >&2; setsid sleep 3600 & exit 3"],
-                        mode=mode, env=_env(marker), wall=10)
+    result = corral.run(
+        ["sh", "-c", "printf out; printf err >&2; setsid sleep 3600 & exit 3"], mode=mode, env=_env(marker), wall=10
+    )
     assert (result.exit_code, result.stdout, result.stderr) == (3, b"out", b"err")
     assert result.verified and result.outcome == "exited"
     assert result.mode == ("systemd" if mode == "enforced" else "fallback")
@@ -80,8 +82,9 @@ def test_typed_errors(tmp_path):
 async def test_arun_and_streaming(mode, marker):
     result = await corral.arun(["sh", "-c", "echo a"], mode=mode, env=_env(marker))
     assert result.stdout == b"a\n"
-    async with corral.start(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done; setsid sleep 3600 &"],
-                            mode=mode, env=_env(marker)) as run:
+    async with corral.start(
+        ["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done; setsid sleep 3600 &"], mode=mode, env=_env(marker)
+    ) as run:
         chunks = [chunk async for chunk in run.stdout]
         result = await run.wait()
     assert b"".join(chunks) == b"1\n2\n3\n" == result.stdout
@@ -146,9 +149,15 @@ async def test_corralctl_stop_of_library_run_stops_unit_not_application(marker):
         deadline = time.monotonic() + 10
         while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "corral_systemd.ctl", "stop",
-                                                    run._spec.run_id, stdout=subprocess.PIPE,
-                                                    stderr=subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "corral_systemd.ctl",
+            "stop",
+            run._spec.run_id,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = await proc.communicate()
         result = await run.wait()
     assert proc.returncode == 0, err
@@ -167,8 +176,11 @@ def test_runner_control_group_is_the_commands(unit_type, marker):
         results = [runner.run(["cat", "/proc/self/cgroup"], env=_env(marker)) for _ in range(3)]
     for result in results:
         lines = [line.split(":", 2) for line in result.stdout.decode().splitlines()]
-        own = {path for hierarchy, controllers, path in lines
-               if hierarchy == "0" or "name=systemd" in controllers.split(",")}
+        own = {
+            path
+            for hierarchy, controllers, path in lines
+            if hierarchy == "0" or "name=systemd" in controllers.split(",")
+        }
         assert result.exit_code == 0 and result.engine.control_group in own, (own, result.engine)
         assert result.engine.unit.endswith(f".{unit_type}") and result.engine.invocation_id
 
@@ -187,9 +199,12 @@ async def test_runner_routes_each_runs_own_signals(unit_type):
     markers = [new_marker() for _ in range(32)]
     try:
         async with corral.Runner(mode="enforced", unit_type=unit_type, wall=20) as runner:
-            results = await asyncio.gather(*(
-                runner.arun(["sh", "-c", f"sleep 0.$((RANDOM % 3)); exit {i}"], env=_env(m))
-                for i, m in enumerate(markers)))
+            results = await asyncio.gather(
+                *(
+                    runner.arun(["sh", "-c", f"sleep 0.$((RANDOM % 3)); exit {i}"], env=_env(m))
+                    for i, m in enumerate(markers)
+                )
+            )
         assert [r.exit_code for r in results] == list(range(32))
         assert all(r.verified and r.outcome == "exited" for r in results)
         assert len({r.engine.unit for r in results}) == 32
@@ -231,8 +246,7 @@ def test_manager_killed_mid_library_run_is_reported_honestly(marker):
     manager = int(os.environ["CORRAL_HARNESS_MANAGER_PID"])
     with corral.Runner(mode="enforced", grace=0.5) as runner:
         outcome = {}
-        worker = threading.Thread(target=lambda: outcome.update(
-            result=_run_or_error(runner, DAEMON, env=_env(marker))))
+        worker = threading.Thread(target=lambda: outcome.update(result=_run_or_error(runner, DAEMON, env=_env(marker))))
         worker.start()
         deadline = time.monotonic() + 10
         while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
@@ -272,8 +286,13 @@ def test_library_credentials_exist_only_while_the_run_does(mode, unit_type, deli
         pytest.skip("no user manager reachable")
     secret = tmp_path / "token"
     secret.write_text("s3cret-library")
-    result = corral.run(["sh", "-c", 'echo "$CREDENTIALS_DIRECTORY"; cat "$CREDENTIALS_DIRECTORY/api"'],
-                        mode=mode, unit_type=unit_type, credentials={"api": secret}, env=_env(marker))
+    result = corral.run(
+        ["sh", "-c", 'echo "$CREDENTIALS_DIRECTORY"; cat "$CREDENTIALS_DIRECTORY/api"'],
+        mode=mode,
+        unit_type=unit_type,
+        credentials={"api": secret},
+        env=_env(marker),
+    )
     directory, content = result.stdout.decode().splitlines()
     assert content == "s3cret-library" and result.exit_code == 0
     assert not os.path.exists(directory), "the credential outlived the run"
@@ -302,7 +321,6 @@ def test_runner_survives_a_manager_reexec(marker):
     """daemon-reexec (package upgrades run it) closes every private
     connection: a Runner must reconnect for its next runs, not fail them."""
     import shutil
-    import subprocess
 
     if not user_manager_reachable() or shutil.which("systemctl") is None:
         pytest.skip("no user manager reachable")

@@ -16,8 +16,9 @@ def _env(**extra):
 
 CASES = [
     pytest.param(["--manager", "user"], _env(), id="user-no-bus"),
-    pytest.param(["--manager", "user"], _env(DBUS_SESSION_BUS_ADDRESS="unix:path=/nonexistent/bus"),
-                 id="user-unreachable"),
+    pytest.param(
+        ["--manager", "user"], _env(DBUS_SESSION_BUS_ADDRESS="unix:path=/nonexistent/bus"), id="user-unreachable"
+    ),
     pytest.param([], _env(DBUS_SESSION_BUS_ADDRESS="unix:path=/nonexistent/bus"), id="auto-unreachable"),
     pytest.param([], _env(), id="auto-no-bus"),
     pytest.param(["--manager", "system"], _env(), id="system"),

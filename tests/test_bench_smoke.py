@@ -23,9 +23,20 @@ RUNNERS = ["corral-scope", "corral-service", "corral-fallback", "timeout", "naiv
 def test_compare_smoke(tmp_path):
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "compare.py"), "--reps", "1", "--faults", "F3,F4",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "compare.py"),
+            "--reps",
+            "1",
+            "--faults",
+            "F3,F4",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.monotonic() - start < 30
@@ -39,7 +50,7 @@ def test_compare_smoke(tmp_path):
     for fid in ("F3", "F4"):
         row = data["cells"][fid]
         assert set(row) == set(RUNNERS)
-        for runner, cell in row.items():
+        for cell in row.values():
             assert isinstance(cell["cell"], str)
             if cell.get("na"):
                 assert cell["cell"] == "n/a" and cell["why"]
@@ -58,16 +69,30 @@ def test_compare_smoke(tmp_path):
                 assert row[runner]["cell"] == "n/a"
 
 
-
 @pytest.mark.systemd
 def test_runner_bench_smoke(tmp_path):
     """bench/runner_bench.py runs and writes its figures (not judged here)."""
     if not user_manager_reachable():
         pytest.skip("no user manager reachable")
     out = tmp_path / "runner.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "runner_bench.py"), "--rounds", "2",
-                           "--runs", "16", "--throughput-rounds", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "runner_bench.py"),
+            "--rounds",
+            "2",
+            "--runs",
+            "16",
+            "--throughput-rounds",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert set(data["per_run"]) == {"systemd-run", "runner-scope", "runner-service"}

@@ -65,9 +65,23 @@ def _start(unit_type, tmp_path, *extra):
     record = tmp_path / f"record-{marker}.json"
     env = dict(os.environ, **{MARKER_ENV: marker})
     with open(errpath, "wb") as err:  # a file: a survivor holding a pipe could not hang the test
-        proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), "--json", str(record), *scale_walls(extra), "--", "sh", "-c",
-                                 f"setsid sleep 3600 & touch {ready}; sleep 3600"],
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            [
+                *CORRAL,
+                *mode_flags(unit_type),
+                "--json",
+                str(record),
+                *scale_walls(extra),
+                "--",
+                "sh",
+                "-c",
+                f"setsid sleep 3600 & touch {ready}; sleep 3600",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     deadline = time.monotonic() + 30
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -140,8 +154,10 @@ def test_a_run_from_a_login_session_lands_in_the_users_manager(tmp_path):
         pytest.skip("root opens the login session (system lane)")
     marker = new_marker()
     record = Path("/tmp") / f"corral-login-{marker}.json"
-    script = (f"env {MARKER_ENV}={marker} {INSTALLED} --json {record} {' '.join(scale_walls(['--wall', '2s']))} -- "
-              "sh -c 'setsid sleep 300 & echo session=$XDG_SESSION_ID; cat /proc/self/cgroup; sleep 300'")
+    script = (
+        f"env {MARKER_ENV}={marker} {INSTALLED} --json {record} {' '.join(scale_walls(['--wall', '2s']))} -- "
+        "sh -c 'setsid sleep 300 & echo session=$XDG_SESSION_ID; cat /proc/self/cgroup; sleep 300'"
+    )
     try:
         out = subprocess.run(["su", "-l", "tester", "-c", script], capture_output=True, text=True, timeout=120)
         left = marked_pids(marker)
@@ -166,9 +182,22 @@ def test_installed_package_on_this_manager(tmp_path):
     assert os.path.realpath(unit_property("corral.slice", "FragmentPath")) == os.path.realpath(frag)
     marker = new_marker()
     rec = tmp_path / "r.json"
-    out = subprocess.run([INSTALLED, "--json", str(rec), *scale_walls(["--wall", "2s"]), "--", "sh", "-c",
-                          "setsid sleep 300 & nohup sleep 300 >/dev/null 2>&1 & sleep 300"],
-                         env=dict(os.environ, **{MARKER_ENV: marker}), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            INSTALLED,
+            "--json",
+            str(rec),
+            *scale_walls(["--wall", "2s"]),
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 300 & nohup sleep 300 >/dev/null 2>&1 & sleep 300",
+        ],
+        env=dict(os.environ, **{MARKER_ENV: marker}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     try:
         assert out.returncode == 124, out.stderr
         assert marked_pids(marker) == []
@@ -180,9 +209,16 @@ def test_installed_package_on_this_manager(tmp_path):
         where = subprocess.run(["man", "-w", page], capture_output=True, text=True)
         assert where.returncode == 0 and where.stdout.startswith("/usr/share/man/man1/"), where
     if shutil.which("bash") and os.path.exists("/usr/share/bash-completion/bash_completion"):
-        comp = subprocess.run(["bash", "-c", ". /usr/share/bash-completion/bash_completion; "
-                               ". /usr/share/bash-completion/completions/corral; complete -p corral"],
-                              capture_output=True, text=True)
+        comp = subprocess.run(
+            [
+                "bash",
+                "-c",
+                ". /usr/share/bash-completion/bash_completion; "
+                ". /usr/share/bash-completion/completions/corral; complete -p corral",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert comp.returncode == 0 and "corral" in comp.stdout, comp
     ctl = subprocess.run(["/usr/bin/corralctl", "ps"], capture_output=True, text=True)
     assert ctl.returncode == 0, ctl.stderr

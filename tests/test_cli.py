@@ -15,27 +15,30 @@ from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 FB = ["--cgroup-mode", "fallback"]
 
 
-@pytest.mark.parametrize("args", [
-    ["--wall", "5", "--", "true"],
-    ["--wall", "-1s", "--", "true"],
-    ["--grace", "abc", "--", "true"],
-    ["--verify-timeout", "1x", "--", "true"],
-    ["--mem", "12Q", "--", "true"],
-    ["--mem", "0", "--", "true"],
-    ["--pids", "-4", "--", "true"],
-    ["--max-output", "1.5M", "--", "true"],
-    ["--cgroup-mode", "sometimes", "--", "true"],
-    ["--stdin", "zero", "--", "true"],
-    ["--unit-type", "socket", "--", "true"],
-    ["--slice", "foo", "--", "true"],
-    ["--bogus", "--", "true"],
-    ["--json", "/nonexistent-dir/x.json", "--", "true"],
-    ["--json", "/tmp", "--", "true"],
-    ["--json", "/dev/null", "--", "true"],
-    ["--cgroup-mode", "fallback", "--cgroup-parent", "/sys/fs/cgroup", "--", "true"],
-    [],
-    ["--wall", "1s"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--wall", "5", "--", "true"],
+        ["--wall", "-1s", "--", "true"],
+        ["--grace", "abc", "--", "true"],
+        ["--verify-timeout", "1x", "--", "true"],
+        ["--mem", "12Q", "--", "true"],
+        ["--mem", "0", "--", "true"],
+        ["--pids", "-4", "--", "true"],
+        ["--max-output", "1.5M", "--", "true"],
+        ["--cgroup-mode", "sometimes", "--", "true"],
+        ["--stdin", "zero", "--", "true"],
+        ["--unit-type", "socket", "--", "true"],
+        ["--slice", "foo", "--", "true"],
+        ["--bogus", "--", "true"],
+        ["--json", "/nonexistent-dir/x.json", "--", "true"],
+        ["--json", "/tmp", "--", "true"],
+        ["--json", "/dev/null", "--", "true"],
+        ["--cgroup-mode", "fallback", "--cgroup-parent", "/sys/fs/cgroup", "--", "true"],
+        [],
+        ["--wall", "1s"],
+    ],
+)
 def test_bad_input_is_125_one_line_command_not_started(args, tmp_path):
     witness = tmp_path / "ran"
     argv = [*CORRAL, *args]
@@ -82,8 +85,15 @@ def test_signal_death_is_128_plus_n(corral, sig):
 
 def test_output_is_byte_exact(corral):
     payload = bytes(range(256)) * 1000
-    run = corral(FB + ["--", sys.executable, "-c",
-                       "import sys; sys.stdout.buffer.write(bytes(range(256)) * 1000); sys.stderr.buffer.write(b'\\x00\\xff')"])
+    run = corral(
+        FB
+        + [
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; sys.stdout.buffer.write(bytes(range(256)) * 1000); sys.stderr.buffer.write(b'\\x00\\xff')",
+        ]
+    )
     assert run.stdout == payload
     assert run.stderr.startswith(b"\x00\xff")
 
@@ -161,9 +171,13 @@ def test_spawners_in_other_sessions_are_all_stopped(corral):
     # test can never exhaust the machine's pids). A single scan-and-kill
     # pass misses the children forked between the scan and the spawner's
     # death; the stop must keep finding and killing until nothing is left.
-    spawner = ("setsid sh -c 'trap \"\" TERM; i=0; while [ $i -lt 300 ]; do setsid sleep 3600 & i=$((i+1)); done; "
-               "exec sleep 3600' &")
-    run = corral(FB + ["--wall", "200ms", "--grace", "100ms", "--", "sh", "-c", f"{spawner} {spawner} {spawner} sleep 3600"])
+    spawner = (
+        'setsid sh -c \'trap "" TERM; i=0; while [ $i -lt 300 ]; do setsid sleep 3600 & i=$((i+1)); done; '
+        "exec sleep 3600' &"
+    )
+    run = corral(
+        FB + ["--wall", "200ms", "--grace", "100ms", "--", "sh", "-c", f"{spawner} {spawner} {spawner} sleep 3600"]
+    )
     assert run.returncode == 124, run.stderr
     assert run.survivors == []
     assert run.record["processes_seen"] > 10
@@ -173,8 +187,12 @@ def test_spawners_in_other_sessions_are_all_stopped(corral):
 def test_corral_signalled_stops_everything(sig, code, tmp_path):
     marker = new_marker()
     env = dict(os.environ, **{MARKER_ENV: marker})
-    proc = subprocess.Popen([*CORRAL, *FB, "--", str(FAULTS / "F05-daemon-stays")], env=env,
-                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--", str(FAULTS / "F05-daemon-stays")],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 10
         while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
@@ -194,9 +212,14 @@ def test_signal_to_command_group_does_not_reach_corral(tmp_path):
     # corral itself runs in a new session here, so a broken corral hits only itself.
     marker = new_marker()
     record = tmp_path / "r.json"
-    proc = subprocess.run([*CORRAL, *FB, "--json", str(record), "--", "sh", "-c", "sleep 100 & kill -TERM 0; sleep 1"],
-                          env=dict(os.environ, **{MARKER_ENV: marker}), capture_output=True, start_new_session=True,
-                          stdin=subprocess.DEVNULL, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--json", str(record), "--", "sh", "-c", "sleep 100 & kill -TERM 0; sleep 1"],
+        env=dict(os.environ, **{MARKER_ENV: marker}),
+        capture_output=True,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
     try:
         import json
 
@@ -257,8 +280,13 @@ def test_twenty_concurrent_runs_with_daemons():
     procs = []
     try:
         for m in markers:
-            procs.append(subprocess.Popen([*CORRAL, *FB, "--quiet", "--wall", "8s", "--", str(FAULTS / "F05-daemon-stays")],
-                                          env=dict(os.environ, **{MARKER_ENV: m}), stdin=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [*CORRAL, *FB, "--quiet", "--wall", "8s", "--", str(FAULTS / "F05-daemon-stays")],
+                    env=dict(os.environ, **{MARKER_ENV: m}),
+                    stdin=subprocess.DEVNULL,
+                )
+            )
         # Wait until every run has its main process and its daemon alive at
         # the same time: 20 runs, each subreaper of its own tree, side by side.
         deadline = time.monotonic() + 20

@@ -13,8 +13,13 @@ CTL = [sys.executable, "-c", "import sys; from corral_systemd.ctl import main; s
 
 
 def _man(page: str) -> str:
-    out = subprocess.run(["man", "-l", str(ROOT / "man" / page)], capture_output=True, text=True,
-                         env={"MANWIDTH": "2000", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, timeout=60)
+    out = subprocess.run(
+        ["man", "-l", str(ROOT / "man" / page)],
+        capture_output=True,
+        text=True,
+        env={"MANWIDTH": "2000", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        timeout=60,
+    )
     if out.returncode != 0:
         pytest.skip(f"man cannot render: {out.stderr.strip()}")
     return re.sub(r"\s+", " ", out.stdout.replace("\u2010", "-"))
@@ -37,8 +42,14 @@ def test_terminal_signals_are_described_as_they_happen():
 def test_the_service_environment_is_listed(where):
     """Item 17: what a service adds (tests/test_service_env.py pins it)."""
     text = README if where == "README.md" else _man("corral.1")
-    for name in ("INVOCATION_ID", "MANAGERPID", "SYSTEMD_EXEC_PID", "show-environment", "UnsetEnvironment=",
-                 "CORRAL_RUN_MARK"):
+    for name in (
+        "INVOCATION_ID",
+        "MANAGERPID",
+        "SYSTEMD_EXEC_PID",
+        "show-environment",
+        "UnsetEnvironment=",
+        "CORRAL_RUN_MARK",
+    ):
         assert name in text, name
 
 
@@ -65,8 +76,17 @@ def test_readme_corralctl_synopsis_matches_help():
 def test_readme_says_how_long_the_tests_take_and_what_they_run():
     """Item 18: duration, the harness steps, the VM lane and how to run it."""
     text = _readme_section("Run the tests")
-    for needle in ("about 30 minutes", "about 10 minutes", "CORRAL_VM_LANE=0", "tests/vm/run-lane", "tests/harness/with-user-manager",
-                   "manager_kill", "private_run", "hybrid", "unified"):
+    for needle in (
+        "about 30 minutes",
+        "about 10 minutes",
+        "CORRAL_VM_LANE=0",
+        "tests/vm/run-lane",
+        "tests/harness/with-user-manager",
+        "manager_kill",
+        "private_run",
+        "hybrid",
+        "unified",
+    ):
         assert needle in text, needle
 
 

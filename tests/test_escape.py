@@ -58,8 +58,10 @@ def _escape_fn(log: str, tag: str, every_hierarchy: bool) -> str:
     body = []
     for key, mount in hierarchies:
         body.append(
-            f"cg=$(sed -n 's/^[0-9]*{key}//p' /proc/self/cgroup); d={shlex.quote(mount)}${{cg%/*/*}}/corral-escape-{tag}; "
-            f"mkdir -p \"$d\" && echo \"$d\" >>{shlex.quote(log)} && echo $$ >\"$d/cgroup.procs\" || exit 9")
+            f"cg=$(sed -n 's/^[0-9]*{key}//p' /proc/self/cgroup); "
+            f"d={shlex.quote(mount)}${{cg%/*/*}}/corral-escape-{tag}; "
+            f'mkdir -p "$d" && echo "$d" >>{shlex.quote(log)} && echo $$ >"$d/cgroup.procs" || exit 9'
+        )
     return "escape() { " + "; ".join(body) + f"; echo moved >>{shlex.quote(log)}; }}"
 
 

@@ -22,8 +22,10 @@ HARNESS = os.environ.get("CORRAL_TEST_HARNESS", str(ROOT / "tests" / "harness" /
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the harness needs root"),
     pytest.mark.skipif(bool(os.environ.get("CORRAL_HARNESS_MANAGER_PID")), reason="already inside a harness"),
-    pytest.mark.skipif(not os.path.exists("/lib/systemd/systemd") or not shutil.which("dbus-daemon")
-                       or not shutil.which("unshare"), reason="systemd, dbus-daemon, unshare needed"),
+    pytest.mark.skipif(
+        not os.path.exists("/lib/systemd/systemd") or not shutil.which("dbus-daemon") or not shutil.which("unshare"),
+        reason="systemd, dbus-daemon, unshare needed",
+    ),
 ]
 
 
@@ -32,8 +34,14 @@ def _no_core():
 
 
 def harness(script: str, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run([HARNESS, *options, "--", "sh", "-c", script], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, preexec_fn=_no_core)
+    return subprocess.run(
+        [HARNESS, *options, "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_no_core,
+    )
 
 
 def test_the_manager_sigkilled_on_purpose_is_not_reported():
@@ -51,7 +59,7 @@ def test_verbose_says_it_quietly():
 
 
 def test_cmd_killed_by_a_signal_is_still_reported_in_one_line():
-    run = harness('kill -USR1 $$')
+    run = harness("kill -USR1 $$")
     assert run.returncode == 128 + 10
     lines = run.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("with-user-manager: CMD (pid "), run.stderr
@@ -67,5 +75,5 @@ def test_a_crashing_manager_is_still_reported():
 
 
 def test_what_cmd_writes_to_stderr_is_untouched():
-    run = harness('echo to-stderr >&2; exit 3')
+    run = harness("echo to-stderr >&2; exit 3")
     assert run.returncode == 3 and run.stderr == "to-stderr\n"

@@ -19,6 +19,7 @@ import pytest
 
 import corral_systemd
 from corral_systemd import ctl
+from corral_systemd.limits import ENDS_RUN, LIMITS
 
 ROOT = Path(__file__).resolve().parent.parent
 MAN = ROOT / "man"
@@ -36,11 +37,33 @@ CTL_PAGE = "corralctl.1"
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
 ALL_PAGES = sorted(PAGES) + [CTL_PAGE]
 REQUIRED_SECTIONS = {
-    "corral.1": ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "MODES", "ENVIRONMENT",
-                 "FILES", "EXAMPLES", "LIMITATIONS", "SEE ALSO"],
+    "corral.1": [
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "OPTIONS",
+        "EXIT STATUS",
+        "MODES",
+        "ENVIRONMENT",
+        "FILES",
+        "EXAMPLES",
+        "LIMITATIONS",
+        "SEE ALSO",
+    ],
     "corral-enforced.1": ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "EXAMPLES", "SEE ALSO"],
-    CTL_PAGE: ["NAME", "SYNOPSIS", "DESCRIPTION", "COMMANDS", "OPTIONS", "EXIT STATUS", "ENVIRONMENT", "FILES",
-               "EXAMPLES", "LIMITATIONS", "SEE ALSO"],
+    CTL_PAGE: [
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "COMMANDS",
+        "OPTIONS",
+        "EXIT STATUS",
+        "ENVIRONMENT",
+        "FILES",
+        "EXAMPLES",
+        "LIMITATIONS",
+        "SEE ALSO",
+    ],
 }
 SEE_ALSO = {
     "corral.1": ["systemd-run(1)", "systemd.resource-control(5)", "timeout(1)", "corralctl(1)"],
@@ -60,8 +83,12 @@ def _groff() -> str:
 
 def _render(page: str) -> str:
     """Plain ASCII text, one paragraph per line (a very long line length)."""
-    proc = subprocess.run([_groff(), "-man", "-Tascii", "-rLL=1000n", "-P-cbou", str(MAN / page)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [_groff(), "-man", "-Tascii", "-rLL=1000n", "-P-cbou", str(MAN / page)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return proc.stdout
 
 
@@ -126,15 +153,16 @@ def _options_from_help(text: str) -> dict[str, dict]:
         entry = " ".join(entry.split())
         assert m, entry
         default = re.search(r"\[default: ([^\]]+)\]", entry)
-        result[m.group(1)] = {"arg": m.group(2).strip("[]") if m.group(2) else None,
-                              "default": default.group(1).strip() if default else None}
+        result[m.group(1)] = {
+            "arg": m.group(2).strip("[]") if m.group(2) else None,
+            "default": default.group(1).strip() if default else None,
+        }
     return result
 
 
 @pytest.mark.parametrize("page", ALL_PAGES)
 def test_renders_without_warnings(page):
-    proc = subprocess.run([_groff(), "-man", "-Tutf8", "-ww", "-z", str(MAN / page)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([_groff(), "-man", "-Tutf8", "-ww", "-z", str(MAN / page)], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
@@ -172,24 +200,34 @@ def _compare_options(where: str, help_opts: dict, page_opts: dict, page_defaults
         assert p["arg"] == h["arg"], f"{where} {name}: page shows {p['arg']!r}, --help {h['arg']!r}"
         default = page_defaults.get(name, h["default"])
         if default is not None:
-            assert re.search(r"Default: " + re.escape(default) + r"\b", p["body"]), \
+            assert re.search(r"Default: " + re.escape(default) + r"\b", p["body"]), (
                 f"{where} {name}: page does not say 'Default: {default}': {p['body']!r}"
+            )
         elif p["arg"] is not None:
             # Options with a value but no default in --help must say what happens without them.
             assert "Default: none" in p["body"], f"{where} {name}: no 'Default: none': {p['body']!r}"
 
 
 def test_corral_exit_status_table_is_complete():
+    """Every exit code corral has: its own, and each run-ending limit's (read from
+    limits.py, so a new limit is not documented until its page says so)."""
     text = _sections(_render("corral.1"))["EXIT STATUS"]
-    for code in ("120", "125", "126", "127", "128+N", "124", "121", "122"):
+    limit_codes = [str(limit.exit_code) for limit in ENDS_RUN.values()]
+    for code in ("120", "125", "126", "127", "128+N", *limit_codes):
         assert re.search(rf"^ {{7}}{re.escape(code)}\b", text, re.M), f"exit status {code} missing"
     assert "overrides" in text
+
+
+def test_every_limit_has_its_option_on_the_page():
+    options = _sections(_render("corral.1"))["OPTIONS"]
+    for limit in LIMITS:
+        assert re.search(rf"^ {{7}}{re.escape(limit.option)} {limit.metavar}\b", options, re.M), limit.option
 
 
 # --- corralctl: commands and per-command options -------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _help_commands(path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
     """Every command path of corralctl (groups and leaves) -> its --help text."""
     text = _help(CTL + list(path))
@@ -214,8 +252,10 @@ def _page_commands(text: str) -> dict[tuple[str, ...], dict]:
             continue
         rest = m.group(2)
         bare = re.sub(r"\[[^\]]*\]", "", rest)  # positional arguments are outside brackets
-        out[tuple(m.group(1).split())] = {"options": re.findall(r"--[a-z][a-z-]*", rest),
-                                          "arguments": re.findall(r"\b[A-Z][A-Z_]*\b", bare)}
+        out[tuple(m.group(1).split())] = {
+            "options": re.findall(r"--[a-z][a-z-]*", rest),
+            "arguments": re.findall(r"\b[A-Z][A-Z_]*\b", bare),
+        }
     return out
 
 

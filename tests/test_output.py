@@ -14,8 +14,7 @@ from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 FB = ["--cgroup-mode", "fallback"]
 
 
-@pytest.mark.parametrize("script", ["head -c 3000 /dev/zero",
-                                    "head -c 600 /dev/zero; head -c 600 /dev/zero >&2"])
+@pytest.mark.parametrize("script", ["head -c 3000 /dev/zero", "head -c 600 /dev/zero; head -c 600 /dev/zero >&2"])
 def test_output_past_the_cap_when_the_command_exits_is_122(corral, script):
     """The command writes past the cap and exits at once: corral may see the exit
     before the bytes, but the cap was exceeded all the same."""
@@ -39,10 +38,12 @@ def _wait_for(predicate, timeout):
 
 
 #: Writes SIZE bytes into its stdout pipe, enlarged to 1 MiB (F_SETPIPE_SZ), and exits at once.
-BIG_PIPE = ("import fcntl, os, sys\n"
-            "fcntl.fcntl(1, 1031, 1 << 20)\n"
-            "data = memoryview(b'x' * int(sys.argv[1]))\n"
-            "while data: data = data[os.write(1, data):]\n")
+BIG_PIPE = (
+    "import fcntl, os, sys\n"
+    "fcntl.fcntl(1, 1031, 1 << 20)\n"
+    "data = memoryview(b'x' * int(sys.argv[1]))\n"
+    "while data: data = data[os.write(1, data):]\n"
+)
 
 
 def test_every_byte_arrives_at_a_slow_reader(tmp_path):
@@ -50,9 +51,25 @@ def test_every_byte_arrives_at_a_slow_reader(tmp_path):
     4 KiB every 10 ms. Every byte arrives, however long that takes."""
     size = 600_000
     record = tmp_path / "record.json"
-    proc = subprocess.Popen([*CORRAL, *FB, "--quiet", "--json", str(record), "--max-output", "10M", "--",
-                             sys.executable, "-c", BIG_PIPE, str(size)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *FB,
+            "--quiet",
+            "--json",
+            str(record),
+            "--max-output",
+            "10M",
+            "--",
+            sys.executable,
+            "-c",
+            BIG_PIPE,
+            str(size),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     got = 0
     try:
         while chunk := proc.stdout.read1(4096):
@@ -73,10 +90,30 @@ def test_a_caller_that_does_not_read_does_not_delay_the_deadline(tmp_path):
     record = tmp_path / "record.json"
     size = 1_000_000
     env = dict(os.environ, **{MARKER_ENV: marker})
-    proc = subprocess.Popen([*CORRAL, *FB, "--json", str(record), "--wall", "1s", "--grace", "1s",
-                             "--max-output", "10M", "--", "sh", "-c", f"head -c {size} /dev/zero; sleep 600"],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *FB,
+            "--json",
+            str(record),
+            "--wall",
+            "1s",
+            "--grace",
+            "1s",
+            "--max-output",
+            "10M",
+            "--",
+            "sh",
+            "-c",
+            f"head -c {size} /dev/zero; sleep 600",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
+
         def run_pids():  # corral itself carries the marker too
             return [pid for pid in marked_pids(marker) if pid != proc.pid]
 
@@ -99,9 +136,24 @@ def test_a_caller_that_does_not_read_does_not_delay_the_deadline(tmp_path):
 def test_a_reader_that_goes_away_does_not_stop_the_run(tmp_path):
     """EPIPE on corral's stdout: output is dropped, the run goes on to its end."""
     record = tmp_path / "record.json"
-    proc = subprocess.Popen([*CORRAL, *FB, "--quiet", "--json", str(record), "--max-output", "10M", "--",
-                             "sh", "-c", "head -c 200000 /dev/zero; sleep 0.5; exit 3"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *FB,
+            "--quiet",
+            "--json",
+            str(record),
+            "--max-output",
+            "10M",
+            "--",
+            "sh",
+            "-c",
+            "head -c 200000 /dev/zero; sleep 0.5; exit 3",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     proc.stdout.read(10)
     proc.stdout.close()
     assert proc.wait(timeout=60) == 3

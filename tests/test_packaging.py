@@ -44,14 +44,17 @@ def _complete(script: Path, prog: str, words: list[str], path: str) -> list[str]
     """Source a bash completion script, call its function as bash would, return COMPREPLY."""
     func = "_" + prog.replace("-", "_") + "_completion"
     quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)
-    code = (f"source {str(script)!r} || exit 3\n"
-            f"complete -p {prog} >/dev/null || exit 4\n"
-            f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}\n"
-            f"{func} {prog} || exit 5\n"
-            'printf "%s\\n" "${COMPREPLY[@]}"\n')
+    code = (
+        f"source {str(script)!r} || exit 3\n"
+        f"complete -p {prog} >/dev/null || exit 4\n"
+        f"COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}\n"
+        f"{func} {prog} || exit 5\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
     env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
-    proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", code], capture_output=True, text=True,
-                          env=env, timeout=60)
+    proc = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return [line for line in proc.stdout.splitlines() if line]
 
@@ -68,8 +71,9 @@ def test_bash_completion_from_source_completes_cgroup_mode(tmp_path, prog, fn):
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{launcher}' \"$@\"\n")
     shim.chmod(0o755)
     var = "_" + prog.replace("-", "_").upper() + "_COMPLETE"
-    script = subprocess.run([str(shim)], env=dict(os.environ, **{var: "source_bash"}),
-                            capture_output=True, text=True, check=True).stdout
+    script = subprocess.run(
+        [str(shim)], env=dict(os.environ, **{var: "source_bash"}), capture_output=True, text=True, check=True
+    ).stdout
     assert f"complete -o default -F _{prog.replace('-', '_')}_completion {prog}" in script
     (tmp_path / "completion.bash").write_text(script)
     path = f"{tmp_path}:/usr/bin:/bin"
@@ -81,10 +85,11 @@ def test_bash_completion_from_source_completes_corralctl_commands(tmp_path):
     if shutil.which("bash") is None:
         pytest.skip("no bash")
     shim = tmp_path / "corralctl"
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m corral_systemd.ctl \"$@\"\n")
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m corral_systemd.ctl "$@"\n')
     shim.chmod(0o755)
-    script = subprocess.run([str(shim)], env=dict(os.environ, _CORRALCTL_COMPLETE="source_bash"),
-                            capture_output=True, text=True, check=True).stdout
+    script = subprocess.run(
+        [str(shim)], env=dict(os.environ, _CORRALCTL_COMPLETE="source_bash"), capture_output=True, text=True, check=True
+    ).stdout
     assert "complete -o default -F _corralctl_completion corralctl" in script
     (tmp_path / "completion.bash").write_text(script)
     _check_corralctl_completion(tmp_path / "completion.bash", f"{tmp_path}:/usr/bin:/bin")
@@ -110,8 +115,9 @@ def _build(out: Path) -> Path:
     if subprocess.run(["/usr/bin/python3", "-c", "import ensurepip, venv"], capture_output=True).returncode:
         _unavailable("/usr/bin/python3 cannot make venvs (Debian: python3-venv)")
     out.mkdir()
-    proc = subprocess.run([str(ROOT / "packaging" / "build-deb"), str(out)], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [str(ROOT / "packaging" / "build-deb"), str(out)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     path = Path(proc.stdout.strip().splitlines()[-1])
     assert path.is_file() and path.parent == out
@@ -126,30 +132,39 @@ def _man_excluded() -> bool:
         except OSError:
             continue
         for line in lines:
-            if line.startswith("path-exclude") and fnmatch.fnmatch("/usr/share/man/man1/corral.1.gz",
-                                                                    line.split("=", 1)[-1].strip()):
+            if line.startswith("path-exclude") and fnmatch.fnmatch(
+                "/usr/share/man/man1/corral.1.gz", line.split("=", 1)[-1].strip()
+            ):
                 return True
     return False
 
 
 def _check_deb_metadata(deb, tmp_path):
-    fields = subprocess.run(["dpkg-deb", "-f", str(deb), "Package", "Version", "Depends"],
-                            capture_output=True, text=True, check=True).stdout
+    fields = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Package", "Version", "Depends"], capture_output=True, text=True, check=True
+    ).stdout
     assert f"Package: {PKG}" in fields
     assert f"Version: {corral_systemd.__version__}-1" in fields
     assert "python3." in fields  # the interpreter the venv was built for
     files = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
-    for path in ("./usr/bin/corral", "./usr/bin/corral-enforced", "./usr/bin/corralctl",
-                 "./usr/lib/corral-systemd/pyvenv.cfg",
-                 "./usr/share/man/man1/corral.1.gz", "./usr/share/man/man1/corral-enforced.1.gz",
-                 "./usr/share/man/man1/corralctl.1.gz",
-                 "./usr/share/bash-completion/completions/corral",
-                 "./usr/share/bash-completion/completions/corral-enforced",
-                 "./usr/share/bash-completion/completions/corralctl",
-                 "./usr/share/zsh/vendor-completions/_corral", "./usr/share/fish/vendor_completions.d/corral.fish",
-                 "./usr/share/zsh/vendor-completions/_corralctl",
-                 "./usr/share/fish/vendor_completions.d/corralctl.fish",
-                 "./usr/lib/systemd/system/corral.slice", "./usr/lib/systemd/user/corral.slice"):
+    for path in (
+        "./usr/bin/corral",
+        "./usr/bin/corral-enforced",
+        "./usr/bin/corralctl",
+        "./usr/lib/corral-systemd/pyvenv.cfg",
+        "./usr/share/man/man1/corral.1.gz",
+        "./usr/share/man/man1/corral-enforced.1.gz",
+        "./usr/share/man/man1/corralctl.1.gz",
+        "./usr/share/bash-completion/completions/corral",
+        "./usr/share/bash-completion/completions/corral-enforced",
+        "./usr/share/bash-completion/completions/corralctl",
+        "./usr/share/zsh/vendor-completions/_corral",
+        "./usr/share/fish/vendor_completions.d/corral.fish",
+        "./usr/share/zsh/vendor-completions/_corralctl",
+        "./usr/share/fish/vendor_completions.d/corralctl.fish",
+        "./usr/lib/systemd/system/corral.slice",
+        "./usr/lib/systemd/user/corral.slice",
+    ):
         assert f" {path}" in files, f"{path} not in the package"
     # Nothing for the system Python: no dist-packages, no /usr/local.
     assert "dist-packages" not in files and "./usr/local" not in files
@@ -164,16 +179,40 @@ def _check_installed_version(deb, tmp_path):
 
 def _check_installed_runs_a_command(deb, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing from the test venv
-    proc = subprocess.run(["/usr/bin/corral", "--cgroup-mode", "fallback", "--wall", "1s", "--", "true"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    proc = subprocess.run(
+        ["/usr/bin/corral", "--cgroup-mode", "fallback", "--wall", "1s", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "exit 0" in proc.stderr
-    proc = subprocess.run(["/usr/bin/corral", "--cgroup-mode", "fallback", "--wall", "300ms", "--grace", "200ms",
-                           "--", "sh", "-c", "sleep 30 & sleep 30"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    proc = subprocess.run(
+        [
+            "/usr/bin/corral",
+            "--cgroup-mode",
+            "fallback",
+            "--wall",
+            "300ms",
+            "--grace",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            "sleep 30 & sleep 30",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert proc.returncode == 124, proc.stderr
-    proc = subprocess.run(["/usr/bin/corral", "--bogus", "--", "true"], capture_output=True, text=True,
-                          env=env, timeout=30)
+    proc = subprocess.run(
+        ["/usr/bin/corral", "--bogus", "--", "true"], capture_output=True, text=True, env=env, timeout=30
+    )
     assert proc.returncode == 125
 
 
@@ -186,33 +225,49 @@ def _check_installed_corralctl(deb, tmp_path):
         assert re.search(rf"^  {command}\s", proc.stdout, re.M), proc.stdout
     proc = subprocess.run(["/usr/bin/corralctl", "gc", "--help"], capture_output=True, text=True, env=env, timeout=30)
     assert proc.returncode == 0 and "--keep-finished" in proc.stdout, proc.stderr
-    proc = subprocess.run(["/usr/bin/corral", "--cgroup-mode", "fallback", "--", "true"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=30)
+    proc = subprocess.run(
+        ["/usr/bin/corral", "--cgroup-mode", "fallback", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     [entry] = (tmp_path / "state").glob("*.json")
-    run = subprocess.run(["/usr/bin/corralctl", "status", entry.stem], capture_output=True, text=True, env=env,
-                         timeout=30)
+    run = subprocess.run(
+        ["/usr/bin/corralctl", "status", entry.stem], capture_output=True, text=True, env=env, timeout=30
+    )
     assert run.returncode == 11 and run.stdout.startswith("finished"), run.stdout + run.stderr
-    run = subprocess.run(["/usr/bin/corralctl", "audit", "verify", entry.stem], capture_output=True, text=True,
-                         env=env, timeout=30)
+    run = subprocess.run(
+        ["/usr/bin/corralctl", "audit", "verify", entry.stem], capture_output=True, text=True, env=env, timeout=30
+    )
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
-    proc = subprocess.run(["/usr/bin/corralctl", "gc", "--keep-finished", "soon"], capture_output=True, text=True,
-                          env=env, timeout=30)
+    proc = subprocess.run(
+        ["/usr/bin/corralctl", "gc", "--keep-finished", "soon"], capture_output=True, text=True, env=env, timeout=30
+    )
     assert proc.returncode == 125 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def _check_installed_is_isolated_from_system_python(deb, tmp_path):
     # The system interpreter does not see the package ...
-    proc = subprocess.run(["/usr/bin/python3", "-I", "-c", "import corral_systemd"], capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", "import corral_systemd"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
     # ... and PYTHONPATH cannot shadow what the wrapper runs.
     fake = tmp_path / "corral_systemd"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise SystemExit('shadowed')\n")
     for argv in (["/usr/bin/corral", "--version"], ["/usr/bin/corralctl", "--help"]):
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path,
-                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=30)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)},
+            timeout=30,
+        )
         assert proc.returncode == 0 and "shadowed" not in proc.stderr, proc.stderr
     listed = subprocess.run(["dpkg", "-L", PKG], capture_output=True, text=True, check=True).stdout.splitlines()
     assert not [p for p in listed if p.startswith(("/usr/lib/python3/", "/usr/local/"))]
@@ -222,8 +277,13 @@ def _check_installed_man_pages(deb, tmp_path):
     subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
     for page in ("corral", "corral-enforced", "corralctl"):
         path = tmp_path / "usr/share/man/man1" / f"{page}.1.gz"
-        proc = subprocess.run(["man", "--warnings", "-l", str(path)], capture_output=True, text=True,
-                              env=dict(os.environ, MANPAGER="cat", PAGER="cat", MANWIDTH="80"), timeout=60)
+        proc = subprocess.run(
+            ["man", "--warnings", "-l", str(path)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, MANPAGER="cat", PAGER="cat", MANWIDTH="80"),
+            timeout=60,
+        )
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         assert "EXIT STATUS" in proc.stdout
     if _man_excluded():
@@ -240,8 +300,10 @@ def _check_installed_bash_completion(deb, tmp_path):
         script = Path("/usr/share/bash-completion/completions") / prog
         assert set(_complete(script, prog, [prog, "--cgroup-mode", ""], "/usr/bin:/bin")) == MODES
         assert set(_complete(script, prog, [prog, "--stdin", ""], "/usr/bin:/bin")) == {"null", "inherit"}
-        assert set(_complete(script, prog, [prog, "--cgroup-"], "/usr/bin:/bin")) == \
-            {"--cgroup-mode", "--cgroup-parent"}
+        assert set(_complete(script, prog, [prog, "--cgroup-"], "/usr/bin:/bin")) == {
+            "--cgroup-mode",
+            "--cgroup-parent",
+        }
     _check_corralctl_completion(Path("/usr/share/bash-completion/completions/corralctl"), "/usr/bin:/bin")
 
 
@@ -262,8 +324,11 @@ def _check_installed_slices(deb, tmp_path):
     for manager in ("system", "user"):
         text = Path(f"/usr/lib/systemd/{manager}/corral.slice").read_text()
         assert "[Slice]" in text
-        active = [line for line in text.splitlines()
-                  if line.strip() and not line.startswith("#") and "=" in line and not line.startswith("[")]
+        active = [
+            line
+            for line in text.splitlines()
+            if line.strip() and not line.startswith("#") and "=" in line and not line.startswith("[")
+        ]
         # Only [Unit] metadata is active; every limit is a commented example.
         assert {line.split("=")[0] for line in active} <= {"Description", "Documentation", "Before"}
         for limit in ("MemoryMax", "TasksMax", "CPUQuota"):
@@ -275,8 +340,9 @@ def _check_installed_slices(deb, tmp_path):
             examples.parent.mkdir(parents=True)
             examples.write_text(re.sub(r"^#([A-Z][A-Za-z]+=)", r"\1", text, flags=re.M))
             assert "\nMemoryMax=" in examples.read_text()
-            proc = subprocess.run([verify, "verify", "--man=no", str(examples)],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [verify, "verify", "--man=no", str(examples)], capture_output=True, text=True, timeout=60
+            )
             assert proc.returncode == 0 and "corral.slice" not in proc.stderr, proc.stderr
 
 
@@ -284,14 +350,24 @@ def _check_remove_leaves_nothing(deb, tmp_path):
     assert _dpkg_installed()
     # Runs above must not have written files dpkg does not know (e.g. byte-code).
     listed = set(subprocess.run(["dpkg", "-L", PKG], capture_output=True, text=True, check=True).stdout.split("\n"))
-    extra = [os.path.join(d, f) for d, dirs, files in os.walk("/usr/lib/corral-systemd") for f in files + dirs
-             if os.path.join(d, f) not in listed]
+    extra = [
+        os.path.join(d, f)
+        for d, dirs, files in os.walk("/usr/lib/corral-systemd")
+        for f in files + dirs
+        if os.path.join(d, f) not in listed
+    ]
     assert not extra, f"files not owned by the package: {extra[:10]}"
     proc = subprocess.run(["dpkg", "-r", PKG], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    for path in ("/usr/bin/corral", "/usr/bin/corral-enforced", "/usr/bin/corralctl", "/usr/lib/corral-systemd",
-                 "/usr/share/man/man1/corralctl.1.gz",
-                 "/usr/lib/systemd/system/corral.slice", "/usr/share/bash-completion/completions/corral"):
+    for path in (
+        "/usr/bin/corral",
+        "/usr/bin/corral-enforced",
+        "/usr/bin/corralctl",
+        "/usr/lib/corral-systemd",
+        "/usr/share/man/man1/corralctl.1.gz",
+        "/usr/lib/systemd/system/corral.slice",
+        "/usr/share/bash-completion/completions/corral",
+    ):
         assert not os.path.lexists(path), f"{path} left after dpkg -r"
 
 
@@ -313,10 +389,16 @@ def test_deb_build_install_run_remove(tmp_path):
         try:
             proc = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            for check in (_check_installed_version, _check_installed_runs_a_command, _check_installed_corralctl,
-                          _check_installed_is_isolated_from_system_python, _check_installed_man_pages,
-                          _check_installed_bash_completion, _check_installed_zsh_and_fish_completions,
-                          _check_installed_slices):
+            for check in (
+                _check_installed_version,
+                _check_installed_runs_a_command,
+                _check_installed_corralctl,
+                _check_installed_is_isolated_from_system_python,
+                _check_installed_man_pages,
+                _check_installed_bash_completion,
+                _check_installed_zsh_and_fish_completions,
+                _check_installed_slices,
+            ):
                 work = tmp_path / check.__name__
                 work.mkdir()
                 check(deb, work)

@@ -6,17 +6,15 @@ import time
 
 import pytest
 
+from conftest import marker_env as _env
 from corral_systemd.pool import PoolFull, SessionPool
 from procscan import kill_marked, marked_pids, new_marker
 
 # A session that answers one line per request and leaves a detached helper
 # behind, like an agent CLI that spawns a daemon: killing only the main
 # process would not be enough.
-SERVER = ["sh", "-c", "setsid sleep 3600 & while read line; do echo \"got $line\"; done"]
+SERVER = ["sh", "-c", 'setsid sleep 3600 & while read line; do echo "got $line"; done']
 MODES = ["fallback", pytest.param("enforced", marks=pytest.mark.systemd)]
-
-
-from conftest import marker_env as _env
 
 
 async def _wait_for(predicate, timeout=10.0):
@@ -138,8 +136,9 @@ async def test_fifty_sessions_never_more_than_eight_alive(marker):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        async with SessionPool(max_sessions=8, idle_ttl=60, acquire_timeout=60, mode="fallback",
-                               env=_env(marker)) as pool:
+        async with SessionPool(
+            max_sessions=8, idle_ttl=60, acquire_timeout=60, mode="fallback", env=_env(marker)
+        ) as pool:
 
             async def one(i):
                 async with pool.session(f"key-{i}", SERVER) as s:
@@ -165,8 +164,7 @@ async def test_on_full_fail(marker):
 
 
 async def test_acquire_timeout(marker):
-    async with SessionPool(max_sessions=1, idle_ttl=60, acquire_timeout=0.3, mode="fallback",
-                           env=_env(marker)) as pool:
+    async with SessionPool(max_sessions=1, idle_ttl=60, acquire_timeout=0.3, mode="fallback", env=_env(marker)) as pool:
         async with pool.session("a", SERVER) as s:
             await _request(s)
             started = time.monotonic()
@@ -195,7 +193,7 @@ def test_supervising_process_death_kills_sessions(tmp_path):
     marker = new_marker()
     # This server outlives its stdin closing, so only the pool's own
     # mechanism (the run's supervisor watching this process) can end it.
-    server = ["sh", "-c", "setsid sleep 3600 & while read line; do echo \"got $line\"; done; exec sleep 3600"]
+    server = ["sh", "-c", 'setsid sleep 3600 & while read line; do echo "got $line"; done; exec sleep 3600']
     script = tmp_path / "holder.py"
     script.write_text(f"""
 import asyncio, os, sys
@@ -233,8 +231,9 @@ async def test_sessions_appear_in_corralctl_ps(marker, tmp_path):
         async with pool.session("k", SERVER) as s:
             await _request(s)
         run_id = pool.stats()["sessions"][0]["run_id"]
-        out = subprocess.run([sys.executable, "-m", "corral_systemd.ctl", "ps", "--json"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "corral_systemd.ctl", "ps", "--json"], capture_output=True, text=True, check=True
+        )
         (row,) = [r for r in json.loads(out.stdout) if r["run_id"] == run_id]
         assert row["state"] == "active" and row["processes"] >= 2
 

@@ -25,7 +25,9 @@ def test_field_lists_are_the_models():
     assert record_json.STEP_FIELDS == tuple(Steps.model_fields)
     assert record_json.ENGINE_FIELDS == tuple(EngineInfo.model_fields)
     assert record_json.ENVIRONMENT_FIELDS == tuple(EnvironmentNames.model_fields)
-    outcome = RunOutcome(run_id="0" * 12, mode="fallback", argv=["true"], cwd="/", limits={"grace": 2, "verify_timeout": 2})
+    outcome = RunOutcome(
+        run_id="0" * 12, mode="fallback", argv=["true"], cwd="/", limits={"grace": 2, "verify_timeout": 2}
+    )
     assert tuple(record_json.record_data(outcome)) == tuple(RunRecord.model_fields)
 
 
@@ -43,32 +45,72 @@ def outcomes(draw):
         if draw(st.booleans()):
             t += draw(st.floats(0, 100, allow_nan=False))
             steps[name] = t
-    engine = draw(st.fixed_dictionaries({}, optional={
-        "manager": st.sampled_from(["user", "system"]), "unit": _text, "unit_type": st.sampled_from(["scope", "service"]),
-        "memory_peak": st.integers(0, 2**62), "cpu_usage_nsec": st.integers(0, 2**62),
-        "memory_events": st.dictionaries(st.sampled_from(["max", "oom", "oom_kill"]), st.integers(0, 99)),
-        "accounting_source": st.sampled_from(["cgroup", "manager", "cgroup+manager"]),
-        "an_engine_extra": st.one_of(_text, st.integers(), st.lists(st.integers(), max_size=3)),
-    }))
+    engine = draw(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "manager": st.sampled_from(["user", "system"]),
+                "unit": _text,
+                "unit_type": st.sampled_from(["scope", "service"]),
+                "memory_peak": st.integers(0, 2**62),
+                "cpu_usage_nsec": st.integers(0, 2**62),
+                "memory_events": st.dictionaries(st.sampled_from(["max", "oom", "oom_kill"]), st.integers(0, 99)),
+                "accounting_source": st.sampled_from(["cgroup", "manager", "cgroup+manager"]),
+                "an_engine_extra": st.one_of(_text, st.integers(), st.lists(st.integers(), max_size=3)),
+            },
+        )
+    )
     outcome = RunOutcome(
         run_id=draw(st.text("0123456789abcdef", min_size=12, max_size=12)),
         mode=draw(st.sampled_from(["fallback", "systemd", "cgroup"])),
-        argv=draw(st.lists(st.one_of(_text, st.sampled_from(["--password=hunter2", "Authorization: Bearer x"])),
-                           min_size=1, max_size=5)),
+        argv=draw(
+            st.lists(
+                st.one_of(_text, st.sampled_from(["--password=hunter2", "Authorization: Bearer x"])),
+                min_size=1,
+                max_size=5,
+            )
+        ),
         cwd=draw(_text),
-        limits={"wall": draw(_seconds), "grace": draw(st.integers(0, 60)), "verify_timeout": draw(st.floats(0, 60)),
-                "mem": draw(st.one_of(st.none(), st.integers(1, 2**40))), "pids": None, "max_output": None},
-        limits_enforced=draw(st.dictionaries(st.sampled_from(["mem", "pids"]), st.sampled_from(["kernel", "watch", "none"]))),
-        started_at=start, started_monotonic=draw(_time), ended_at=start + 1, ended_monotonic=draw(_time),
+        limits={
+            "wall": draw(_seconds),
+            "grace": draw(st.integers(0, 60)),
+            "verify_timeout": draw(st.floats(0, 60)),
+            "mem": draw(st.one_of(st.none(), st.integers(1, 2**40))),
+            "pids": None,
+            "max_output": None,
+        },
+        limits_enforced=draw(
+            st.dictionaries(st.sampled_from(["mem", "pids"]), st.sampled_from(["kernel", "watch", "none"]))
+        ),
+        started_at=start,
+        started_monotonic=draw(_time),
+        ended_at=start + 1,
+        ended_monotonic=draw(_time),
         reason=draw(st.sampled_from(["exited", "timeout", "memory", "output", "interrupted", "internal_error"])),
-        detail=draw(_text), exit_code=draw(st.integers(0, 255)),
+        detail=draw(_text),
+        exit_code=draw(st.integers(0, 255)),
         command_exit_status=draw(st.one_of(st.none(), st.integers(0, 255))),
-        steps=steps, processes_seen=draw(st.integers(0, 999)), processes_stopped=draw(st.integers(0, 999)),
-        remaining_pids=draw(st.lists(st.integers(1, 2**22), max_size=3)), verified=draw(st.booleans()),
-        engine=engine, warnings=draw(st.lists(_text, max_size=2)),
-        environment=draw(st.one_of(st.none(), st.fixed_dictionaries({
-            "cleared": st.booleans(), "keep": st.lists(_text, max_size=2), "drop": st.lists(_text, max_size=2),
-            "kept": st.lists(_text, max_size=2), "dropped": st.lists(_text, max_size=2)}))),
+        steps=steps,
+        processes_seen=draw(st.integers(0, 999)),
+        processes_stopped=draw(st.integers(0, 999)),
+        remaining_pids=draw(st.lists(st.integers(1, 2**22), max_size=3)),
+        verified=draw(st.booleans()),
+        engine=engine,
+        warnings=draw(st.lists(_text, max_size=2)),
+        environment=draw(
+            st.one_of(
+                st.none(),
+                st.fixed_dictionaries(
+                    {
+                        "cleared": st.booleans(),
+                        "keep": st.lists(_text, max_size=2),
+                        "drop": st.lists(_text, max_size=2),
+                        "kept": st.lists(_text, max_size=2),
+                        "dropped": st.lists(_text, max_size=2),
+                    }
+                ),
+            )
+        ),
         credentials=draw(st.lists(_text, max_size=2)),
         credentials_delivery=draw(st.sampled_from([None, "systemd", "corral"])),
     )
@@ -94,11 +136,13 @@ def test_written_record_is_the_models_record(outcome):
 
 def test_cli_record_path_imports_no_pydantic(tmp_path):
     """What the pydantic-free writer is for: a CLI run with --json never loads it."""
-    script = ("import sys, runpy; sys.argv = ['corral', '--cgroup-mode', 'fallback', '--quiet', '--json', "
-              f"{str(tmp_path / 'r.json')!r}, '--', 'true']\n"
-              "try:\n    runpy.run_module('corral_systemd', run_name='__main__')\n"
-              "except SystemExit as e:\n    code = e.code\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'), code)")
+    script = (
+        "import sys, runpy; sys.argv = ['corral', '--cgroup-mode', 'fallback', '--quiet', '--json', "
+        f"{str(tmp_path / 'r.json')!r}, '--', 'true']\n"
+        "try:\n    runpy.run_module('corral_systemd', run_name='__main__')\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'), code)"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[] 0", out
     RunRecord.model_validate_json((tmp_path / "r.json").read_text())

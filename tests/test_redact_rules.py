@@ -23,8 +23,10 @@ CASES = {
     "bearer": [
         (["curl", "--oauth2-bearer-header", "Bearer abc.def"], ["curl", "--oauth2-bearer-header", f"Bearer {R}"]),
         (["curl", "-H", "X-Upstream-Auth: Bearer abc.def"], ["curl", "-H", f"X-Upstream-Auth: Bearer {R}"]),
-        (["curl", "--header=X-Forwarded-Authorization: bearer abc"],
-         ["curl", f"--header=X-Forwarded-Authorization: bearer {R}"]),
+        (
+            ["curl", "--header=X-Forwarded-Authorization: bearer abc"],
+            ["curl", f"--header=X-Forwarded-Authorization: bearer {R}"],
+        ),
     ],
     # rule: NAME=VALUE with a secret-looking NAME
     "name_value": [
@@ -33,7 +35,10 @@ CASES = {
     ],
     # rule: the password of a URL (a user without one is left alone)
     "url_password": [
-        (["git", "clone", "https://user:pw@example.com/r.git"], ["git", "clone", f"https://user:{R}@example.com/r.git"]),
+        (
+            ["git", "clone", "https://user:pw@example.com/r.git"],
+            ["git", "clone", f"https://user:{R}@example.com/r.git"],
+        ),
         (["git", "clone", "https://user@example.com/r.git"], ["git", "clone", "https://user@example.com/r.git"]),
     ],
     # rule: the argument after a secret-looking option
@@ -44,10 +49,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("rule,argv,expected", [
-    pytest.param(rule, argv, expected, id=f"{rule}-{i}")
-    for rule, cases in CASES.items() for i, (argv, expected) in enumerate(cases)
-])
+@pytest.mark.parametrize(
+    "rule,argv,expected",
+    [
+        pytest.param(rule, argv, expected, id=f"{rule}-{i}")
+        for rule, cases in CASES.items()
+        for i, (argv, expected) in enumerate(cases)
+    ],
+)
 def test_each_rule_has_an_input_only_it_catches(rule, argv, expected):
     assert redact_argv(argv) == expected
 

@@ -12,8 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "corral_systemd"
 FB = ["--cgroup-mode", "fallback"]
 SECRET = "hunter2-s3cr3t"
-ARGV = ["sh", "-c", "exit 0", "sh", "--password", SECRET, f"API_TOKEN={SECRET}",
-        f"Authorization: Bearer {SECRET}", f"https://u:{SECRET}@example.com/x", "plain"]
+ARGV = [
+    "sh",
+    "-c",
+    "exit 0",
+    "sh",
+    "--password",
+    SECRET,
+    f"API_TOKEN={SECRET}",
+    f"Authorization: Bearer {SECRET}",
+    f"https://u:{SECRET}@example.com/x",
+    "plain",
+]
 
 
 def test_cli_record_redacts_like_the_registry(corral):

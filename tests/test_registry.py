@@ -15,10 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import CORRAL, TIME_SCALE
-from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
-
 from corral_systemd import registry as REG
 from corral_systemd.spec import new_run_id
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
 FB = ["--cgroup-mode", "fallback"]
@@ -79,8 +78,12 @@ def events(state, run_id) -> list[dict]:
 
 # -- registry and events ------------------------------------------------------------------
 def test_run_is_registered_with_events_and_private_files(state, tmp_path):
-    proc = subprocess.run([*CORRAL, *FB, "--json", str(tmp_path / "r.json"), "--", "sh", "-c", "exit 3"],
-                          env=env_for(state), capture_output=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--json", str(tmp_path / "r.json"), "--", "sh", "-c", "exit 3"],
+        env=env_for(state),
+        capture_output=True,
+        timeout=30,
+    )
     assert proc.returncode == 3
     [run_id] = run_ids(state)
     entry = json.loads((state / f"{run_id}.json").read_text())
@@ -98,13 +101,23 @@ def test_registry_write_failure_is_125_command_not_started(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     witness = tmp_path / "ran"
-    proc = subprocess.run([*CORRAL, *FB, "--", "touch", str(witness)], env=env_for(blocker / "sub"),
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--", "touch", str(witness)],
+        env=env_for(blocker / "sub"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 125, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "register" in proc.stderr
     assert not witness.exists()
-    proc = subprocess.run([*CORRAL, *FB, "--no-registry", "--", "touch", str(witness)], env=env_for(blocker / "sub"),
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--no-registry", "--", "touch", str(witness)],
+        env=env_for(blocker / "sub"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0 and witness.exists()
 
 
@@ -129,8 +142,13 @@ def test_deadline_expired_is_on_disk_before_the_first_signal(state, tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(TERM_PROBE)
     out = tmp_path / "term.json"
-    proc = subprocess.run([*CORRAL, *FB, "--wall", "700ms", "--", sys.executable, str(probe), str(state), str(out)],
-                          env=env_for(state), capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--wall", "700ms", "--", sys.executable, str(probe), str(state), str(out)],
+        env=env_for(state),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 124, proc.stderr
     seen = json.loads(out.read_text())
     [run_id] = run_ids(state)
@@ -143,9 +161,12 @@ def test_deadline_expired_is_on_disk_before_the_first_signal(state, tmp_path):
 
 def test_status_flips_active_expired_finished(state, tmp_path, markers):
     marker = markers()
-    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "1s", "--grace", "1s", "--", "sh", "-c",
-                             "trap '' TERM; sleep 30"], env=env_for(state, marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--wall", "1s", "--grace", "1s", "--", "sh", "-c", "trap '' TERM; sleep 30"],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         run_id = wait_for(lambda: run_ids(state))[0]
         seen = []  # (state, exit code, time)
@@ -168,8 +189,13 @@ def test_status_flips_active_expired_finished(state, tmp_path, markers):
 
 
 def test_status_expires_on_the_clock_even_if_corral_is_stuck(state, markers):
-    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "600ms", "--", "sleep", "30"], env=env_for(state, markers()),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        # The wall leaves time for the first status (a Python start-up: seconds on a loaded machine).
+        [*CORRAL, *FB, "--wall", "4s", "--", "sleep", "30"],
+        env=env_for(state, markers()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         run_id = wait_for(lambda: run_ids(state))[0]
         os.kill(proc.pid, signal.SIGSTOP)
@@ -187,13 +213,32 @@ def test_status_expires_on_the_clock_even_if_corral_is_stuck(state, markers):
 def test_redaction_of_secret_looking_arguments(state):
     from corral_systemd.registry import redact_argv
 
-    argv = ["curl", "-H", "Authorization: Bearer abc", "--password", "hunter2", "--token=xyz",
-            "https://u:pw@example.com/x", "API_KEY=k", "plain"]
+    argv = [
+        "curl",
+        "-H",
+        "Authorization: Bearer abc",
+        "--password",
+        "hunter2",
+        "--token=xyz",
+        "https://u:pw@example.com/x",
+        "API_KEY=k",
+        "plain",
+    ]
     out = redact_argv(argv)
-    assert out == ["curl", "-H", "Authorization: [redacted]", "--password", "[redacted]", "--token=[redacted]",
-                   "https://u:[redacted]@example.com/x", "API_KEY=[redacted]", "plain"]
-    subprocess.run([*CORRAL, *FB, "--", "true", "--token=" + SECRET], env=env_for(state), capture_output=True,
-                   timeout=30)
+    assert out == [
+        "curl",
+        "-H",
+        "Authorization: [redacted]",
+        "--password",
+        "[redacted]",
+        "--token=[redacted]",
+        "https://u:[redacted]@example.com/x",
+        "API_KEY=[redacted]",
+        "plain",
+    ]
+    subprocess.run(
+        [*CORRAL, *FB, "--", "true", "--token=" + SECRET], env=env_for(state), capture_output=True, timeout=30
+    )
     _assert_secret_nowhere(state)
 
 
@@ -205,8 +250,12 @@ def test_status_of_unknown_run(state, run):
 
 def test_status_owner_gone_is_not_active(state, markers):
     marker = markers()
-    proc = subprocess.Popen([*CORRAL, *FB, "--", "sleep", "30"], env=env_for(state, marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--", "sleep", "30"],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run_id = wait_for(lambda: run_ids(state))[0]
     assert ctl(state, "status", run_id).returncode == 0
     proc.kill()
@@ -244,11 +293,21 @@ def _tamper(lines: list[str], how: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("how,bad_line", [("changed", 3), ("removed", 3), ("reordered", 3), ("removed_renumbered", 3),
-                                          ("last_removed", 6), ("last_changed", 6)])
+@pytest.mark.parametrize(
+    "how,bad_line",
+    [
+        ("changed", 3),
+        ("removed", 3),
+        ("reordered", 3),
+        ("removed_renumbered", 3),
+        ("last_removed", 6),
+        ("last_changed", 6),
+    ],
+)
 def test_audit_verify_catches_tampering(state, how, bad_line):
-    subprocess.run([*CORRAL, *FB, "--wall", "300ms", "--", "sleep", "5"], env=env_for(state),
-                   capture_output=True, timeout=30)
+    subprocess.run(
+        [*CORRAL, *FB, "--wall", "300ms", "--", "sleep", "5"], env=env_for(state), capture_output=True, timeout=30
+    )
     [run_id] = run_ids(state)
     log = state / f"{run_id}.log"
     lines = log.read_text().splitlines()
@@ -267,10 +326,17 @@ def test_ps_shows_ten_concurrent_runs(state, tmp_path, markers):
         cwd = tmp_path / f"job{i}"
         cwd.mkdir()
         cwds.append(str(cwd))
-        procs.append(subprocess.Popen([*CORRAL, *FB, "--wall", "60s", "--", "sh", "-c", f"sleep 60 & sleep 6{i}"],
-                                      env=env_for(state, markers()), cwd=cwd,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [*CORRAL, *FB, "--wall", "60s", "--", "sh", "-c", f"sleep 60 & sleep 6{i}"],
+                env=env_for(state, markers()),
+                cwd=cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
     try:
+
         def ready():
             r = ctl(state, "ps", "--json")
             rows = json.loads(r.stdout)
@@ -305,9 +371,21 @@ def test_gc_after_sigkilled_fallback_corral(state, tmp_path, markers):
     it cannot: a process that detaches after corral died is not found."""
     marker = markers()
     late = tmp_path / "late"
-    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "60s", "--", "sh", "-c",
-                             f"setsid sleep 300 & sleep 300 & (sleep 1.0; setsid sh -c 'echo $$ > {late}; exec sleep 300') &"
-                             " wait"], env=env_for(state, marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *FB,
+            "--wall",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            f"setsid sleep 300 & sleep 300 & (sleep 1.0; setsid sh -c 'echo $$ > {late}; exec sleep 300') & wait",
+        ],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run_id = wait_for(lambda: run_ids(state))[0]
     wait_for(lambda: any(e["event"] == "detached" for e in events(state, run_id)))
     proc.kill()
@@ -455,8 +533,13 @@ def test_registration_prunes_a_few_stale_runs_at_most_once_per_interval(state, d
 def test_env_clear_keep_path_only(state, tmp_path):
     rec = tmp_path / "r.json"
     env = env_for(state, SOME_TOKEN=SECRET)
-    proc = subprocess.run([*CORRAL, *FB, "--json", str(rec), "--env-clear", "--env-keep", "PATH", "--", "env"],
-                          env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--json", str(rec), "--env-clear", "--env-keep", "PATH", "--", "env"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     # and the fallback run's mark, corral's proof of membership once it is gone (registry.MARK_ENV)
     assert sorted(line.split("=", 1)[0] for line in proc.stdout.splitlines()) == ["CORRAL_RUN_MARK", "PATH"]
@@ -469,12 +552,14 @@ def test_env_clear_keep_path_only(state, tmp_path):
 
 def test_env_drop_globs(state):
     env = env_for(state, AWS_SECRET_ACCESS_KEY="x", AWS_REGION="y", KEEPME="z")
-    proc = subprocess.run([*CORRAL, *FB, "--env-drop", "AWS_*", "--", "env"], env=env, capture_output=True,
-                          text=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--env-drop", "AWS_*", "--", "env"], env=env, capture_output=True, text=True, timeout=30
+    )
     names = {line.split("=", 1)[0] for line in proc.stdout.splitlines()}
     assert "KEEPME" in names and not {"AWS_SECRET_ACCESS_KEY", "AWS_REGION"} & names
-    bad = subprocess.run([*CORRAL, *FB, "--env-keep", "PATH", "--", "true"], env=env, capture_output=True,
-                         text=True, timeout=30)
+    bad = subprocess.run(
+        [*CORRAL, *FB, "--env-keep", "PATH", "--", "true"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert bad.returncode == 125
 
 
@@ -500,9 +585,27 @@ def _assert_secret_nowhere(state, *texts):
 def test_credential_fallback_readable_then_gone(state, tmp_path):
     src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
     # the command gets the secret as an argument here only to compare; the argv is redacted below
-    proc = subprocess.run([*CORRAL, *FB, "--json", str(rec), "--credential", f"api={src}", "--", "sh", "-c",
-                           CRED_PROBE.format("exit 0"), "probe", str(src), str(where)],
-                          env=env_for(state), capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *FB,
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            CRED_PROBE.format("exit 0"),
+            "probe",
+            str(src),
+            str(where),
+        ],
+        env=env_for(state),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
     cred_dir = Path(where.read_text().strip())
     assert cred_dir.is_relative_to(state) and not cred_dir.exists()
@@ -519,25 +622,79 @@ def test_credential_service_without_systemd_falls_back_to_corrals_directory(stat
     directory, made after the engine opened; its watcher is not taken for a run process."""
     src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
     env = {k: v for k, v in env_for(state).items() if k not in ("DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR")}
-    proc = subprocess.run([*CORRAL, "--manager", "user", "--unit-type", "service", "--json", str(rec),
-                           "--credential", f"api={src}", "--", "sh", "-c", CRED_PROBE.format("exit 0"), "probe",
-                           str(src), str(where)], env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            "--manager",
+            "user",
+            "--unit-type",
+            "service",
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            CRED_PROBE.format("exit 0"),
+            "probe",
+            str(src),
+            str(where),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
     record = json.loads(rec.read_text())
     assert record["mode"] == "fallback" and record["credentials_delivery"] == "corral"
     assert record["processes_stopped"] == 0 and record["processes_seen"] == 1, record
     cred_dir = Path(where.read_text().strip())
     assert cred_dir.is_relative_to(state) and not cred_dir.exists()
-    bad = subprocess.run([*CORRAL, "--manager", "user", "--unit-type", "service", "--credential",
-                          f"api={tmp_path}/missing", "--", "true"], env=env, capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [
+            *CORRAL,
+            "--manager",
+            "user",
+            "--unit-type",
+            "service",
+            "--credential",
+            f"api={tmp_path}/missing",
+            "--",
+            "true",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 125 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_credential_contents_in_no_record_or_log(state, tmp_path):
     src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
-    proc = subprocess.run([*CORRAL, *FB, "--wall", "300ms", "--json", str(rec), "--credential", f"api={src}", "--",
-                           "sh", "-c", 'echo "$CREDENTIALS_DIRECTORY" > "$0"; setsid sleep 30 & sleep 30', str(where)],
-                          env=env_for(state), capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *FB,
+            "--wall",
+            "300ms",
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            'echo "$CREDENTIALS_DIRECTORY" > "$0"; setsid sleep 30 & sleep 30',
+            str(where),
+        ],
+        env=env_for(state),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 124
     assert not Path(where.read_text().strip()).exists()
     _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
@@ -545,9 +702,22 @@ def test_credential_contents_in_no_record_or_log(state, tmp_path):
 
 def test_credential_removed_when_corral_is_sigkilled(state, tmp_path, markers):
     src, where = _secret_file(tmp_path), tmp_path / "where"
-    proc = subprocess.Popen([*CORRAL, *FB, "--credential", f"api={src}", "--", "sh", "-c",
-                             'echo "$CREDENTIALS_DIRECTORY" > "$0"; sleep 30', str(where)],
-                            env=env_for(state, markers()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *FB,
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            'echo "$CREDENTIALS_DIRECTORY" > "$0"; sleep 30',
+            str(where),
+        ],
+        env=env_for(state, markers()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for(lambda: where.exists() and where.read_text().strip())
     cred_dir = Path(where.read_text().strip())
     assert (cred_dir / "api").read_text() == SECRET and cred_dir.stat().st_mode & 0o777 == 0o700
@@ -566,8 +736,11 @@ def test_service_credential_check_script(tmp_path):
     (tmp_path / "adir").mkdir()
 
     def check(*names, env=None):
-        return subprocess.run(["/bin/sh", "-c", CHECK_SCRIPT, "check", *names], timeout=10,
-                              env={"CREDENTIALS_DIRECTORY": str(tmp_path)} if env is None else env).returncode
+        return subprocess.run(
+            ["/bin/sh", "-c", CHECK_SCRIPT, "check", *names],
+            timeout=10,
+            env={"CREDENTIALS_DIRECTORY": str(tmp_path)} if env is None else env,
+        ).returncode
 
     assert check("api") == 0
     assert check("api", "missing") == check("adir") == check("api", env={}) == CHECK_FAILED
@@ -575,16 +748,25 @@ def test_service_credential_check_script(tmp_path):
 
 def test_credential_bad_input_is_125(state, tmp_path):
     for arg in ("api", "=x", "a/b=/etc/hostname", f"api={tmp_path}/missing", f"api={tmp_path}"):
-        proc = subprocess.run([*CORRAL, *FB, "--credential", arg, "--", "true"], env=env_for(state),
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [*CORRAL, *FB, "--credential", arg, "--", "true"],
+            env=env_for(state),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert proc.returncode == 125 and len(proc.stderr.strip().splitlines()) == 1, (arg, proc.stderr)
 
 
 # -- corralctl's presentation (issue 13, item 7) ---------------------------------------------
 def test_ps_table_escapes_control_characters(state, markers):
     marker = markers()
-    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "60s", "--", "sh", "-c", "sleep 60", "line1\nline2\tx\x1b[2J"],
-                            env=env_for(state, marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--wall", "60s", "--", "sh", "-c", "sleep 60", "line1\nline2\tx\x1b[2J"],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: run_ids(state))
         table = ctl(state, "ps").stdout.splitlines()
@@ -599,8 +781,15 @@ def test_ps_table_escapes_control_characters(state, markers):
 
 def _finished_entry(state, **fields) -> str:
     run_id = new_run_id()
-    entry = {"version": 1, "run_id": run_id, "state": "finished", "owner": {"pid": 0}, "mode": "fallback",
-             "registered_at": time.time(), **fields}
+    entry = {
+        "version": 1,
+        "run_id": run_id,
+        "state": "finished",
+        "owner": {"pid": 0},
+        "mode": "fallback",
+        "registered_at": time.time(),
+        **fields,
+    }
     (state / f"{run_id}.json").write_text(json.dumps(entry))
     return run_id
 
@@ -655,8 +844,15 @@ def _append_chained_line(log: Path, run_id: str) -> int:
 
     lines = log.read_text().splitlines()
     last = json.loads(lines[-1])
-    line = {"seq": last["seq"] + 1, "event": "detached", "time": last["time"] + 1, "monotonic": last["monotonic"] + 1,
-            "run_id": run_id, "data": {"pid": 1}, "prev": last["hash"]}
+    line = {
+        "seq": last["seq"] + 1,
+        "event": "detached",
+        "time": last["time"] + 1,
+        "monotonic": last["monotonic"] + 1,
+        "run_id": run_id,
+        "data": {"pid": 1},
+        "prev": last["hash"],
+    }
     line["hash"] = hashlib.sha256(json.dumps(line, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     with log.open("a") as f:
         f.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
@@ -664,7 +860,8 @@ def _append_chained_line(log: Path, run_id: str) -> int:
 
 
 def test_audit_verify_catches_lines_appended_after_the_run_finished(state, dead_pid):
-    """The chain itself is intact, but the finished entry anchors fewer lines: BAD, at the first one it does not anchor."""
+    """The chain itself is intact, but the finished entry anchors fewer lines:
+    BAD, at the first one it does not anchor."""
     run_id = make_entry(state, "finished", age=60, dead_pid=dead_pid)
     assert ctl(state, "audit", "verify", run_id).returncode == 0
     number = _append_chained_line(state / f"{run_id}.log", run_id)
@@ -693,8 +890,13 @@ def test_a_state_directory_of_ours_readable_by_others_is_made_private(tmp_path, 
     assert path.stat().st_mode & 0o777 == 0o700
     # The CLI too: the run goes ahead and leaves the directory private.
     path.chmod(mode)
-    r = subprocess.run([*CORRAL, *FB, "--quiet", "--", "true"], env=env_for(path), capture_output=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [*CORRAL, *FB, "--quiet", "--", "true"],
+        env=env_for(path),
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stderr
     assert path.stat().st_mode & 0o777 == 0o700
     assert [p.stat().st_mode & 0o777 for p in path.glob("*.json")] == [0o600]

@@ -12,12 +12,21 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_registry import (
+    CRED_PROBE,
+    SECRET,
+    _assert_secret_nowhere,
+    _secret_file,
+    ctl,
+    env_for,
+    markers,  # noqa: F401
+    run_ids,
+    wait_for,
+)
 
 from conftest import CORRAL
 from modes import MANAGER, manager_runtime_dir, mode_flags, scope_flag, unit_property
 from procscan import marked_pids
-from test_registry import (CRED_PROBE, SECRET, _assert_secret_nowhere, _secret_file, ctl, env_for, events, markers,  # noqa: F401
-                           run_ids, state, wait_for)
 
 pytestmark = pytest.mark.systemd
 UNIT_TYPES = ["scope", "service"]
@@ -39,9 +48,27 @@ def test_credential_readable_then_gone(state, tmp_path, unit_type):
     src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
     # an inherited $CREDENTIALS_DIRECTORY must not win over the run's own
     env = env_for(state, CREDENTIALS_DIRECTORY=str(tmp_path))
-    proc = subprocess.run([*CORRAL, *mode_flags(unit_type), "--json", str(rec), "--credential", f"api={src}", "--",
-                           "sh", "-c", CRED_PROBE.format("exit 0"), "probe", str(src), str(where)],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *mode_flags(unit_type),
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            CRED_PROBE.format("exit 0"),
+            "probe",
+            str(src),
+            str(where),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
     cred_dir = Path(where.read_text().strip())
     record = json.loads(rec.read_text())
@@ -62,12 +89,32 @@ def test_credential_readable_then_gone(state, tmp_path, unit_type):
 def test_service_credentials_are_systemds_and_gone_after_a_timeout(state, tmp_path):
     src, where, rec = _secret_file(tmp_path), tmp_path / "where", tmp_path / "r.json"
     (tmp_path / "second").write_text("two")
-    proc = subprocess.run([*CORRAL, *mode_flags("service"), "--wall", "500ms", "--grace", "300ms", "--json", str(rec),
-                           "--credential", f"api={src}", "--credential", f"second.key={tmp_path / 'second'}", "--",
-                           "sh", "-c", 'echo "$CREDENTIALS_DIRECTORY" > "$0"; cat "$CREDENTIALS_DIRECTORY/second.key"; '
-                           'ls -ld "$CREDENTIALS_DIRECTORY" "$CREDENTIALS_DIRECTORY"/*; trap "" TERM; sleep 30',
-                           str(where)],
-                          env=env_for(state), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *mode_flags("service"),
+            "--wall",
+            "500ms",
+            "--grace",
+            "300ms",
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={src}",
+            "--credential",
+            f"second.key={tmp_path / 'second'}",
+            "--",
+            "sh",
+            "-c",
+            'echo "$CREDENTIALS_DIRECTORY" > "$0"; cat "$CREDENTIALS_DIRECTORY/second.key"; '
+            'ls -ld "$CREDENTIALS_DIRECTORY" "$CREDENTIALS_DIRECTORY"/*; trap "" TERM; sleep 30',
+            str(where),
+        ],
+        env=env_for(state),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 124, proc.stderr
     record = json.loads(rec.read_text())
     cred_dir = Path(where.read_text().strip())
@@ -80,9 +127,25 @@ def test_service_credentials_are_systemds_and_gone_after_a_timeout(state, tmp_pa
 
 def test_service_credential_source_missing_is_125_nothing_runs(state, tmp_path, marker):
     witness, rec = tmp_path / "ran", tmp_path / "r.json"
-    proc = subprocess.run([*CORRAL, *mode_flags("service"), "--json", str(rec), "--credential",
-                           f"api={tmp_path}/missing", "--", "sh", "-c", 'touch "$0"; sleep 30', str(witness)],
-                          env=env_for(state, marker), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *mode_flags("service"),
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={tmp_path}/missing",
+            "--",
+            "sh",
+            "-c",
+            'touch "$0"; sleep 30',
+            str(witness),
+        ],
+        env=env_for(state, marker),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     left = marked_pids(marker)
     assert proc.returncode == 125, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -105,9 +168,25 @@ def test_service_credentials_not_delivered_is_125(state, tmp_path, marker):
     if os.environ.get("CORRAL_HARNESS_RUN_PROPAGATION") != "private":
         pytest.skip("needs CORRAL_HARNESS_RUN_PROPAGATION=private (tests/run)")
     src, witness, rec = _secret_file(tmp_path), tmp_path / "ran", tmp_path / "r.json"
-    proc = subprocess.run([*CORRAL, *mode_flags("service"), "--json", str(rec), "--credential", f"api={src}", "--",
-                           "sh", "-c", 'touch "$0"; sleep 30', str(witness)],
-                          env=env_for(state, marker), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *mode_flags("service"),
+            "--json",
+            str(rec),
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            'touch "$0"; sleep 30',
+            str(witness),
+        ],
+        env=env_for(state, marker),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     left = marked_pids(marker)
     assert proc.returncode == 125, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -119,18 +198,49 @@ def test_service_credentials_not_delivered_is_125(state, tmp_path, marker):
     assert _unit_state(record["engine"]["unit"]) in ("inactive", "failed", "gone")
     _assert_secret_nowhere(state, rec.read_text(), proc.stdout, proc.stderr)
     # a scope does not depend on the manager's mounts: corral's directory works there
-    proc = subprocess.run([*CORRAL, *mode_flags("scope"), "--credential", f"api={src}", "--",
-                           "sh", "-c", CRED_PROBE.format("exit 0"), "probe", str(src), str(tmp_path / "where")],
-                          env=env_for(state), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            *mode_flags("scope"),
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            CRED_PROBE.format("exit 0"),
+            "probe",
+            str(src),
+            str(tmp_path / "where"),
+        ],
+        env=env_for(state),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "match", proc.stderr
 
 
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_credential_gone_and_unit_stopped_when_corral_is_sigkilled(state, tmp_path, markers, unit_type):
     src, where, marker = _secret_file(tmp_path), tmp_path / "where", markers()
-    proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), "--grace", "500ms", "--credential", f"api={src}", "--",
-                             "sh", "-c", 'echo "$CREDENTIALS_DIRECTORY" > "$0"; setsid sleep 60 & sleep 60', str(where)],
-                            env=env_for(state, marker), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *mode_flags(unit_type),
+            "--grace",
+            "500ms",
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            'echo "$CREDENTIALS_DIRECTORY" > "$0"; setsid sleep 60 & sleep 60',
+            str(where),
+        ],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for(lambda: where.exists() and where.read_text().strip(), timeout=20)
     cred_dir = Path(where.read_text().strip())
     assert (cred_dir / "api").read_text() == SECRET
@@ -141,11 +251,22 @@ def test_credential_gone_and_unit_stopped_when_corral_is_sigkilled(state, tmp_pa
     if unit_type == "service":
         assert cred_dir == _systemd_credentials_dir(unit)
         # the manager knows the path, never the secret: properties, unit file, Description
-        show = subprocess.run(["systemctl", *scope_flag(), "show", "--all", unit], capture_output=True, text=True).stdout
-        load = subprocess.run(["busctl", *scope_flag(), "get-property", "org.freedesktop.systemd1",
-                               f"/org/freedesktop/systemd1/unit/{unit.replace('-', '_2d').replace('.', '_2e')}",
-                               "org.freedesktop.systemd1.Service", "LoadCredential"],
-                              capture_output=True, text=True).stdout
+        show = subprocess.run(
+            ["systemctl", *scope_flag(), "show", "--all", unit], capture_output=True, text=True
+        ).stdout
+        load = subprocess.run(
+            [
+                "busctl",
+                *scope_flag(),
+                "get-property",
+                "org.freedesktop.systemd1",
+                f"/org/freedesktop/systemd1/unit/{unit.replace('-', '_2d').replace('.', '_2e')}",
+                "org.freedesktop.systemd1.Service",
+                "LoadCredential",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert load.strip() == f'a(ss) 1 "api" "{src}"', load
         transient = Path(manager_runtime_dir()) / "systemd" / "transient" / unit
         assert f"LoadCredential=api:{src}" in transient.read_text()
@@ -165,22 +286,36 @@ def test_credential_gone_and_unit_stopped_when_corral_is_sigkilled(state, tmp_pa
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
 def test_env_clear_keep_path(state, unit_type):
     env = env_for(state, SOME_TOKEN=SECRET)
-    proc = subprocess.run([*CORRAL, *mode_flags(unit_type), "--env-clear", "--env-keep", "PATH", "--", "env"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*CORRAL, *mode_flags(unit_type), "--env-clear", "--env-keep", "PATH", "--", "env"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     names = sorted(line.split("=", 1)[0] for line in proc.stdout.splitlines())
     # services: systemd sets SYSTEMD_EXEC_PID, and a user manager MANAGERPID (documented)
-    expected = ["PATH"] if unit_type == "scope" else sorted(
-        ["PATH", "SYSTEMD_EXEC_PID"] + (["MANAGERPID"] if MANAGER == "user" else []))
+    expected = (
+        ["PATH"]
+        if unit_type == "scope"
+        else sorted(["PATH", "SYSTEMD_EXEC_PID"] + (["MANAGERPID"] if MANAGER == "user" else []))
+    )
     assert names == expected
 
 
 def test_stop_through_owner_and_gc_of_ownerless_unit(state, markers):
     """stop: corral's own verified stop. gc: a unit whose corral is gone (the tether is
     the proof) is stopped; a unit whose corral lives is left alone."""
-    procs = [subprocess.Popen([*CORRAL, *mode_flags("scope"), "--", "sh", "-c", "sleep 60 & sleep 60"],
-                              env=env_for(state, markers()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*CORRAL, *mode_flags("scope"), "--", "sh", "-c", "sleep 60 & sleep 60"],
+            env=env_for(state, markers()),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
     try:
         ids = wait_for(lambda: (lambda i: i if len(i) == 2 else None)(run_ids(state)), timeout=20)
         wait_for(lambda: all(r["processes"] == 3 for r in json.loads(ctl(state, "ps", "--json").stdout)), timeout=20)

@@ -19,15 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import CORRAL
-from procscan import marked_pids
 from test_registry import SECRET, _secret_file, ctl, env_for, events, markers, run_ids, state, wait_for  # noqa: F401
 
+from conftest import CORRAL
 from corral_systemd import ctl as CTL
 from corral_systemd import journal as J
 from corral_systemd import registry as REG
 from corral_systemd.spec import new_run_id
+from procscan import marked_pids
 
 FB = ["--cgroup-mode", "fallback"]
 
@@ -67,14 +66,38 @@ def forge_entry(state: Path, *, owner_pid: int, owner_start, state_name="active"
     """An entry written by hand, as the run's uid can."""
     run_id = new_run_id()
     now, mono = time.time(), time.monotonic()
-    entry = {"version": 1, "run_id": run_id, "state": state_name, "mode": mode, "unit": None,
-             "control_group": None, "owner": {"pid": owner_pid, "starttime": owner_start, "pgid": owner_pid,
-                                              "sid": owner_pid, "uid": os.geteuid(), "boot_id": REG.boot_id(),
-                                              "kind": "corral"},
-             "registered_at": now - 1, "registered_monotonic": mono - 1, "wall": None, "grace": 0.2,
-             "verify_timeout": 0.5, "deadline_at": None, "deadline_monotonic": None, "command": ["sleep", "60"],
-             "cwd": "/", "environment": None, "credentials": [], "credentials_delivery": None,
-             "credentials_directory": None, "helper_pids": [], **extra}
+    entry = {
+        "version": 1,
+        "run_id": run_id,
+        "state": state_name,
+        "mode": mode,
+        "unit": None,
+        "control_group": None,
+        "owner": {
+            "pid": owner_pid,
+            "starttime": owner_start,
+            "pgid": owner_pid,
+            "sid": owner_pid,
+            "uid": os.geteuid(),
+            "boot_id": REG.boot_id(),
+            "kind": "corral",
+        },
+        "registered_at": now - 1,
+        "registered_monotonic": mono - 1,
+        "wall": None,
+        "grace": 0.2,
+        "verify_timeout": 0.5,
+        "deadline_at": None,
+        "deadline_monotonic": None,
+        "command": ["sleep", "60"],
+        "cwd": "/",
+        "environment": None,
+        "credentials": [],
+        "credentials_delivery": None,
+        "credentials_directory": None,
+        "helper_pids": [],
+        **extra,
+    }
     log = REG.EventLog(REG.log_path(str(state), run_id), run_id, create=True)
     reg = REG.Registration(str(state), entry, log)  # no token: only the real owner has one
     reg.event("registered", {"owner": entry["owner"]})
@@ -113,8 +136,13 @@ def test_gc_forged_dead_owner_entry_touches_no_bystander_session_nor_directory(s
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "keep").write_text("mine")
-    run_id, reg = forge_entry(state, owner_pid=dead_pid, owner_start=1, credentials_directory=str(precious),
-                              mark_sha256=hashlib.sha256(b"whatever").hexdigest())
+    run_id, reg = forge_entry(
+        state,
+        owner_pid=dead_pid,
+        owner_start=1,
+        credentials_directory=str(precious),
+        mark_sha256=hashlib.sha256(b"whatever").hexdigest(),
+    )
     start = _starttime(victim.pid)
     reg.event("started", {"pid": victim.pid, "pgid": victim.pid, "sid": victim.pid, "starttime": start})
     reg.event("detached", {"pid": victim.pid, "starttime": start, "sid": victim.pid, "pgid": victim.pid})
@@ -133,8 +161,12 @@ def test_gc_forged_dead_owner_entry_touches_no_bystander_session_nor_directory(s
 # -- a run cannot hide ----------------------------------------------------------------------
 def test_a_run_cannot_hide_by_rewriting_its_entry_as_finished(state, markers):
     marker = markers()
-    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "60s", "--", "sleep", "60"], env=env_for(state, marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--wall", "60s", "--", "sleep", "60"],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         [run_id] = wait_for(lambda: run_ids(state))
         wait_for(lambda: any(e["event"] == "started" for e in events(state, run_id)))
@@ -161,9 +193,12 @@ def test_a_run_past_its_deadline_cannot_rewrite_itself_active(state, markers):
     """Past the deadline, in the grace period (the command ignores SIGTERM), the command
     rewrites its entry: state active, a deadline an hour away. status stays expired."""
     marker = markers()
-    proc = subprocess.Popen([*CORRAL, *FB, "--wall", "1s", "--grace", "30s", "--", "sh", "-c",
-                             "trap '' TERM; sleep 60"], env=env_for(state, marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--wall", "1s", "--grace", "30s", "--", "sh", "-c", "trap '' TERM; sleep 60"],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         [run_id] = wait_for(lambda: run_ids(state))
         wait_for(lambda: any(e["event"] == "term_sent" for e in events(state, run_id)), timeout=20)
@@ -190,9 +225,14 @@ def test_status_of_a_finished_run_after_its_corral_ended_is_finished(state):
 def test_gc_leaves_the_credentials_of_a_live_unregistered_run(state, tmp_path):
     src = _secret_file(tmp_path)
     ready, go = tmp_path / "ready", tmp_path / "go"
-    script = (f'touch {ready}; while [ ! -e {go} ]; do sleep 0.02; done; cat "$CREDENTIALS_DIRECTORY/api"')
-    proc = subprocess.Popen([*CORRAL, *FB, "--no-registry", "--credential", f"api={src}", "--", "sh", "-c", script],
-                            env=env_for(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = f'touch {ready}; while [ ! -e {go} ]; do sleep 0.02; done; cat "$CREDENTIALS_DIRECTORY/api"'
+    proc = subprocess.Popen(
+        [*CORRAL, *FB, "--no-registry", "--credential", f"api={src}", "--", "sh", "-c", script],
+        env=env_for(state),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(ready.exists, timeout=20)
         r = ctl(state, "gc", "--json")
@@ -222,8 +262,15 @@ def test_gc_removes_the_credentials_a_dead_run_left(state, tmp_path):
 def _as_user(uid: int, argv, env, **kwargs):
     if os.environ.get("PYTHONPATH"):
         env = dict(env, PYTHONPATH=os.environ["PYTHONPATH"])
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv], env=env,
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, **kwargs)
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -275,8 +322,21 @@ def test_a_foreign_dev_shm_directory_is_refused_and_a_private_one_used(tmp_path,
     src.write_text(SECRET)
     os.chown(src, uid, uid)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CORRAL_STATE_DIR": str(state)}
-    r = _as_user(uid, [*CORRAL, *FB, "--credential", f"api={src}", "--", "sh", "-c",
-                       'cat "$CREDENTIALS_DIRECTORY/api"; echo; echo "$CREDENTIALS_DIRECTORY"'], env, cwd=str(home))
+    r = _as_user(
+        uid,
+        [
+            *CORRAL,
+            *FB,
+            "--credential",
+            f"api={src}",
+            "--",
+            "sh",
+            "-c",
+            'cat "$CREDENTIALS_DIRECTORY/api"; echo; echo "$CREDENTIALS_DIRECTORY"',
+        ],
+        env,
+        cwd=str(home),
+    )
     assert r.returncode == 0, r.stderr
     secret, where = r.stdout.splitlines()
     assert secret == SECRET
@@ -314,8 +374,14 @@ def test_an_unsafe_state_directory_is_125_one_line(tmp_path, how):
                 pytest.skip("needs root to chown")
             os.chown(state, 54321, 54321)
     witness = tmp_path / "ran"
-    r = subprocess.run([*CORRAL, *FB, "--", "touch", str(witness)], env=env_for(state), capture_output=True,
-                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [*CORRAL, *FB, "--", "touch", str(witness)],
+        env=env_for(state),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 125 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "refusing" in r.stderr
     assert not witness.exists()
@@ -323,7 +389,7 @@ def test_an_unsafe_state_directory_is_125_one_line(tmp_path, how):
 
 # -- the audit trail and the journal -------------------------------------------------------------
 def test_journal_datagram_format():
-    data = J.encode([("MESSAGE", "hello"), ("CORRAL_LINE", 'a\nb'), ("EMPTY", "")])
+    data = J.encode([("MESSAGE", "hello"), ("CORRAL_LINE", "a\nb"), ("EMPTY", "")])
     assert data.startswith(b"MESSAGE=hello\nCORRAL_LINE\n" + (3).to_bytes(8, "little") + b"a\nb\nEMPTY=\n")
     assert J.decode(data) == {"MESSAGE": b"hello", "CORRAL_LINE": b"a\nb", "EMPTY": b""}
 
@@ -427,12 +493,12 @@ def test_audit_verify_without_a_journal_says_what_the_chain_cannot_tell(state, m
 def test_audit_verify_against_the_real_journal(state):
     if not os.path.exists("/run/systemd/journal/socket") or shutil.which("journalctl") is None:
         pytest.skip("needs journald (/run/systemd/journal/socket): the VM lane")
-    subprocess.run([*CORRAL, *FB, "--wall", "300ms", "--", "sleep", "5"], env=env_for(state), capture_output=True,
-                   timeout=30)
+    subprocess.run(
+        [*CORRAL, *FB, "--wall", "300ms", "--", "sleep", "5"], env=env_for(state), capture_output=True, timeout=30
+    )
     [run_id] = run_ids(state)
     subprocess.run(["journalctl", "--sync"], capture_output=True, timeout=30)  # root only; harmless otherwise
-    wait_for(lambda: ctl(state, "audit", "verify", run_id).stdout.count("matches the journal"), timeout=10,
-             every=0.2)
+    wait_for(lambda: ctl(state, "audit", "verify", run_id).stdout.count("matches the journal"), timeout=10, every=0.2)
     _rewrite_as_exit_0(state, run_id)
     r = ctl(state, "audit", "verify", run_id)
     assert r.returncode == 1 and "differs from the journal" in r.stdout, r.stdout

@@ -8,12 +8,11 @@ import subprocess
 import time
 
 import pytest
-
-from modes import unit_property
 from test_registry import ctl, state  # noqa: F401
 from test_security_registry import forge_entry
 
 from corral_systemd.spec import new_run_id
+from modes import unit_property
 
 pytestmark = pytest.mark.systemd
 
@@ -25,8 +24,12 @@ def _systemctl(*args):
 
 def _systemd_run(unit, *args):
     scope = [] if os.environ.get("CORRAL_TEST_MANAGER") == "system" else ["--user"]
-    r = subprocess.run(["systemd-run", *scope, "-q", f"--unit={unit}", *args, "sleep", "120"], capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        ["systemd-run", *scope, "-q", f"--unit={unit}", *args, "sleep", "120"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     return unit if "." in unit else unit + ".service"
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -19,8 +18,25 @@ from corral_systemd.kernel.signals import CHILD_DEFAULTS, stop_signals
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 #: Signals whose default action ends a process and that corral catches.
-CAUGHT = ["SIGHUP", "SIGINT", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
-          "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGTRAP", "SIGABRT", "SIGRTMIN", "SIGRTMAX"]
+CAUGHT = [
+    "SIGHUP",
+    "SIGINT",
+    "SIGTERM",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGIO",
+    "SIGPWR",
+    "SIGSTKFLT",
+    "SIGXCPU",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGRTMIN",
+    "SIGRTMAX",
+]
 
 
 def _wait_for(predicate, timeout=20.0):
@@ -38,10 +54,20 @@ def test_signal_to_corral_stops_the_run(tmp_path, name):
     marker = new_marker()
     record = tmp_path / "record.json"
     env = dict(os.environ, **{MARKER_ENV: marker})
-    argv = [*CORRAL, "--cgroup-mode", "fallback", "--wall", "60s", "--json", str(record), "--",
-            "sh", "-c", "setsid sleep 600 & sleep 600"]
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    argv = [
+        *CORRAL,
+        "--cgroup-mode",
+        "fallback",
+        "--wall",
+        "60s",
+        "--json",
+        str(record),
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 600 & sleep 600",
+    ]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert _wait_for(lambda: len(marked_pids(marker)) >= 3), "the command did not start"
         proc.send_signal(sig)
@@ -64,8 +90,20 @@ def test_caught_signals_are_every_terminating_one_but_faults():
     caught = set(stop_signals())
     assert {int(getattr(signal, n)) for n in CAUGHT} <= caught
     # Faults in corral itself keep their default action; SIGPIPE/SIGXFSZ stay ignored.
-    for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGSYS", "SIGPIPE", "SIGXFSZ", "SIGKILL", "SIGSTOP",
-                 "SIGCHLD", "SIGCONT", "SIGWINCH"):
+    for name in (
+        "SIGSEGV",
+        "SIGBUS",
+        "SIGILL",
+        "SIGFPE",
+        "SIGSYS",
+        "SIGPIPE",
+        "SIGXFSZ",
+        "SIGKILL",
+        "SIGSTOP",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGWINCH",
+    ):
         assert int(getattr(signal, name)) not in caught, name
     assert set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1)) <= caught
 
@@ -74,8 +112,12 @@ def test_the_command_starts_with_default_dispositions(tmp_path):
     """What corral catches (or Python ignores) is back at its default in the command."""
     out = tmp_path / "sigs"
     script = f"grep -E '^Sig(Cgt|Ign):' /proc/self/status > {out}"
-    run = subprocess.run([*CORRAL, "--cgroup-mode", "fallback", "--no-registry", "--", "sh", "-c", script],
-                         capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    run = subprocess.run(
+        [*CORRAL, "--cgroup-mode", "fallback", "--no-registry", "--", "sh", "-c", script],
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert run.returncode == 0, run.stderr
     masks = dict(line.split(":") for line in out.read_text().split("\n") if line)
     # sh itself may catch or ignore a few; none of corral's must leak through except what sh sets.

@@ -52,8 +52,7 @@ def test_relative_entry_found_only_in_the_hosts_cwd_is_127(tmp_path, monkeypatch
     _tool(host / "bin", text="from-host")
     monkeypatch.chdir(host)
     with pytest.raises(ExecError) as err:
-        spawn_gated_by_shell(["mytool"], stdin=0, stdout=1, stderr=2, env={"PATH": "bin:/usr/bin:/bin"},
-                             cwd=str(work))
+        spawn_gated_by_shell(["mytool"], stdin=0, stdout=1, stderr=2, env={"PATH": "bin:/usr/bin:/bin"}, cwd=str(work))
     assert err.value.exit_code == 127
 
 

@@ -49,8 +49,11 @@ def _cli(args: list[str]):
         return 0
 
     err = io.StringIO()
-    with mock.patch.object(cli, "_run", fake_run), contextlib.redirect_stderr(err), \
-            contextlib.redirect_stdout(io.StringIO()):
+    with (
+        mock.patch.object(cli, "_run", fake_run),
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         code = cli.main([*args, "--", "true"])
     return code, err.getvalue(), kept[0] if kept else None
 
@@ -66,8 +69,19 @@ def _check_cli(args):
         assert err.count("\n") == 1 and err.startswith("corral: "), (args, err)
 
 
-VALUE_OPTIONS = ["--wall", "--grace", "--verify-timeout", "--mem", "--pids", "--max-output", "--cgroup-mode",
-                 "--stdin", "--manager", "--unit-type", "--slice"]
+VALUE_OPTIONS = [
+    "--wall",
+    "--grace",
+    "--verify-timeout",
+    "--mem",
+    "--pids",
+    "--max-output",
+    "--cgroup-mode",
+    "--stdin",
+    "--manager",
+    "--unit-type",
+    "--slice",
+]
 
 #: Text that looks like values: digits, suffixes, signs, dots, exponents, spaces, unicode digits.
 value_text = st.one_of(
@@ -89,14 +103,26 @@ def test_option_combinations_are_a_valid_spec_or_125(wall, mem, pids, grace):
     _check_cli(["--wall", wall, "--mem", mem, "--pids", pids, "--grace", grace])
 
 
-@pytest.mark.parametrize("args", [["--wall", "99999999999h"], ["--pids", "99999999999999999999"],
-                                  ["--mem", "99999999999999999999G"], ["--max-output", "9999999999999G"],
-                                  ["--grace", "9999999999h"], ["--verify-timeout", "1e400s"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--wall", "99999999999h"],
+        ["--pids", "99999999999999999999"],
+        ["--mem", "99999999999999999999G"],
+        ["--max-output", "9999999999999G"],
+        ["--grace", "9999999999h"],
+        ["--verify-timeout", "1e400s"],
+    ],
+)
 def test_out_of_range_values_are_125_one_line(args, tmp_path):
     """End to end: the issue's values, one line, exit 125, nothing started."""
     witness = tmp_path / "ran"
-    proc = subprocess.run([*CORRAL, "--cgroup-mode", "fallback", *args, "--", "touch", str(witness)],
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*CORRAL, "--cgroup-mode", "fallback", *args, "--", "touch", str(witness)],
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     err = proc.stderr.decode()
     assert proc.returncode == 125 and len(err.splitlines()) == 1 and err.startswith("corral: "), err
     assert not witness.exists()
@@ -109,17 +135,27 @@ def test_the_largest_values_are_accepted():
 
 
 # -- the library ----------------------------------------------------------------------------------
-anything = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
-                     st.floats(allow_nan=True, allow_infinity=True), value_text, st.binary(max_size=8),
-                     st.lists(st.integers(), max_size=2))
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    value_text,
+    st.binary(max_size=8),
+    st.lists(st.integers(), max_size=2),
+)
 
 
 @SETTINGS
 @given(wall=anything, grace=anything, verify_timeout=anything, mem=anything, pids=anything, max_output=anything)
 def test_make_spec_limits_are_a_valid_spec_or_usage_error(wall, grace, verify_timeout, mem, pids, max_output):
-    kwargs = {k: v for k, v in dict(wall=wall, grace=grace, verify_timeout=verify_timeout, mem=mem, pids=pids,
-                                    max_output=max_output).items() if v is not None or k not in ("grace",
-                                                                                                  "verify_timeout")}
+    kwargs = {
+        k: v
+        for k, v in dict(
+            wall=wall, grace=grace, verify_timeout=verify_timeout, mem=mem, pids=pids, max_output=max_output
+        ).items()
+        if v is not None or k not in ("grace", "verify_timeout")
+    }
     try:
         spec = make_spec(["true"], **kwargs)
     except UsageError as exc:
@@ -129,15 +165,23 @@ def test_make_spec_limits_are_a_valid_spec_or_usage_error(wall, grace, verify_ti
 
 
 @SETTINGS
-@given(argv=st.lists(st.one_of(st.text(max_size=5), st.integers(), st.binary(max_size=3)), max_size=3),
-       mode=anything, unit_type=anything, manager=anything, slice_=anything, stdin=anything, cwd=anything,
-       env=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
-                     st.integers()))
-def test_make_spec_other_arguments_are_a_valid_spec_or_usage_error(argv, mode, unit_type, manager, slice_, stdin,
-                                                                    cwd, env):
+@given(
+    argv=st.lists(st.one_of(st.text(max_size=5), st.integers(), st.binary(max_size=3)), max_size=3),
+    mode=anything,
+    unit_type=anything,
+    manager=anything,
+    slice_=anything,
+    stdin=anything,
+    cwd=anything,
+    env=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2), st.integers()),
+)
+def test_make_spec_other_arguments_are_a_valid_spec_or_usage_error(
+    argv, mode, unit_type, manager, slice_, stdin, cwd, env
+):
     try:
-        spec = make_spec(argv, mode=mode, unit_type=unit_type, manager=manager, slice=slice_, stdin=stdin,
-                         cwd=cwd, env=env)
+        spec = make_spec(
+            argv, mode=mode, unit_type=unit_type, manager=manager, slice=slice_, stdin=stdin, cwd=cwd, env=env
+        )
     except UsageError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
@@ -159,6 +203,21 @@ def test_make_spec_each_limit_alone_is_a_valid_spec_or_usage_error(name, value):
 def test_the_longest_wall_runs(tmp_path):
     """A wall of 100 years is accepted and the run behaves: poll() waits are cut into rounds
     (poll takes at most INT_MAX ms, about 24 days)."""
-    proc = subprocess.run([*CORRAL, "--cgroup-mode", "fallback", "--no-registry", "--wall", "876000h", "--",
-                           "sh", "-c", "sleep 0.2; exit 5"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [
+            *CORRAL,
+            "--cgroup-mode",
+            "fallback",
+            "--no-registry",
+            "--wall",
+            "876000h",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.2; exit 5",
+        ],
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 5, proc.stderr

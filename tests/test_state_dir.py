@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 
@@ -23,10 +22,13 @@ def _state_env(state: str) -> dict:
     return dict(os.environ, CORRAL_STATE_DIR=state)
 
 
-@pytest.mark.parametrize("script,expected", [
-    ('rm -rf "$CORRAL_STATE_DIR"; setsid sleep 600 & sleep 600', 124),  # fails at deadline_expired
-    ('rm -rf "$CORRAL_STATE_DIR"; setsid sleep 600 & exit 3', 3),  # fails at command_exited/finished
-])
+@pytest.mark.parametrize(
+    "script,expected",
+    [
+        ('rm -rf "$CORRAL_STATE_DIR"; setsid sleep 600 & sleep 600', 124),  # fails at deadline_expired
+        ('rm -rf "$CORRAL_STATE_DIR"; setsid sleep 600 & exit 3', 3),  # fails at command_exited/finished
+    ],
+)
 def test_command_removing_the_state_directory(corral, tmp_path, script, expected):
     state = tmp_path / "state"
     run = corral(FB + ["--wall", "1s", "--", "sh", "-c", script], env=_state_env(str(state)))
@@ -49,14 +51,35 @@ def test_command_filling_the_state_filesystem(tmp_path):
     mnt.mkdir()
     marker = new_marker()
     record = tmp_path / "record.json"
-    inner = (f'mount -t tmpfs -o size=256k tmpfs {mnt} || exit 99; '
-             f'CORRAL_STATE_DIR={mnt}/state exec "$@"')
-    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", inner, "sh", *CORRAL, *FB,
-            "--json", str(record), "--wall", "1s", "--",
-            "sh", "-c", f"cat /dev/zero > {mnt}/fill 2>/dev/null; setsid sleep 600 & sleep 600"]
+    inner = f'mount -t tmpfs -o size=256k tmpfs {mnt} || exit 99; CORRAL_STATE_DIR={mnt}/state exec "$@"'
+    argv = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        inner,
+        "sh",
+        *CORRAL,
+        *FB,
+        "--json",
+        str(record),
+        "--wall",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        f"cat /dev/zero > {mnt}/fill 2>/dev/null; setsid sleep 600 & sleep 600",
+    ]
     try:
-        proc = subprocess.run(argv, env=dict(os.environ, **{MARKER_ENV: marker}), capture_output=True,
-                              timeout=60, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv,
+            env=dict(os.environ, **{MARKER_ENV: marker}),
+            capture_output=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         survivors = marked_pids(marker)
     finally:
         kill_marked(marker)
@@ -74,8 +97,13 @@ def test_command_filling_the_state_filesystem(tmp_path):
 def test_state_dir_with_a_missing_parent_is_125_and_creates_nothing(tmp_path):
     state = tmp_path / "missing" / "state"
     witness = tmp_path / "ran"
-    proc = subprocess.run([*CORRAL, *FB, "--", "touch", str(witness)], env=_state_env(str(state)),
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--", "touch", str(witness)],
+        env=_state_env(str(state)),
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     err = proc.stderr.decode()
     assert proc.returncode == 125, err
     assert len(err.splitlines()) == 1 and "does not exist" in err
@@ -85,7 +113,12 @@ def test_state_dir_with_a_missing_parent_is_125_and_creates_nothing(tmp_path):
 
 def test_state_dir_last_component_is_created_private(tmp_path):
     state = tmp_path / "state"
-    proc = subprocess.run([*CORRAL, *FB, "--quiet", "--", "true"], env=_state_env(str(state)),
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*CORRAL, *FB, "--quiet", "--", "true"],
+        env=_state_env(str(state)),
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     assert state.is_dir() and state.stat().st_mode & 0o777 == 0o700

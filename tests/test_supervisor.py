@@ -1,18 +1,29 @@
 """The supervisor's guarantees, driven in-process with the real fallback engine."""
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 
+from conftest import CORRAL
 from corral_systemd.engines.fallback import FallbackEngine
 from corral_systemd.spec import RunSpec
-from corral_systemd.supervisor import Supervisor
+from corral_systemd.supervisor import RunObserver, Supervisor
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 
 def _run_with_broken_kill(tmp_path):
     marker = new_marker()
-    spec = RunSpec(argv=["sh", "-c", "setsid sleep 3600 & sleep 3600"], wall=0.3, grace=0.1, verify_timeout=0.3,
-                   env=dict(os.environ, **{MARKER_ENV: marker}))
+    spec = RunSpec(
+        argv=["sh", "-c", "setsid sleep 3600 & sleep 3600"],
+        wall=0.3,
+        grace=0.1,
+        verify_timeout=0.3,
+        env=dict(os.environ, **{MARKER_ENV: marker}),
+    )
     engine = FallbackEngine(spec)
     engine.signal_all = lambda *sigs: 0  # signals go nowhere: nothing can stop the run
     engine.signal_new = lambda *sigs: 0
@@ -52,16 +63,6 @@ def test_unprovable_stop_is_120_with_remaining_pids(tmp_path):
 # Each test below goes red against one mutant that every other host test let
 # pass. Bounds are on the record's own step timings, never on the wall time
 # of a whole process (the machine may be loaded).
-import json
-import signal
-import subprocess
-import sys
-import threading
-
-import pytest
-
-from conftest import CORRAL
-from corral_systemd.supervisor import RunObserver
 
 
 class _Hooks(RunObserver):
@@ -90,8 +91,14 @@ def _supervise(argv, *, marker, stdout=None, observer=None, cancel_fd=None, engi
         engine_hook(engine)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        return Supervisor(spec, engine, stdout=stdout if stdout is not None else devnull, stderr=devnull,
-                          observer=observer, cancel_fd=cancel_fd).run()
+        return Supervisor(
+            spec,
+            engine,
+            stdout=stdout if stdout is not None else devnull,
+            stderr=devnull,
+            observer=observer,
+            cancel_fd=cancel_fd,
+        ).run()
     finally:
         os.close(devnull)
         from corral_systemd.kernel.prctl import set_child_subreaper
@@ -125,8 +132,15 @@ def test_a_second_stop_request_skips_the_rest_of_the_grace_period(tmp_path):
     hooks = _Hooks(on={"term_sent": lambda _data: os.write(cancel_w, b"x")}, on_tick=ask_once_ready)
     marker = new_marker()
     try:
-        result = _supervise(["sh", "-c", f"trap '' TERM; touch {ready}; sleep 600"], marker=marker,
-                            observer=hooks, cancel_fd=cancel_r, wall=60, grace=8, verify_timeout=5)
+        result = _supervise(
+            ["sh", "-c", f"trap '' TERM; touch {ready}; sleep 600"],
+            marker=marker,
+            observer=hooks,
+            cancel_fd=cancel_r,
+            wall=60,
+            grace=8,
+            verify_timeout=5,
+        )
     finally:
         os.close(cancel_r)
         os.close(cancel_w)
@@ -143,10 +157,27 @@ def test_a_second_signal_to_corral_skips_the_grace_period(tmp_path):
     ready = tmp_path / "ready"
     marker = new_marker()
     env = dict(os.environ, CORRAL_STATE_DIR=str(state), **{MARKER_ENV: marker})
-    proc = subprocess.Popen([*CORRAL, "--cgroup-mode", "fallback", "--grace", "8s", "--wall", "120s",
-                             "--json", str(record), "--", "sh", "-c",
-                             f"trap '' TERM INT; touch {ready}; sleep 600"],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            "--cgroup-mode",
+            "fallback",
+            "--grace",
+            "8s",
+            "--wall",
+            "120s",
+            "--json",
+            str(record),
+            "--",
+            "sh",
+            "-c",
+            f"trap '' TERM INT; touch {ready}; sleep 600",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
     def wait_for(predicate, what):
         end = time.monotonic() + 30
@@ -207,15 +238,23 @@ def test_a_stopped_process_gets_sigcont_with_sigterm_and_handles_it(tmp_path):
 
     marker = new_marker()
     try:
-        result = _supervise(["sh", "-c", f"{sys.executable} {child} {out} & wait"], marker=marker,
-                            observer=_Hooks(on_tick=stop_once_stopped), cancel_fd=cancel_r,
-                            wall=60, grace=4, verify_timeout=5)
+        result = _supervise(
+            ["sh", "-c", f"{sys.executable} {child} {out} & wait"],
+            marker=marker,
+            observer=_Hooks(on_tick=stop_once_stopped),
+            cancel_fd=cancel_r,
+            wall=60,
+            grace=4,
+            verify_timeout=5,
+        )
     finally:
         os.close(cancel_r)
         os.close(cancel_w)
     assert asked, "test setup: the child never showed as stopped"
     assert result.verified, result
-    assert out.exists() and out.read_text() == "TERM handled", f"the stopped child never ran its TERM handler: {result.steps}"
+    assert out.exists() and out.read_text() == "TERM handled", (
+        f"the stopped child never ran its TERM handler: {result.steps}"
+    )
     assert "kill_sent" not in result.steps, f"SIGKILL was needed: {result.steps}"
 
 
@@ -224,6 +263,7 @@ def _held_stdout(held):
 
     A watchdog lets go of it after 6 s, so a drain without a limit fails the
     test instead of hanging it."""
+
     def hook(engine):
         start = engine.start
 
@@ -235,6 +275,7 @@ def _held_stdout(held):
             return start(argv, **kw)
 
         engine.start = start_holding
+
     return hook
 
 
@@ -252,8 +293,15 @@ def test_a_pipe_held_outside_the_run_delays_the_result_at_most_the_drain_limit()
     held, chunks = [], []
     marker = new_marker()
     try:
-        result = _supervise(["sh", "-c", "echo main"], marker=marker, stdout=chunks.append,
-                            engine_hook=_held_stdout(held), wall=60, grace=1, verify_timeout=5)
+        result = _supervise(
+            ["sh", "-c", "echo main"],
+            marker=marker,
+            stdout=chunks.append,
+            engine_hook=_held_stdout(held),
+            wall=60,
+            grace=1,
+            verify_timeout=5,
+        )
     finally:
         _let_go(held)
     steps = result.steps
@@ -271,13 +319,21 @@ def test_output_written_after_the_proof_within_the_drain_limit_is_delivered():
         def late():
             os.write(held[0], b"late\n")
             _let_go(held)
+
         threading.Timer(0.2, late).start()
 
     marker = new_marker()
     try:
-        result = _supervise(["sh", "-c", "echo main"], marker=marker, stdout=chunks.append,
-                            observer=_Hooks(on={"verified": write_late}), engine_hook=_held_stdout(held),
-                            wall=60, grace=1, verify_timeout=5)
+        result = _supervise(
+            ["sh", "-c", "echo main"],
+            marker=marker,
+            stdout=chunks.append,
+            observer=_Hooks(on={"verified": write_late}),
+            engine_hook=_held_stdout(held),
+            wall=60,
+            grace=1,
+            verify_timeout=5,
+        )
     finally:
         time.sleep(0.3)  # the timer is done with its descriptor
         _let_go(held)
@@ -317,9 +373,15 @@ def test_the_grace_period_lets_a_slow_cleanup_finish(tmp_path):
 
     marker = new_marker()
     try:
-        result = _supervise([sys.executable, str(script), str(out)], marker=marker,
-                            observer=_Hooks(on_tick=stop_once_ready), cancel_fd=cancel_r,
-                            wall=60, grace=5, verify_timeout=5)
+        result = _supervise(
+            [sys.executable, str(script), str(out)],
+            marker=marker,
+            observer=_Hooks(on_tick=stop_once_ready),
+            cancel_fd=cancel_r,
+            wall=60,
+            grace=5,
+            verify_timeout=5,
+        )
     finally:
         os.close(cancel_r)
         os.close(cancel_w)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import CORRAL, FAULTS, TIME_SCALE, scale_walls
-from modes import KERNEL_LIMITS, LAYOUT, MANAGER, manager_runtime_dir, mode_flags, needs_user_manager, unit_property
+from modes import KERNEL_LIMITS, LAYOUT, MANAGER, mode_flags, needs_user_manager, unit_property
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 pytestmark = pytest.mark.systemd
@@ -60,8 +60,9 @@ def test_record_control_group_is_the_commands(corral, unit_type):
     run = corral(mode_flags(unit_type) + ["--", "cat", "/proc/self/cgroup"])
     assert run.returncode == 0, run.stderr
     lines = [line.split(":", 2) for line in run.stdout.decode().splitlines()]
-    own = {path for hierarchy, controllers, path in lines
-           if hierarchy == "0" or "name=systemd" in controllers.split(",")}
+    own = {
+        path for hierarchy, controllers, path in lines if hierarchy == "0" or "name=systemd" in controllers.split(",")
+    }
     assert run.record["engine"]["control_group"] in own, (own, run.record["engine"])
 
 
@@ -70,9 +71,20 @@ def _start_daemon_run(unit_type, tmp_path, *extra, **popen):
     marker = new_marker()
     ready = tmp_path / f"ready-{marker}"
     env = dict(os.environ, **{MARKER_ENV: marker})
-    proc = subprocess.Popen([*CORRAL, *mode_flags(unit_type), *scale_walls(extra), "--", "sh", "-c",
-                             f"setsid sleep 3600 & touch {ready}; sleep 3600"], env=env,
-                            stdin=subprocess.DEVNULL, **popen)
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *mode_flags(unit_type),
+            *scale_walls(extra),
+            "--",
+            "sh",
+            "-c",
+            f"setsid sleep 3600 & touch {ready}; sleep 3600",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        **popen,
+    )
     deadline = time.monotonic() + 10 * TIME_SCALE
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -125,17 +137,24 @@ def test_auto_as_root_without_user_bus_uses_the_system_manager(corral):
     assert run.record["engine"]["manager"] == "system"
 
 
-@pytest.mark.parametrize("address,needle", [
-    (None, "bus"),
-    ("unix:path=/nonexistent/bus", "no bus socket"),
-    ("tcp:host=localhost,port=1", "unsupported bus address"),
-    ("garbage", "unsupported bus address"),
-])
+@pytest.mark.parametrize(
+    "address,needle",
+    [
+        (None, "bus"),
+        ("unix:path=/nonexistent/bus", "no bus socket"),
+        ("tcp:host=localhost,port=1", "unsupported bus address"),
+        ("garbage", "unsupported bus address"),
+    ],
+)
 def test_enforced_without_usable_bus_is_125(address, needle, tmp_path):
     env = _env_without_bus() if address is None else _env_without_bus(DBUS_SESSION_BUS_ADDRESS=address)
     witness = tmp_path / "ran"
-    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--manager", "user", "--", "touch", str(witness)],
-                          env=env, capture_output=True, timeout=30)
+    proc = subprocess.run(
+        [*CORRAL, "--cgroup-mode", "enforced", "--manager", "user", "--", "touch", str(witness)],
+        env=env,
+        capture_output=True,
+        timeout=30,
+    )
     assert proc.returncode == 125
     lines = proc.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], lines
@@ -149,8 +168,11 @@ def test_stale_socket_is_125(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(path))
     s.close()  # a socket file nobody listens on
-    proc = subprocess.run([*CORRAL, "--cgroup-mode", "enforced", "--manager", "user", "--", "true"],
-                          env=_env_without_bus(DBUS_SESSION_BUS_ADDRESS=f"unix:path={path}"), capture_output=True)
+    proc = subprocess.run(
+        [*CORRAL, "--cgroup-mode", "enforced", "--manager", "user", "--", "true"],
+        env=_env_without_bus(DBUS_SESSION_BUS_ADDRESS=f"unix:path={path}"),
+        capture_output=True,
+    )
     assert proc.returncode == 125 and b"refused" in proc.stderr
 
 
@@ -170,8 +192,10 @@ def test_corral_enforced_entry_point(tmp_path):
 def test_both_kill_methods_are_correct(corral, method):
     # Ignores SIGTERM from its first instruction: a program that installs its
     # handler itself may not have done so by the deadline on a slow machine.
-    run = corral(mode_flags("scope") + ["--wall", "1s", "--grace", "200ms", "--", "sh", "-c", "trap '' TERM; sleep 60"],
-                 env=dict(os.environ, CORRAL_KILL_METHOD=method))
+    run = corral(
+        mode_flags("scope") + ["--wall", "1s", "--grace", "200ms", "--", "sh", "-c", "trap '' TERM; sleep 60"],
+        env=dict(os.environ, CORRAL_KILL_METHOD=method),
+    )
     assert run.returncode == 124 and run.survivors == []
     assert run.record["steps"]["kill_sent"] is not None
 
@@ -254,8 +278,9 @@ def test_connection_lost_before_the_start_call_is_retried_once(corral, cutting_p
     connection, and the command runs exactly once."""
     proxy = cutting_proxy("before")
     witness = tmp_path / "ran"
-    run = corral(mode_flags(unit_type) + ["--", "sh", "-c", f'echo x >> "{witness}"; exit 7'],
-                 env=_proxied_env(proxy, tmp_path))
+    run = corral(
+        mode_flags(unit_type) + ["--", "sh", "-c", f'echo x >> "{witness}"; exit 7'], env=_proxied_env(proxy, tmp_path)
+    )
     assert proxy.cut_unit == run.record["engine"]["unit"], (proxy.cut_unit, run.stderr)
     assert run.returncode == 7, run.stderr
     assert witness.read_text() == "x\n"
@@ -269,8 +294,10 @@ def test_connection_lost_after_the_manager_took_a_scope_start_is_125(corral, cut
     connection: the command, held at its gate, never ran, and never will."""
     proxy = cutting_proxy("after")
     witness = tmp_path / "ran"
-    run = corral(mode_flags("scope") + ["--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
-                 env=_proxied_env(proxy, tmp_path))
+    run = corral(
+        mode_flags("scope") + ["--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
+        env=_proxied_env(proxy, tmp_path),
+    )
     assert run.returncode == 125, run.stderr
     lines = run.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "the command never ran" in lines[0], lines
@@ -284,8 +311,10 @@ def test_connection_lost_after_the_manager_took_a_service_start_watches_it(corra
     on with that start (never a second one), watched on a new connection."""
     proxy = cutting_proxy("after")
     witness = tmp_path / "ran"
-    run = corral(mode_flags("service") + ["--wall", "2s", "--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
-                 env=_proxied_env(proxy, tmp_path))
+    run = corral(
+        mode_flags("service") + ["--wall", "2s", "--", "sh", "-c", f'echo x >> "{witness}"; exec sleep 60'],
+        env=_proxied_env(proxy, tmp_path),
+    )
     assert run.returncode == 124, run.stderr
     assert proxy.cut_unit == run.record["engine"]["unit"] and proxy.connections == 2
     assert witness.read_text() == "x\n"
@@ -299,8 +328,9 @@ def test_connection_lost_after_a_service_ran_unseen_is_120(corral, cutting_proxy
     120, with the run proven empty, and no second start."""
     proxy = cutting_proxy("after-ended")
     witness = tmp_path / "ran"
-    run = corral(mode_flags("service") + ["--", "sh", "-c", f'echo x >> "{witness}"; exit 7'],
-                 env=_proxied_env(proxy, tmp_path))
+    run = corral(
+        mode_flags("service") + ["--", "sh", "-c", f'echo x >> "{witness}"; exit 7'], env=_proxied_env(proxy, tmp_path)
+    )
     assert run.returncode == 120, run.stderr
     assert run.record["outcome"] == "internal_error" and run.record["verified"]
     assert "ended unseen" in run.record["detail"], run.record["detail"]
@@ -327,11 +357,16 @@ def test_connection_lost_mid_run_is_reconnected(corral, cutting_proxy, tmp_path,
 
     cutter = threading.Thread(target=cut_when_started, daemon=True)
     cutter.start()
-    run = corral(mode_flags(unit_type) + ["--", "sh", "-c", f'touch "{started}"; sleep {2 * TIME_SCALE:g}; exit 7'],
-                 env=_proxied_env(proxy, tmp_path))
+    run = corral(
+        mode_flags(unit_type) + ["--", "sh", "-c", f'touch "{started}"; sleep {2 * TIME_SCALE:g}; exit 7'],
+        env=_proxied_env(proxy, tmp_path),
+    )
     cutter.join(1)
     assert run.returncode == 7, run.stderr
-    assert proxy.connections == 2 and run.record["engine"].get("reconnected") == 1, (proxy.connections, run.record["engine"])
+    assert proxy.connections == 2 and run.record["engine"].get("reconnected") == 1, (
+        proxy.connections,
+        run.record["engine"],
+    )
     assert run.record["verified"] and run.survivors == []
 
 

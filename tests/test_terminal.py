@@ -42,21 +42,40 @@ def _wait_for(path, text, timeout):
     return False
 
 
-@pytest.mark.parametrize("mode", ["fallback", pytest.param("scope", marks=pytest.mark.systemd),
-                                  pytest.param("service", marks=pytest.mark.systemd)])
+@pytest.mark.parametrize(
+    "mode",
+    ["fallback", pytest.param("scope", marks=pytest.mark.systemd), pytest.param("service", marks=pytest.mark.systemd)],
+)
 def test_ctrl_c_stops_the_run_through_corral(tmp_path, mode):
     flags = mode_flags(mode)
     log, record, script = tmp_path / "log", tmp_path / "record.json", tmp_path / "command.sh"
     script.write_text(SCRIPT)
-    corral = [sys.executable, "-m", "corral_systemd", *flags, "--grace", "5s", "--json", str(record),
-              "--", "sh", str(script)]
-    line = f"cd {shlex.quote(str(ROOT))} && LOG={shlex.quote(str(log))} {shlex.join(corral)}; " \
-           f"echo exit=$? >>{shlex.quote(str(log))}"
+    corral = [
+        sys.executable,
+        "-m",
+        "corral_systemd",
+        *flags,
+        "--grace",
+        "5s",
+        "--json",
+        str(record),
+        "--",
+        "sh",
+        str(script),
+    ]
+    line = (
+        f"cd {shlex.quote(str(ROOT))} && LOG={shlex.quote(str(log))} {shlex.join(corral)}; "
+        f"echo exit=$? >>{shlex.quote(str(log))}"
+    )
     socket = f"corral-test-{uuid.uuid4().hex[:12]}"
     tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
     env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
-    subprocess.run([*tmux, "new-session", "-d", "-s", "t", "-x", "200", "-y", "50",
-                    "env PS1='$ ' bash --norc --noprofile -i"], check=True, env=env, timeout=30)
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "t", "-x", "200", "-y", "50", "env PS1='$ ' bash --norc --noprofile -i"],
+        check=True,
+        env=env,
+        timeout=30,
+    )
     try:
         subprocess.run([*tmux, "send-keys", "-t", "t", "-l", line], check=True, timeout=30)
         subprocess.run([*tmux, "send-keys", "-t", "t", "Enter"], check=True, timeout=30)

@@ -18,27 +18,31 @@ from modes import all_modes, mode_flags
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 #: Threads that sleep, then the main thread exits: a live process whose leader is a zombie.
-LEADER_EXITS = ("import ctypes, threading, time\n"
-                "[threading.Thread(target=time.sleep, args=(1000,)).start() for _ in range(3)]\n"
-                "ctypes.CDLL(None).pthread_exit(None)\n")
+LEADER_EXITS = (
+    "import ctypes, threading, time\n"
+    "[threading.Thread(target=time.sleep, args=(1000,)).start() for _ in range(3)]\n"
+    "ctypes.CDLL(None).pthread_exit(None)\n"
+)
 
 #: The same, detached in its own session by a child; the main process exits 0 at once.
-DETACHED = ("import os, time\n"
-            "if os.fork() == 0:\n"
-            "    os.setsid()\n"
-            + "".join("    " + line + "\n" for line in LEADER_EXITS.splitlines()) +
-            "time.sleep(0.3)\n")
+DETACHED = (
+    "import os, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n" + "".join("    " + line + "\n" for line in LEADER_EXITS.splitlines()) + "time.sleep(0.3)\n"
+)
 
 #: A thread allocates ~200 MiB once the main thread has exited (its stat shows Z).
-HOG = ("import ctypes, os, threading, time\n"
-       "def hog():\n"
-       "    while open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':\n"
-       "        time.sleep(0.01)\n"
-       "    data = bytearray(200 * 1024 * 1024)\n"
-       "    for i in range(0, len(data), 4096): data[i] = 1\n"
-       "    time.sleep(1000)\n"
-       "threading.Thread(target=hog).start()\n"
-       "ctypes.CDLL(None).pthread_exit(None)\n")
+HOG = (
+    "import ctypes, os, threading, time\n"
+    "def hog():\n"
+    "    while open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z':\n"
+    "        time.sleep(0.01)\n"
+    "    data = bytearray(200 * 1024 * 1024)\n"
+    "    for i in range(0, len(data), 4096): data[i] = 1\n"
+    "    time.sleep(1000)\n"
+    "threading.Thread(target=hog).start()\n"
+    "ctypes.CDLL(None).pthread_exit(None)\n"
+)
 
 
 def _wait_leader_exited(pid: int, timeout: float = 10.0) -> procfs.ProcInfo:
@@ -103,8 +107,7 @@ def test_main_process_with_exited_leader_runs_until_the_wall(corral, mode):
 
 
 def test_memory_of_threads_under_an_exited_leader_is_counted(corral):
-    run = corral(["--cgroup-mode", "fallback", "--mem", "64M", "--wall", "20s", "--",
-                  sys.executable, "-c", HOG])
+    run = corral(["--cgroup-mode", "fallback", "--mem", "64M", "--wall", "20s", "--", sys.executable, "-c", HOG])
     detail = run.stderr.decode(errors="replace")
     assert run.survivors == [], detail
     assert run.returncode == 121, detail

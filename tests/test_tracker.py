@@ -8,9 +8,8 @@ import subprocess
 import time
 
 from conftest import marker_env
-from procscan import marked_pids
-
 from corral_systemd.kernel.pidfd import RunTracker
+from procscan import marked_pids
 
 NOWHERE = "/corral-test-no-process-is-here"
 
@@ -19,8 +18,9 @@ def _escaper(marker):
     """A session leader that forks a child in its session and one in a
     session of its own, then says so."""
     script = "sleep 600 & setsid sleep 600 & echo forked; exec sleep 600"
-    proc = subprocess.Popen(["sh", "-c", script], env=marker_env(marker), stdout=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", script], env=marker_env(marker), stdout=subprocess.PIPE, start_new_session=True
+    )
     assert proc.stdout.readline() == b"forked\n"
     return proc
 
@@ -29,7 +29,7 @@ def _seen_then_escaped(pid):
     tracker = RunTracker("0")
     tracker.cgroup = NOWHERE
     tracker.observe([pid], lambda: [pid])  # listed in the group: tracked
-    tracker.observe([], lambda: [])        # no longer listed, alive elsewhere
+    tracker.observe([], lambda: [])  # no longer listed, alive elsewhere
     assert tracker.escaped == {pid}
     return tracker
 

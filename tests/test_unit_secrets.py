@@ -61,24 +61,40 @@ def _everything_about(unit: str) -> str:
 
 def _start(args, env, tmp_path):
     record = tmp_path / "record.json"
-    proc = subprocess.Popen([sys.executable, "-m", "corral_systemd", "--json", str(record), *args], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral_systemd", "--json", str(record), *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     return proc, record
 
 
 @pytest.mark.parametrize("mode", ["service", "scope"])
 def test_no_secret_value_in_any_unit_property(tmp_path, marker, mode):
     tag = "tag-" + uuid.uuid4().hex
-    secrets = {"API_TOKEN": "tokval-" + uuid.uuid4().hex, "DB_PASSWORD": "pwval-" + uuid.uuid4().hex,
-               "PLAIN": "plainval-" + uuid.uuid4().hex}
+    secrets = {
+        "API_TOKEN": "tokval-" + uuid.uuid4().hex,
+        "DB_PASSWORD": "pwval-" + uuid.uuid4().hex,
+        "PLAIN": "plainval-" + uuid.uuid4().hex,
+    }
     arg_secrets = ["hunter-" + uuid.uuid4().hex, "bearer-" + uuid.uuid4().hex, "urlpw-" + uuid.uuid4().hex]
     dump = tmp_path / "env.json"
     script = tmp_path / "d.py"
-    script.write_text("import json, os, sys, time\n"
-                      f"json.dump({{'env': dict(os.environ), 'argv': sys.argv}}, open({str(dump)!r}, 'w'))\n"
-                      "time.sleep(1.5)\n")
-    argv = [sys.executable, str(script), tag, f"--password={arg_secrets[0]}",
-            f"Authorization: Bearer {arg_secrets[1]}", f"https://user:{arg_secrets[2]}@example.invalid/"]
+    script.write_text(
+        "import json, os, sys, time\n"
+        f"json.dump({{'env': dict(os.environ), 'argv': sys.argv}}, open({str(dump)!r}, 'w'))\n"
+        "time.sleep(1.5)\n"
+    )
+    argv = [
+        sys.executable,
+        str(script),
+        tag,
+        f"--password={arg_secrets[0]}",
+        f"Authorization: Bearer {arg_secrets[1]}",
+        f"https://user:{arg_secrets[2]}@example.invalid/",
+    ]
     env = dict(os.environ, CORRAL_TEST_MARKER=marker, **secrets, **TRICKY)
     proc, record = _start([*mode_flags(mode), "--", *argv], env, tmp_path)
     try:
@@ -129,7 +145,7 @@ def test_service_environment_file_is_gone_once_the_command_runs(tmp_path, marker
             assert not os.path.exists(path), f"{path} still there while the command runs"
             directory = os.path.dirname(path)
             assert os.stat(directory).st_mode & 0o777 == 0o700
-            assert all(not n.startswith(unit[len("corral-"):-len(".service")]) for n in os.listdir(directory))
+            assert all(not n.startswith(unit[len("corral-") : -len(".service")]) for n in os.listdir(directory))
     finally:
         proc.communicate(timeout=60)
     assert proc.returncode == 0
@@ -144,7 +160,10 @@ def test_service_that_cannot_start_leaves_no_environment_file(tmp_path, marker):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 125, err.decode()
     run_id = json.loads(record.read_text())["run_id"]
-    for directory in (os.path.join(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "corral-env"),
-                      "/run/corral-env", f"/dev/shm/corral-env-{os.geteuid()}"):
+    for directory in (
+        os.path.join(os.environ.get("XDG_RUNTIME_DIR", "/nonexistent"), "corral-env"),
+        "/run/corral-env",
+        f"/dev/shm/corral-env-{os.geteuid()}",
+    ):
         if os.path.isdir(directory):
             assert [n for n in os.listdir(directory) if n.startswith(run_id)] == []

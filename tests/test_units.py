@@ -3,12 +3,17 @@ import pytest
 from corral_systemd.units import parse_count, parse_duration, parse_size
 
 
-@pytest.mark.parametrize("text,seconds", [("500ms", 0.5), ("2s", 2.0), ("1.5s", 1.5), ("3m", 180.0), ("1h", 3600.0), ("0s", 0.0), (".5s", 0.5)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("500ms", 0.5), ("2s", 2.0), ("1.5s", 1.5), ("3m", 180.0), ("1h", 3600.0), ("0s", 0.0), (".5s", 0.5)],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "2", "s", "-1s", "1x", "1 s s", "1e3s", "nans", "infs", "2S", "1.s", "9" * 400 + "h"])
+@pytest.mark.parametrize(
+    "text", ["", "2", "s", "-1s", "1x", "1 s s", "1e3s", "nans", "infs", "2S", "1.s", "9" * 400 + "h"]
+)
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
@@ -52,8 +57,9 @@ c = Mounts.current(); assert c is not b and c.unified != "{point}", "stale after
 """
     if os.geteuid() != 0:
         pytest.skip("needs root (a private mount namespace)")
-    run = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
 
 

@@ -17,6 +17,7 @@ if light_import and "dbus_fast" not in sys.modules:
     import types
 
     _spec = importlib.util.find_spec("dbus_fast")
+    assert _spec is not None and _spec.submodule_search_locations is not None, "dbus-fast is not installed"
     _pkg = types.ModuleType("dbus_fast")
     _pkg.__spec__ = _spec
     _pkg.__path__ = list(_spec.submodule_search_locations)

@@ -64,7 +64,7 @@ def wait_until_peer_read(sock: socket.socket, timeout: float) -> None:
         if not queued:
             return
         if time.monotonic() >= end:
-            raise socket.timeout
+            raise TimeoutError
         time.sleep(delay)
         delay = min(delay * 2, 0.002)
 
@@ -128,7 +128,7 @@ class Connection:
                 raise BusError(f"no bus socket at {path.lstrip(chr(0))}") from None
             except ConnectionRefusedError:
                 raise BusError(f"connection refused at {path.lstrip(chr(0))} (bus not running)") from None
-            except socket.timeout:
+            except TimeoutError:
                 raise BusError(f"timed out connecting to {path.lstrip(chr(0))}") from None
             except OSError as exc:
                 raise BusError(f"cannot connect to {path.lstrip(chr(0))}: {exc.strerror}") from None
@@ -160,7 +160,7 @@ class Connection:
             self.sock.sendall(b"BEGIN\r\n")
             if not bus:
                 wait_until_peer_read(self.sock, self.timeout)
-        except socket.timeout:
+        except TimeoutError:
             raise BusError("timed out authenticating to the bus") from None
         except OSError as exc:
             raise BusError(f"bus connection failed during authentication: {exc.strerror}") from None
@@ -214,8 +214,15 @@ class Connection:
 
     def call(self, destination, path, interface, member, signature="", body=(), *, fds=(), timeout=None) -> Message:
         """Call a method and wait for its reply. Raises BusError on an error reply."""
-        msg = Message(destination=destination, path=path, interface=interface, member=member,
-                      signature=signature, body=list(body), unix_fds=list(fds))
+        msg = Message(
+            destination=destination,
+            path=path,
+            interface=interface,
+            member=member,
+            signature=signature,
+            body=list(body),
+            unix_fds=list(fds),
+        )
         serial = self.send(msg)
         reply = self.wait_reply(serial, self.timeout if timeout is None else timeout)
         if reply.message_type == MessageType.ERROR:
@@ -226,8 +233,17 @@ class Connection:
     def call_no_reply(self, destination, path, interface, member, signature="", body=()) -> None:
         """Send a method call and do not wait: the bus sends no reply (and
         no error) for it. For nudges whose effect arrives as a signal."""
-        self.send(Message(destination=destination, path=path, interface=interface, member=member,
-                          signature=signature, body=list(body), flags=MessageFlag.NO_REPLY_EXPECTED))
+        self.send(
+            Message(
+                destination=destination,
+                path=path,
+                interface=interface,
+                member=member,
+                signature=signature,
+                body=list(body),
+                flags=MessageFlag.NO_REPLY_EXPECTED,
+            )
+        )
 
     def wait_reply(self, serial: int, timeout: float) -> Message:
         end = time.monotonic() + timeout

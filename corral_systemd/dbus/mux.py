@@ -51,8 +51,8 @@ class Multiplexer:
         self.unique_name = conn.unique_name
         self._lock = threading.Lock()
         self._pending: dict[int, _PendingCall] = {}
-        self._by_unit: dict[str, "Channel"] = {}
-        self._by_path: dict[str, "Channel"] = {}
+        self._by_unit: dict[str, Channel] = {}
+        self._by_path: dict[str, Channel] = {}
         self.lost: str | None = None
         self._thread = threading.Thread(target=self._read_loop, name="corral-dbus-reader", daemon=True)
         self._thread.start()
@@ -137,6 +137,8 @@ class Multiplexer:
 
     def _channel_for(self, msg: Message) -> "Channel | None":
         member = msg.member
+        if member is None or msg.path is None:
+            return None
         if member == "PropertiesChanged":
             return self._by_path.get(msg.path)
         if msg.path != _MANAGER_PATH:
@@ -174,8 +176,15 @@ class Channel:
         self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
 
     def call(self, destination, path, interface, member, signature="", body=(), *, fds=(), timeout=None) -> Message:
-        msg = Message(destination=destination, path=path, interface=interface, member=member,
-                      signature=signature, body=list(body), unix_fds=list(fds))
+        msg = Message(
+            destination=destination,
+            path=path,
+            interface=interface,
+            member=member,
+            signature=signature,
+            body=list(body),
+            unix_fds=list(fds),
+        )
         reply = self._mux._call(msg, self.timeout if timeout is None else timeout)
         if reply.message_type == MessageType.ERROR:
             text = reply.body[0] if reply.body else reply.error_name

@@ -3,8 +3,9 @@
 Names follow systemd's D-Bus API (see org.freedesktop.systemd1(5)).
 """
 
-from ._dbus_fast import Variant
+from collections.abc import Sequence
 
+from ._dbus_fast import Variant
 from .connection import BusError
 
 DEST = "org.freedesktop.systemd1"
@@ -25,14 +26,20 @@ def unit_path(name: str) -> str:
 
 
 def interface_for(unit_name: str) -> str:
-    return "org.freedesktop.systemd1." + {"scope": "Scope", "service": "Service", "slice": "Slice"}[
-        unit_name.rsplit(".", 1)[1]
-    ]
+    return (
+        "org.freedesktop.systemd1."
+        + {"scope": "Scope", "service": "Service", "slice": "Slice"}[unit_name.rsplit(".", 1)[1]]
+    )
 
 
 #: Errors after which the manager is taken to be gone for the rest of the run.
-LOST_ERRORS = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",
-               "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Disconnected", None)
+LOST_ERRORS = (
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.NoReply",
+    "org.freedesktop.DBus.Error.Disconnected",
+    None,
+)
 MANAGER_LOST = "corral.Error.ManagerLost"
 
 
@@ -56,20 +63,27 @@ class Manager:
 
     def add_match(self, rule: str) -> None:
         if self.conn.unique_name is not None:  # peer-to-peer connections need no matches
-            self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                           "AddMatch", "s", [rule])
+            self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "AddMatch", "s", [rule])
 
     def remove_match(self, rule: str) -> None:
         if self.conn.unique_name is not None:
-            self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                       "RemoveMatch", "s", [rule])
+            self._call(
+                "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "RemoveMatch", "s", [rule]
+            )
 
     def subscribe(self) -> None:
         self._call(DEST, PATH, MANAGER, "Subscribe")
 
-    def start_transient_unit(self, name: str, properties: list, aux: list = (), *, fds=()) -> str:
-        reply = self._call(DEST, PATH, MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
-                               [name, "fail", properties, list(aux)], fds=fds)
+    def start_transient_unit(self, name: str, properties: list, aux: Sequence = (), *, fds=()) -> str:
+        reply = self._call(
+            DEST,
+            PATH,
+            MANAGER,
+            "StartTransientUnit",
+            "ssa(sv)a(sa(sv))",
+            [name, "fail", properties, list(aux)],
+            fds=fds,
+        )
         return reply.body[0]
 
     def kill_unit(self, name: str, whom: str, signo: int) -> None:

@@ -64,5 +64,9 @@ def open_engine(spec, session=None):
 
 
 def _system_manager_possible(spec) -> bool:
-    return spec.manager != "user" and os.geteuid() == 0 and os.path.isdir("/run/systemd/system") \
+    return (
+        spec.manager != "user"
+        and os.geteuid() == 0
+        and os.path.isdir("/run/systemd/system")
         and os.path.exists("/run/dbus/system_bus_socket")
+    )

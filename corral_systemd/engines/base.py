@@ -9,8 +9,13 @@ to 125) and lets ``ExecError`` from spawning through (126/127).
 """
 
 import os
+from typing import TYPE_CHECKING
 
 from ..errors import SetupError  # noqa: F401  (re-exported for engines)
+from ..limits import MEM
+
+if TYPE_CHECKING:
+    from ..kernel.pidfd import RunTracker
 
 
 class Engine:
@@ -73,7 +78,7 @@ class Engine:
     _hold_main = False
     _main_reaped = False
     #: The run's processes as pidfds (``kernel.pidfd.RunTracker``), where the engine tracks them.
-    tracker = None
+    tracker: "RunTracker | None" = None
 
     def _reap_child(self) -> None:
         if self._child is not None and self._status is None:
@@ -118,7 +123,7 @@ class Engine:
         return None
 
     def check_limits(self) -> str | None:
-        """``"memory"`` if the run is over its memory limit, else None."""
+        """The field of the limit the run is over (``limits.BY_FIELD``: "mem"), else None."""
         return None
 
     def oom_killed(self) -> bool:
@@ -194,12 +199,12 @@ class CgroupMemoryLimit:
         if self.spec.mem is None:
             return None
         if self.oom_killed():
-            return "memory"
+            return MEM.field
         if self.limits_enforced.get("mem") == "watch":
             from ..kernel.procfs import resident_bytes
 
             if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
-                return "memory"
+                return MEM.field
         return None
 
 

@@ -75,14 +75,18 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
                 self.limits_enforced["mem"] = "kernel"
             else:
                 self.limits_enforced["mem"] = "watch"
-                self.warnings.append(f"--mem: {parent} does not delegate the memory controller; memory is watched by corral instead")
+                self.warnings.append(
+                    f"--mem: {parent} does not delegate the memory controller; memory is watched by corral instead"
+                )
         if spec.pids is not None:
             if "pids" in available:
                 self._write("pids.max", str(spec.pids))
                 self.limits_enforced["pids"] = "kernel"
             else:
                 self.limits_enforced["pids"] = "none"
-                self.warnings.append(f"--pids: {parent} does not delegate the pids controller; the limit is not enforced")
+                self.warnings.append(
+                    f"--pids: {parent} does not delegate the pids controller; the limit is not enforced"
+                )
 
     def _write(self, name, value):
         try:
@@ -107,8 +111,10 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
             self.tracker.cgroup = path
             self._track([child.pid])
         else:
-            self.warnings.append(f"cannot tell {self.path} in /proc/{child.pid}/cgroup ({path!r}): "
-                                 "processes that leave the group are not tracked")
+            self.warnings.append(
+                f"cannot tell {self.path} in /proc/{child.pid}/cgroup ({path!r}): "
+                "processes that leave the group are not tracked"
+            )
         child.release()
 
     # -- limits --------------------------------------------------------

@@ -25,6 +25,7 @@ from ..kernel import procfs
 from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
 from ..kernel.spawn import fork_command
+from ..limits import MEM
 from .base import Engine
 
 MEMORY_WATCH_INTERVAL = 0.025
@@ -50,7 +51,7 @@ class FallbackEngine(Engine):
         self._signalled: set[tuple[int, int]] = set()
         self._peak_rss = 0
         self._main_reaped = False
-        self._last: list[procfs.ProcInfo] = []
+        self._last_infos: list[procfs.ProcInfo] = []
 
     def ignore_child(self, pid):
         self._foreign.add(pid)
@@ -88,7 +89,8 @@ class FallbackEngine(Engine):
         table = procfs.scan()
         main = self.main_pid
         members = [
-            p for p in procfs.descendants(table, self._self_pid)
+            p
+            for p in procfs.descendants(table, self._self_pid)
             if not self._under_foreign(p, table) and not (p.pid == main and not p.alive)
         ]
         self.seen.update(p.pid for p in members)
@@ -112,7 +114,7 @@ class FallbackEngine(Engine):
             return None
         total = sum(procfs.resident_bytes(p.pid) for p in self._members() if p.alive)
         self._peak_rss = max(self._peak_rss, total)
-        return "memory" if total > self._mem_limit else None
+        return MEM.field if total > self._mem_limit else None
 
     # -- stopping ------------------------------------------------------
     def signal_all(self, *sigs):
@@ -167,12 +169,12 @@ class FallbackEngine(Engine):
 
     def remaining(self):
         self.reap()
-        self._last = self._members()
-        return [p.pid for p in self._last]
+        self._last_infos = self._members()
+        return [p.pid for p in self._last_infos]
 
     def signal_new(self, *sigs):
-        fresh = [p for p in self._last if (p.pid, p.starttime) not in self._signalled]
-        return self._signal(fresh, sigs, {p.pid for p in self._last}) if fresh else 0
+        fresh = [p for p in self._last_infos if (p.pid, p.starttime) not in self._signalled]
+        return self._signal(fresh, sigs, {p.pid for p in self._last_infos}) if fresh else 0
 
     def verify_empty(self):
         left = self.remaining()

@@ -39,11 +39,11 @@ import time
 from ..dbus.connection import BusDisconnected, BusError, Connection, wait_fd
 from ..dbus.systemd1 import MANAGER, NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, prop, unit_path
 from ..errors import SetupError
-from ..redact import redact_argv
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from ..kernel.spawn import ExecError, fork_command, resolve_in_cwd, spawn_gated_by_shell
+from ..redact import redact_argv
 from .base import CgroupMemoryLimit, Engine, usage_facts
 from .tether import Tether
 
@@ -106,7 +106,9 @@ def _bus_address(manager: str) -> tuple[str, str | None]:
         if address is not None or _private_socket("user"):
             return "user", address
         if manager == "user":
-            raise SetupError("no user manager bus: DBUS_SESSION_BUS_ADDRESS is unset and $XDG_RUNTIME_DIR/bus does not exist")
+            raise SetupError(
+                "no user manager bus: DBUS_SESSION_BUS_ADDRESS is unset and $XDG_RUNTIME_DIR/bus does not exist"
+            )
     if os.geteuid() != 0 and manager == "auto":
         raise SetupError("no user manager bus (DBUS_SESSION_BUS_ADDRESS unset, no $XDG_RUNTIME_DIR/bus)")
     if not os.path.isdir("/run/systemd/system"):
@@ -149,8 +151,10 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._session = session
         self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
         self._unit_path = unit_path(self.unit)
-        self._unit_match = ("type='signal',sender='org.freedesktop.systemd1',"
-                            f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'")
+        self._unit_match = (
+            "type='signal',sender='org.freedesktop.systemd1',"
+            f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'"
+        )
         if session is None:
             self._open_own_connection()
             self.tether_unit = f"corral-{spec.run_id}-tether.scope"
@@ -172,7 +176,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._adopted: str | None = None  # see _adopt_service
         self._start_reply_lost: str | None = None
         self._cgroup: str | None = None
-        self._mounts = None
+        self._mounts: cgroupfs.Mounts | None = None
         self._oom_eventfd = None
         self._oom_seen = False
         self._oom_signals_after_removal = 0  # see _oom_event
@@ -192,13 +196,17 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         self._signalled: set[int] = set()
         self._last: list[int] = []
         self._environment: dict[str, str] = {}  # a service's, passed in _env_file
-        self._env_file: "_EnvFile | None" = None
+        self._env_file: _EnvFile | None = None
         #: Processes that leave the unit's cgroup (see RunTracker); a scope's
         #: main process is held unreaped until close(), so its session id stays the run's.
         self.tracker = RunTracker()
         self._hold_main = True
-        self.facts = {"manager": self.manager_kind, "unit": self.unit, "unit_type": spec.unit_type,
-                      "transport": "private" if self.direct else "bus"}
+        self.facts = {
+            "manager": self.manager_kind,
+            "unit": self.unit,
+            "unit_type": spec.unit_type,
+            "transport": "private" if self.direct else "bus",
+        }
 
     def _open_own_connection(self, timeout: float = START_TIMEOUT) -> None:
         """A connection of this run's own (the CLI), subscribed to the unit's signals."""
@@ -227,14 +235,24 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             # The CLI forks (one small thread, exact exec errors); a library
             # Runner's host is multi-threaded and must not fork: a shell holds the gate.
             start_gated = fork_command if self._session is None else spawn_gated_by_shell
-            self._child = start_gated(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
-                                      **({"gated": True} if self._session is None else {}))
+            self._child = start_gated(
+                argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                cwd=cwd,
+                **({"gated": True} if self._session is None else {}),
+            )
             props.append(prop("PIDs", "au", [self._child.pid]))
         else:
             props += service_props
             props += self._credential_properties(props)
-            props += [prop("StandardInputFileDescriptor", "h", 0), prop("StandardOutputFileDescriptor", "h", 1),
-                      prop("StandardErrorFileDescriptor", "h", 2)]
+            props += [
+                prop("StandardInputFileDescriptor", "h", 0),
+                prop("StandardOutputFileDescriptor", "h", 1),
+                prop("StandardErrorFileDescriptor", "h", 2),
+            ]
             fds = [stdin, stdout, stderr]
         try:
             if spec.unit_type == "service":
@@ -298,7 +316,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         try:
             self._open_own_connection()
         except SetupError as exc:
-            may_run = "" if self._child is not None else "; if the first request started the service, ending this run's tether stops it"
+            may_run = (
+                ""
+                if self._child is not None
+                else "; if the first request started the service, ending this run's tether stops it"
+            )
             raise SetupError(f"{first}, and a new one failed: {exc}{may_run}") from None
         try:
             taken = self.manager.unit_loaded(self.tether_unit)
@@ -308,8 +330,10 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if taken is False:
             if (self.conn.unique_name is None) != direct:
                 # The unit's properties were chosen for the first transport (AddRef only on the bus).
-                raise SetupError(f"{first}; the manager had not taken it, and it is not asked again: a new "
-                                 "connection would use another transport")
+                raise SetupError(
+                    f"{first}; the manager had not taken it, and it is not asked again: a new "
+                    "connection would use another transport"
+                )
             job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
             self.warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
             return job
@@ -336,7 +360,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             if loaded:
                 self._active_state = self.manager.get(self.unit, UNIT, "ActiveState")
         except BusError as exc:
-            self._start_reply_lost = f"{why}; the manager could not be asked about it ({_why(exc)}), so how it ran cannot be known"
+            self._start_reply_lost = (
+                f"{why}; the manager could not be asked about it ({_why(exc)}), so how it ran cannot be known"
+            )
             return
         if not loaded:
             self._unit_gone = True
@@ -359,8 +385,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         # ExecMainStartTimestampMonotonic), which may trail JobRemoved a
         # little; the unit's final state ends the wait. Once collected (no
         # AddRef on a private connection) it cannot be asked any more.
-        _pump_signals(self.conn, self._handle_signal, lambda: self._main_started or self._unit_gone
-                      or self._active_state in ("failed", "inactive"), RUNTIME_CALL_TIMEOUT)
+        _pump_signals(
+            self.conn,
+            self._handle_signal,
+            lambda: self._main_started or self._unit_gone or self._active_state in ("failed", "inactive"),
+            RUNTIME_CALL_TIMEOUT,
+        )
         if self._main_started or self._unit_gone:
             return self._main_started
         try:
@@ -382,8 +412,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         fail too). ExecMainCode/ExecMainStatus arrive in PropertiesChanged,
         which systemd sends before JobRemoved; asked for if still missing.
         """
-        _pump_signals(self.conn, self._handle_signal, lambda: self._status is not None or self._unit_gone,
-                      RUNTIME_CALL_TIMEOUT)
+        _pump_signals(
+            self.conn, self._handle_signal, lambda: self._status is not None or self._unit_gone, RUNTIME_CALL_TIMEOUT
+        )
         if self._status is None and not self._unit_gone:
             self._refresh_service_status()
         status = self._status
@@ -406,8 +437,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                 props[i] = prop(name, "as", [a for a in value.value if not a.startswith("CREDENTIALS_DIRECTORY=")])
         return [
             prop("LoadCredential", "a(ss)", [(n, path) for n, path in pairs]),
-            prop("ExecStartPre", "a(sasb)", [("/bin/sh", ["/bin/sh", "-c", CHECK_SCRIPT, "corral-credentials",
-                                                          *(n for n, _ in pairs)], False)]),
+            prop(
+                "ExecStartPre",
+                "a(sasb)",
+                [("/bin/sh", ["/bin/sh", "-c", CHECK_SCRIPT, "corral-credentials", *(n for n, _ in pairs)], False)],
+            ),
         ]
 
     def _check_credentials_delivered(self) -> None:
@@ -423,22 +457,30 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             return
         try:
             pre = self.manager.get(self.unit, interface_for(self.unit), "ExecStartPre")
-            main = (self.manager.get(self.unit, interface_for(self.unit), "ExecMainCode"),
-                    self.manager.get(self.unit, interface_for(self.unit), "ExecMainStatus"))
+            main = (
+                self.manager.get(self.unit, interface_for(self.unit), "ExecMainCode"),
+                self.manager.get(self.unit, interface_for(self.unit), "ExecMainStatus"),
+            )
         except BusError:
             return
         check = (pre[0][8], pre[0][9]) if pre else (0, 0)  # (code, status): CLD_EXITED is 1
         if check == (1, CHECK_FAILED):
-            raise SetupError(f"systemd did not deliver the credentials to {self.unit} ($CREDENTIALS_DIRECTORY "
-                             "empty or incomplete in the unit: is the manager's runtime directory a shared mount?); "
-                             "use --unit-type scope or fix the manager")
+            raise SetupError(
+                f"systemd did not deliver the credentials to {self.unit} ($CREDENTIALS_DIRECTORY "
+                "empty or incomplete in the unit: is the manager's runtime directory a shared mount?); "
+                "use --unit-type scope or fix the manager"
+            )
         if (1, EXIT_CREDENTIALS) in (check, main):
             why = source_problem(self.spec.credentials)
-            raise SetupError(f"systemd could not load the credentials for {self.unit} (exit status "
-                             f"{EXIT_CREDENTIALS}/CREDENTIALS{'; ' + why if why else ''})")
+            raise SetupError(
+                f"systemd could not load the credentials for {self.unit} (exit status "
+                f"{EXIT_CREDENTIALS}/CREDENTIALS{'; ' + why if why else ''})"
+            )
         if check[0] and check != (1, 0):
-            raise SetupError(f"systemd did not deliver the credentials to {self.unit} (the check could not run: "
-                             f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager")
+            raise SetupError(
+                f"systemd did not deliver the credentials to {self.unit} (the check could not run: "
+                f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager"
+            )
 
     @property
     def _keep_failed(self) -> bool:
@@ -519,8 +561,10 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         try:
             self._env_file = _EnvFile(self.spec.run_id, self._environment)
         except OSError as exc:
-            self.warnings.append(f"no private directory for the service's environment file ({exc}): "
-                                 "its values are in the unit's Environment= property")
+            self.warnings.append(
+                f"no private directory for the service's environment file ({exc}): "
+                "its values are in the unit's Environment= property"
+            )
             return [prop("Environment", "as", [f"{k}={v}" for k, v in self._environment.items()])]
         return [prop("EnvironmentFiles", "a(sb)", [(self._env_file.path, False)])]
 
@@ -536,8 +580,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         cannot be removed)."""
         names = {"INVOCATION_ID", "HOME", "LOGNAME", "USER", "SHELL", "JOURNAL_STREAM"}
         try:
-            reply = self.conn.call("org.freedesktop.systemd1", "/org/freedesktop/systemd1", PROPS, "Get", "ss",
-                                   [MANAGER, "Environment"])
+            reply = self.conn.call(
+                "org.freedesktop.systemd1", "/org/freedesktop/systemd1", PROPS, "Get", "ss", [MANAGER, "Environment"]
+            )
             names.update(item.split("=", 1)[0] for item in reply.body[0].value)
         except BusError:
             pass
@@ -590,6 +635,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
 
     def _cgroup_dir_exists(self, cg: str) -> bool:
         mounts = self._mounts
+        if mounts is None:
+            return False
         for d in (cgroupfs.unified_dir(mounts, cg), cgroupfs.v1_dir(mounts, "name=systemd", cg)):
             if d is not None and os.path.isdir(d):
                 return True
@@ -625,7 +672,10 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             self._child.abandon()
             self._child = None
         elif self.spec.unit_type == "service" and self.manager.lost is None:
-            for action in (self.manager.stop_unit_nowait, lambda unit: self.manager.kill_unit(unit, "all", signal.SIGKILL)):
+            for action in (
+                self.manager.stop_unit_nowait,
+                lambda unit: self.manager.kill_unit(unit, "all", signal.SIGKILL),
+            ):
                 try:
                     action(self.unit)
                 except BusError:
@@ -651,7 +701,8 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             """The limit reads back as set, in cgroup v2 or in the v1 hierarchy."""
             v1 = self._dir(controller)
             return (controller in v2_ctrls and cgroupfs.read_int(os.path.join(unified, v2_file)) == value) or (
-                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == value)
+                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == value
+            )
 
         if spec.mem is not None:
             kernel = kernel_has("memory", "memory.max", "memory.limit_in_bytes", spec.mem)
@@ -767,7 +818,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                 self.manager.lost = str(exc)
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
-        if self._child is None and self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
+        if (
+            self._child is None
+            and self._status is None
+            and self._active_state in ("inactive", "failed", "deactivating")
+        ):
             self._refresh_service_status()  # it ended, yet no ExecMain* change reached us: ask
         self._reap_child()
         self._oom_event()
@@ -829,11 +884,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             if self._session is None and time.monotonic() - (self._conn_lost_at or 0) < RECONNECT_WINDOW:
                 return None  # a re-executing manager comes back: keep watching (the deadline still holds)
         if self.facts.get("reconnected") and self._unit_gone and self._child is None and self._status is None:
-            return (f"the systemd manager connection was lost and {self.unit} was collected "
-                    "before corral reconnected: the service's exit status cannot be known")
+            return (
+                f"the systemd manager connection was lost and {self.unit} was collected "
+                "before corral reconnected: the service's exit status cannot be known"
+            )
         if self._conn_dead and self._started and self._child is None and self._status is None:
-            return (f"systemd manager lost ({self.manager.lost}): the service's exit status cannot be "
-                    "known; stopped it")
+            return f"systemd manager lost ({self.manager.lost}): the service's exit status cannot be known; stopped it"
         return None
 
     def _handle_signal(self, msg):
@@ -900,8 +956,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
                 else:
                     self._oom_signals_after_removal += count
         if not self._oom_seen and self._oom_signals_after_removal:
-            killed = self._status is not None and os.WIFSIGNALED(self._status) \
-                and os.WTERMSIG(self._status) == signal.SIGKILL and not self._stopping
+            killed = (
+                self._status is not None
+                and os.WIFSIGNALED(self._status)
+                and os.WTERMSIG(self._status) == signal.SIGKILL
+                and not self._stopping
+            )
             self._oom_seen = self._oom_signals_after_removal > 1 or killed
         return self._oom_seen
 
@@ -915,8 +975,11 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         memory = self._watches.get("memory.events")
         if memory is not None and memory.values.get("oom_kill", 0) > 0:
             return True
-        if memory is not None and (memory.values.get("oom", 0) > 0 or memory.values.get("max", 0) > 0) \
-                and self._sigkilled_unprompted():
+        if (
+            memory is not None
+            and (memory.values.get("oom", 0) > 0 or memory.values.get("max", 0) > 0)
+            and self._sigkilled_unprompted()
+        ):
             # The group hit its limit and the main process died of SIGKILL that
             # corral did not send: the kernel's kill, whose oom_kill count was
             # not read before the manager removed the group (the VM lane, under
@@ -933,15 +996,23 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
 
     def _sigkilled_unprompted(self) -> bool:
         status = self._status
-        return (status is not None and not self._stopping and os.WIFSIGNALED(status)
-                and os.WTERMSIG(status) == signal.SIGKILL)
+        return (
+            status is not None
+            and not self._stopping
+            and os.WIFSIGNALED(status)
+            and os.WTERMSIG(status) == signal.SIGKILL
+        )
 
     def _sample_manager(self, props):
         """Keep the manager's figures (see ``usage_facts``: the larger reading
         wins); systemd 252 has no MemoryPeak and reports unset values as 2**64-1."""
         figures = self._manager_figures
-        for prop_name, name in (("CPUUsageNSec", "cpu_usage_nsec"), ("TasksCurrent", "tasks_peak"),
-                                ("IOReadBytes", "io_read_bytes"), ("IOWriteBytes", "io_write_bytes")):
+        for prop_name, name in (
+            ("CPUUsageNSec", "cpu_usage_nsec"),
+            ("TasksCurrent", "tasks_peak"),
+            ("IOReadBytes", "io_read_bytes"),
+            ("IOWriteBytes", "io_write_bytes"),
+        ):
             value = props.get(prop_name)
             if value is not None and value < 2**63:
                 figures[name] = max(figures.get(name, 0), value)
@@ -1053,8 +1124,13 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         if self._active_state in ("inactive", "failed"):
             return True
         self._inactive_checks += 1
-        if self._inactive_checks == 2 and self.spec.unit_type == "scope" and self._cgroup and self._started \
-                and self.manager.lost is None:
+        if (
+            self._inactive_checks == 2
+            and self.spec.unit_type == "scope"
+            and self._cgroup
+            and self._started
+            and self.manager.lost is None
+        ):
             # An empty scope is stopped by the manager once it notices the
             # empty cgroup; nudge it rather than wait for that. The reply
             # does not matter (PropertiesChanged tells), so none is awaited.
@@ -1073,8 +1149,9 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
             if self.manager.lost is not None:
                 # No manager, no unit: the kernel's word on the cgroup decides.
                 self._unit_gone = True
-                self.warnings.append(f"systemd manager lost during the run ({self.manager.lost}); "
-                                     "emptiness proven from the cgroup alone")
+                self.warnings.append(
+                    f"systemd manager lost during the run ({self.manager.lost}); emptiness proven from the cgroup alone"
+                )
                 return True
             return False
         self._active_state = state
@@ -1152,7 +1229,7 @@ def _why(exc: BusError) -> str:
         "org.freedesktop.DBus.Error.AccessDenied": "permission denied",
         "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired": "permission denied (needs authorization)",
     }
-    return names.get(exc.name, str(exc))
+    return names.get(exc.name or "", str(exc))
 
 
 #: What systemd accepts in Environment= (env_assignment_is_valid): a name
@@ -1234,7 +1311,7 @@ class _EnvFile:
             try:
                 view = memoryview(encoded)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except BaseException:
                 os.unlink(path)
                 raise
@@ -1263,7 +1340,7 @@ def _cgroup_of(pid: int, unit: str) -> str:
     except OSError:
         return ""
     # The unified line first (the tree systemd tracks processes in), then name=systemd.
-    for hierarchy, controllers, path in sorted(lines, key=lambda l: l[0] != "0"):
+    for hierarchy, controllers, path in sorted(lines, key=lambda line: line[0] != "0"):
         if (hierarchy == "0" or "name=systemd" in controllers.split(",")) and path.endswith("/" + unit):
             return path
     return ""
@@ -1277,13 +1354,16 @@ def _subscribe(conn: Connection, manager: Manager, *, all_units: bool = False) -
     if conn.subscribed:
         return
     if conn.unique_name is not None:
-        manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
-                          f"interface='{MANAGER}',member='JobRemoved'")
+        manager.add_match(f"type='signal',sender='org.freedesktop.systemd1',interface='{MANAGER}',member='JobRemoved'")
         if all_units:
-            manager.add_match("type='signal',sender='org.freedesktop.systemd1',"
-                              f"interface='{MANAGER}',member='UnitRemoved'")
-            manager.add_match("type='signal',sender='org.freedesktop.systemd1',interface='" + PROPS
-                              + "',member='PropertiesChanged',path_namespace='/org/freedesktop/systemd1/unit'")
+            manager.add_match(
+                f"type='signal',sender='org.freedesktop.systemd1',interface='{MANAGER}',member='UnitRemoved'"
+            )
+            manager.add_match(
+                "type='signal',sender='org.freedesktop.systemd1',interface='"
+                + PROPS
+                + "',member='PropertiesChanged',path_namespace='/org/freedesktop/systemd1/unit'"
+            )
         manager.subscribe()
     conn.subscribed = True
 
@@ -1376,8 +1456,9 @@ class SystemdSession:
         manager = Manager(chan)
         self._tether = Tether()
         try:
-            job = manager.start_transient_unit(self.tether_unit, _tether_properties(
-                self._tether.pid, self.slice, f"runner {os.getpid()}"))
+            job = manager.start_transient_unit(
+                self.tether_unit, _tether_properties(self._tether.pid, self.slice, f"runner {os.getpid()}")
+            )
             result = _wait_job(chan, job, what=self.tether_unit)
             if result != "done":
                 raise SetupError(f"systemd could not start {self.tether_unit}: job {result}")

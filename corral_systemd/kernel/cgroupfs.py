@@ -10,6 +10,10 @@ the caller's cgroup namespace.
 import errno
 import os
 import threading
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    import select
 
 from .fsread import read_bytes, write_bytes
 
@@ -38,12 +42,9 @@ class Mounts:
         self.unified = unified if unified and _is_cgroup_root(unified) else None
         self.v1 = {key: point for key, point in v1.items() if _is_cgroup_root(point)}
 
-    @property
-    def pure_v2(self) -> bool:
-        return self.unified is not None and not self.v1
-
     _cached: "Mounts | None" = None
-    _watch = None  # an open /proc/self/mounts: polls POLLPRI once the mount table changes
+    _watch: "select.poll | None" = None  # a poll of /proc/self/mounts: POLLPRI once the mount table changes
+    _watch_file: "BinaryIO | None" = None
 
     @classmethod
     def current(cls) -> "Mounts":
@@ -57,16 +58,16 @@ class Mounts:
         import select
 
         with _current_lock:
-            watch = cls._watch
-            if watch is None:
+            watch, mounts_file = cls._watch, cls._watch_file
+            if watch is None or mounts_file is None:
                 watch = select.poll()
-                cls._watch_file = open("/proc/self/mounts", "rb", buffering=0)
-                watch.register(cls._watch_file, select.POLLPRI | select.POLLERR)
+                mounts_file = cls._watch_file = open("/proc/self/mounts", "rb", buffering=0)
+                watch.register(mounts_file, select.POLLPRI | select.POLLERR)
                 cls._watch = watch
             elif cls._cached is not None and not watch.poll(0):
                 return cls._cached
-            cls._watch_file.seek(0)  # reading it again re-arms the notification
-            cls._watch_file.read()
+            mounts_file.seek(0)  # reading it again re-arms the notification
+            mounts_file.read()
             cls._cached = mounts = cls()
             return mounts
 
@@ -109,7 +110,7 @@ def read_int(path: str) -> int | None:
 
 def procs_below(directory: str) -> list[int]:
     """Every pid in cgroup.procs of ``directory`` and its descendants."""
-    pids = []
+    pids: list[int] = []
     for root, _dirs, files in os.walk(directory):
         if "cgroup.procs" in files:
             try:
@@ -247,8 +248,11 @@ class Usage:
         j = os.path.join
         if unified:
             cpu = _read_keyed_or_empty(j(unified, "cpu.stat"))
-            for key, name in (("usage_usec", "cpu_usage_nsec"), ("user_usec", "cpu_user_nsec"),
-                              ("system_usec", "cpu_system_nsec")):
+            for key, name in (
+                ("usage_usec", "cpu_usage_nsec"),
+                ("user_usec", "cpu_user_nsec"),
+                ("system_usec", "cpu_system_nsec"),
+            ):
                 if key in cpu:
                     self._keep(name, cpu[key] * 1000)
         for directory, name in ((unified, "memory.peak"), (memory_v1, "memory.max_usage_in_bytes")):

@@ -9,7 +9,8 @@ the signal sent through it.
 
 import os
 import signal
-from typing import Callable
+import threading
+from collections.abc import Callable
 
 from .procfs import ProcInfo, read_stat
 
@@ -119,13 +120,11 @@ class RunTracker:
     before corral first saw it is beyond its reach.
     """
 
-    _lock = None
+    _lock: "threading.Lock | None" = None
     _open = 0
     _max: int | None = None
 
     def __init__(self, hierarchy: str = "0"):
-        import threading
-
         if RunTracker._lock is None:
             RunTracker._lock = threading.Lock()
         #: The group's path as /proc/PID/cgroup shows it (set once known), and
@@ -142,6 +141,7 @@ class RunTracker:
 
     # -- the budget ----------------------------------------------------
     def _reserve(self) -> bool:
+        assert RunTracker._lock is not None
         with RunTracker._lock:
             if RunTracker._max is None:
                 RunTracker._max = _limit()
@@ -151,6 +151,7 @@ class RunTracker:
             return True
 
     def _unreserve(self, n: int = 1) -> None:
+        assert RunTracker._lock is not None
         with RunTracker._lock:
             RunTracker._open -= n
 
@@ -256,8 +257,11 @@ class RunTracker:
                 self._unreserve()
                 continue
             now = read_stat(pid)
-            if now is not None and now.starttime == info.starttime and (
-                    now.sid in sids or (now.ppid in self._fds and not _exited(self._fds[now.ppid]))):
+            if (
+                now is not None
+                and now.starttime == info.starttime
+                and (now.sid in sids or (now.ppid in self._fds and not _exited(self._fds[now.ppid])))
+            ):
                 self._fds[pid] = fd
                 self.escaped.add(pid)
             else:
@@ -286,7 +290,7 @@ class RunTracker:
 
     def facts(self) -> dict:
         """For the record: only when something happened."""
-        out = {}
+        out: dict[str, object] = {}
         if self.escaped:
             out["escaped_pids"] = sorted(self.escaped)
         if self.limit_hit:
@@ -298,10 +302,15 @@ class RunTracker:
         if not self.escaped:
             return None
         pids = " ".join(map(str, sorted(self.escaped)))
-        killed = "killed through their pidfds" if not self.unkillable else \
-            f"could not kill {' '.join(map(str, sorted(self.unkillable)))}"
-        return (f"processes of the run left its control group while alive (pids {pids}; {killed}): "
-                "what they started elsewhere cannot be proven gone")
+        killed = (
+            "killed through their pidfds"
+            if not self.unkillable
+            else f"could not kill {' '.join(map(str, sorted(self.unkillable)))}"
+        )
+        return (
+            f"processes of the run left its control group while alive (pids {pids}; {killed}): "
+            "what they started elsewhere cannot be proven gone"
+        )
 
     def close(self) -> None:
         n = len(self._fds)

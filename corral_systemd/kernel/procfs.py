@@ -16,7 +16,6 @@ import os
 
 from .fsread import read_bytes
 
-
 #: States of a task that has exited (zombie, dead).
 DEAD_STATES = ("Z", "X")
 
@@ -24,8 +23,9 @@ DEAD_STATES = ("Z", "X")
 class ProcInfo:
     __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime", "leader_exited")
 
-    def __init__(self, pid: int, ppid: int, pgid: int, sid: int, state: str, starttime: int,
-                 leader_exited: bool = False):
+    def __init__(
+        self, pid: int, ppid: int, pgid: int, sid: int, state: str, starttime: int, leader_exited: bool = False
+    ):
         self.pid = pid
         self.ppid = ppid
         self.pgid = pgid
@@ -66,8 +66,9 @@ def read_stat(pid: int) -> ProcInfo | None:
         live_thread = live_task(pid)
         if live_thread is not None:
             state = live_thread[1]
-    return ProcInfo(pid, int(fields[1]), int(fields[2]), int(fields[3]), state, int(fields[19]),
-                    live_thread is not None)
+    return ProcInfo(
+        pid, int(fields[1]), int(fields[2]), int(fields[3]), state, int(fields[19]), live_thread is not None
+    )
 
 
 def live_task(pid: int) -> tuple[int, str] | None:

@@ -20,8 +20,23 @@ with the default action), a ``kill -ABRT`` stops the run. Real-time signals
 
 import signal
 
-_NAMES = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTRAP", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTERM",
-          "SIGSTKFLT", "SIGXCPU", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR")
+_NAMES = (
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGXCPU",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGIO",
+    "SIGPWR",
+)
 
 
 def stop_signals() -> tuple[int, ...]:

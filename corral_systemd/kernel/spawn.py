@@ -51,12 +51,15 @@ class Child:
             os.write(self._gate_w, b"x")
             os.close(self._gate_w)
             self._gate_w = None
+        err_r, self._err_r = self._err_r, None
+        if err_r is None:
+            raise RuntimeError("release() called twice")
         try:
             data = b""
-            while chunk := os.read(self._err_r, 8):  # EOF when exec closes the pipe
+            while chunk := os.read(err_r, 8):  # EOF when exec closes the pipe
                 data += chunk
         finally:
-            os.close(self._err_r)
+            os.close(err_r)
         if data:
             # The child reported an errno and exited 127; reap it here so the
             # caller sees a clean failure and no zombie.
@@ -107,7 +110,7 @@ def fork_command(
             for sig in _DEFAULT_IN_CHILD:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
-            if gate_r is not None:
+            if gate_r is not None and gate_w is not None:
                 os.close(gate_w)
                 if os.read(gate_r, 1) != b"x":
                     os._exit(code)  # parent gave up on us
@@ -209,8 +212,9 @@ class ShellGatedChild(Child):
                 self._gate_w = None
 
 
-def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: int,
-                         env: dict[str, str] | None, cwd: str | None) -> ShellGatedChild:
+def spawn_gated_by_shell(
+    argv: list[str], *, stdin: int, stdout: int, stderr: int, env: dict[str, str] | None, cwd: str | None
+) -> ShellGatedChild:
     """Start the command held at a gate, without fork()ing the caller.
 
     For a multi-threaded host (a library Runner: reader thread, supervisor
@@ -241,9 +245,15 @@ def spawn_gated_by_shell(argv: list[str], *, stdin: int, stdout: int, stderr: in
         # vfork: we are suspended until the shell has exec'd (about a
         # millisecond); a Runner's other runs need not wait for that.
         with baton.released():
-            pid = os.posix_spawn("/bin/sh", ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."),
-                                             path, *argv[1:]], env, file_actions=actions, setsid=True,
-                                 setsigmask=(), setsigdef=_DEFAULT_IN_CHILD)
+            pid = os.posix_spawn(
+                "/bin/sh",
+                ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."), path, *argv[1:]],
+                env,
+                file_actions=actions,
+                setsid=True,
+                setsigmask=(),
+                setsigdef=_DEFAULT_IN_CHILD,
+            )
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
         os.close(gate_w)

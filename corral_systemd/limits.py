@@ -1,0 +1,95 @@
+"""The limits a run can be given, each declared once.
+
+A ``Limit`` names everything about one limit that more than one layer
+needs: the ``RunSpec`` field (also its key in the record's ``limits`` and
+``limits_enforced``), the CLI option, how its text is parsed, its bounds,
+and what reaching it means: the run's outcome (``RunOutcome.reason``),
+corral's exit code and the summary line's words. The CLI, the library's
+``make_spec``, ``RunSpec`` validation, the supervisor, the exit-code map
+and the man-page test all read this table; how each engine enforces a
+limit stays with the engine (``limits_enforced``: "kernel", "watch" or
+"none").
+
+Light on purpose: the CLI imports it on every start.
+"""
+
+from dataclasses import dataclass
+
+MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds: their sum, in µs, fits systemd's uint64 timeouts
+MAX_SIZE = 2**63 - 1  # bytes: what the kernel and systemd take as a count (UINT64_MAX means infinity)
+MAX_PIDS = 4194304  # the kernel's PID_MAX_LIMIT: pids.max refuses more
+
+
+@dataclass(frozen=True)
+class Limit:
+    #: RunSpec field; key in the record's ``limits`` and ``limits_enforced``.
+    field: str
+    #: The CLI option (the library's keyword is ``field``).
+    option: str
+    #: "duration" (seconds), "size" (bytes) or "count".
+    kind: str
+    help: str
+
+    @property
+    def metavar(self) -> str:
+        return {"duration": "DURATION", "size": "SIZE", "count": "COUNT"}[self.kind]
+
+    @property
+    def maximum(self) -> float:
+        return {"duration": MAX_DURATION, "size": MAX_SIZE, "count": MAX_PIDS}[self.kind]
+
+    def parse(self, text: str):
+        """The option's text as the RunSpec value (ValueError, naming the option, if malformed)."""
+        from . import units
+
+        parse = {"duration": units.parse_duration, "size": units.parse_size, "count": units.parse_count}[self.kind]
+        return parse(text, what=self.option)
+
+
+@dataclass(frozen=True)
+class RunEndingLimit(Limit):
+    """A limit whose reaching ends the run (``--pids`` does not: the
+    command's forks fail and it goes on)."""
+
+    #: The run's outcome (``RunOutcome.reason``) when the limit ends it.
+    reason: str
+    exit_code: int
+    #: The summary line's words for that outcome.
+    reached: str
+
+
+WALL = RunEndingLimit(
+    "wall",
+    "--wall",
+    "duration",
+    "Wall-clock limit (e.g. 30s, 5m); reaching it exits 124. Default: none.",
+    reason="timeout",
+    exit_code=124,
+    reached="wall limit reached",
+)
+MEM = RunEndingLimit(
+    "mem",
+    "--mem",
+    "size",
+    "Memory limit (bytes, K/M/G); exceeding it exits 121.",
+    reason="memory",
+    exit_code=121,
+    reached="memory limit exceeded",
+)
+PIDS = Limit("pids", "--pids", "count", "Process/thread count limit (kernel-enforced modes only).")
+MAX_OUTPUT = RunEndingLimit(
+    "max_output",
+    "--max-output",
+    "size",
+    "Cap on stdout+stderr bytes together; exceeding it exits 122.",
+    reason="output",
+    exit_code=122,
+    reached="output limit exceeded",
+)
+
+#: Every limit, in the order options and record fields are shown.
+LIMITS: tuple[Limit, ...] = (WALL, MEM, PIDS, MAX_OUTPUT)
+BY_FIELD: dict[str, Limit] = {limit.field: limit for limit in LIMITS}
+#: The limits that end a run, by field and by the outcome they give it.
+ENDS_RUN: dict[str, RunEndingLimit] = {lim.field: lim for lim in LIMITS if isinstance(lim, RunEndingLimit)}
+BY_REASON: dict[str, RunEndingLimit] = {lim.reason: lim for lim in ENDS_RUN.values()}
