@@ -282,10 +282,7 @@ class _Bus:
             self.why = f"systemd manager unreachable: {exc}"
 
     def list_units(self) -> list[tuple[str, str]]:
-        from .dbus.systemd1 import DEST, MANAGER, PATH
-
-        reply = self.manager._call(DEST, PATH, MANAGER, "ListUnitsByPatterns", "asas", [[], ["corral-*"]])
-        return [(u[0], u[3]) for u in reply.body[0]]
+        return self.manager.list_units(["corral-*"])
 
     def active_state(self, unit: str) -> str:
         from .dbus.connection import BusError
@@ -495,7 +492,7 @@ def _record_reclaim(directory: str, entry: dict, report: dict, by: str) -> None:
     log = REG.EventLog(path, entry["run_id"], create=False)
     try:
         fcntl.flock(log.fd, fcntl.LOCK_EX)
-        log.seq, log.head = REG._tail(path)
+        log.seq, log.head = REG.log_tail(path)
         reg = REG.Registration(directory, dict(entry), log)
         reg.event(
             "reclaimed",

@@ -520,7 +520,7 @@ class EventLog:
             flags |= os.O_CREAT | os.O_EXCL
             self.seq, self.head = 0, ZERO_HASH
         else:
-            self.seq, self.head = _tail(path)
+            self.seq, self.head = log_tail(path)
         self.fd = os.open(path, flags, 0o600)
 
     def append(self, event: str, data: dict | None = None) -> dict:
@@ -557,7 +557,7 @@ class EventLog:
             self.fd = -1
 
 
-def _tail(path: str) -> tuple[int, str]:
+def log_tail(path: str) -> tuple[int, str]:
     """(next seq, last hash) of an existing log."""
     seq, head = 0, ZERO_HASH
     with open(path, "rb") as f:

@@ -65,12 +65,6 @@ class Manager:
         if self.conn.unique_name is not None:  # peer-to-peer connections need no matches
             self._call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "AddMatch", "s", [rule])
 
-    def remove_match(self, rule: str) -> None:
-        if self.conn.unique_name is not None:
-            self._call(
-                "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "RemoveMatch", "s", [rule]
-            )
-
     def subscribe(self) -> None:
         self._call(DEST, PATH, MANAGER, "Subscribe")
 
@@ -120,6 +114,15 @@ class Manager:
 
     def get(self, name: str, interface: str, prop: str):
         return self._call(DEST, unit_path(name), PROPS, "Get", "ss", [interface, prop]).body[0].value
+
+    def manager_property(self, prop: str):
+        """A property of the manager itself (e.g. its ``Environment``)."""
+        return self._call(DEST, PATH, PROPS, "Get", "ss", [MANAGER, prop]).body[0].value
+
+    def list_units(self, patterns: list[str]) -> list[tuple[str, str]]:
+        """(name, active state) of every loaded unit matching one of ``patterns``."""
+        reply = self._call(DEST, PATH, MANAGER, "ListUnitsByPatterns", "asas", [[], patterns])
+        return [(unit[0], unit[3]) for unit in reply.body[0]]
 
 
 def prop(name: str, signature: str, value) -> tuple:

@@ -580,10 +580,7 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         cannot be removed)."""
         names = {"INVOCATION_ID", "HOME", "LOGNAME", "USER", "SHELL", "JOURNAL_STREAM"}
         try:
-            reply = self.conn.call(
-                "org.freedesktop.systemd1", "/org/freedesktop/systemd1", PROPS, "Get", "ss", [MANAGER, "Environment"]
-            )
-            names.update(item.split("=", 1)[0] for item in reply.body[0].value)
+            names.update(item.split("=", 1)[0] for item in self.manager.manager_property("Environment"))
         except BusError:
             pass
         return sorted(names - set(env))
