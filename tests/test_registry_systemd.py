@@ -19,8 +19,10 @@ from test_registry import (
     _secret_file,
     ctl,
     env_for,
-    markers,  # noqa: F401
+    events,
+    markers,
     run_ids,
+    state,
     wait_for,
 )
 
