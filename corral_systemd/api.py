@@ -254,9 +254,12 @@ class _Execution:
         on_stderr: Callable[[bytes], None],
         stdin_fd: int = 0,
         register: bool = True,
+        renew_session: Callable[[RunSpec], object] | None = None,
     ):
         self.spec = spec
         self._register = register
+        #: The Runner's way to a new session (see _start_again).
+        self._renew_session = renew_session
         self._stdin_fd = stdin_fd
         self._session = session
         self._on_stdout = on_stdout
@@ -276,34 +279,72 @@ class _Execution:
         try:
             if self._use_child():
                 return self._in_child()
-            from .engines import open_engine
-            from .runguard import RunGuard
-
-            # A shared session's runs take turns (baton.py): one of them runs
-            # Python at a time and hands over only while it waits.
-            baton = getattr(self._session, "baton", None)
-            with (
-                baton.held() if baton is not None else nullcontext(),
-                RunGuard(self.spec, registry=self._register, owner_kind="library") as guard,
-            ):
-                engine = self._engine = open_engine(self.spec, self._session)
-                observer = guard.register(engine)  # visible to corralctl ps/status/stop
-                outcome = Supervisor(
-                    self.spec,
-                    engine,
-                    cancel_fd=self._cancel_r,
-                    stdout=self._on_stdout,
-                    stderr=self._on_stderr,
-                    stdin_fd=self._stdin_fd,
-                    observer=observer,
-                ).run()
-                guard.annotate(outcome)
-                return outcome
+            outcome = self._in_process()
+            if self._start_again(outcome):
+                first = outcome.detail
+                outcome = self._in_process()
+                outcome.warnings.append(
+                    f"the first start failed on the Runner's manager connection, which had ended ({first}); "
+                    "the command had not run (held at its gate) and was started again on a new connection"
+                )
+            return outcome
         finally:
             with self._lock:
                 self._done = True
                 os.close(self._cancel_r)
                 os.close(self._cancel_w)
+
+    def _start_again(self, outcome: R.RunOutcome) -> bool:
+        """A Runner's shared connection can end under a start (the manager's
+        daemon-reexec closes every connection; the session notices only when
+        it next uses it). A scope's command is still held at its gate then,
+        so it never ran: start it once more, as a new run on a new session.
+        A service is not started again: its request may have reached the
+        manager, and that would run the command twice."""
+        if outcome.reason != R.SETUP_FAILED or self.spec.unit_type != "scope" or self._renew_session is None:
+            return False
+        if not getattr(self._session, "lost", False) or self._cancelled():
+            return False
+        from dataclasses import replace
+
+        from .spec import new_run_id
+
+        self.spec = replace(self.spec, run_id=new_run_id())
+        try:
+            self._session = self._renew_session(self.spec)
+        except SetupError:
+            return False
+        return self._session is not None and not getattr(self._session, "lost", True)
+
+    def _cancelled(self) -> bool:
+        import select
+
+        return bool(select.select([self._cancel_r], [], [], 0)[0])
+
+    def _in_process(self) -> R.RunOutcome:
+        from .engines import open_engine
+        from .runguard import RunGuard
+
+        # A shared session's runs take turns (baton.py): one of them runs
+        # Python at a time and hands over only while it waits.
+        baton = getattr(self._session, "baton", None)
+        with (
+            baton.held() if baton is not None else nullcontext(),
+            RunGuard(self.spec, registry=self._register, owner_kind="library") as guard,
+        ):
+            engine = self._engine = open_engine(self.spec, self._session)
+            observer = guard.register(engine)  # visible to corralctl ps/status/stop
+            outcome = Supervisor(
+                self.spec,
+                engine,
+                cancel_fd=self._cancel_r,
+                stdout=self._on_stdout,
+                stderr=self._on_stderr,
+                stdin_fd=self._stdin_fd,
+                observer=observer,
+            ).run()
+            guard.annotate(outcome)
+            return outcome
 
     def pids(self) -> list[int]:
         """The run's live processes right now (read-only; any thread)."""
@@ -458,8 +499,8 @@ class Runner:
     def _execution(self, spec, capture, register, out: list, err: list) -> _Execution:
         session = self._session_for(spec)
         if capture:
-            return _Execution(spec, session, out.append, err.append, register=register)
-        return _Execution(spec, session, _writer(1), _writer(2), register=register)
+            return _Execution(spec, session, out.append, err.append, register=register, renew_session=self._session_for)
+        return _Execution(spec, session, _writer(1), _writer(2), register=register, renew_session=self._session_for)
 
     def run(self, argv: Sequence[str], **kwargs) -> RunResult:
         """Run to completion in this thread. See ``make_spec`` for the options;
@@ -556,7 +597,15 @@ class RunHandle:
         stdin_r = 0
         if self._spec.stdin == "pipe":
             stdin_r, self._stdin_w = os.pipe2(os.O_CLOEXEC)
-        self._execution = _Execution(self._spec, session, on_out, on_err, stdin_fd=stdin_r, register=self._register)
+        self._execution = _Execution(
+            self._spec,
+            session,
+            on_out,
+            on_err,
+            stdin_fd=stdin_r,
+            register=self._register,
+            renew_session=self._runner._session_for,
+        )
 
         def work():
             try:

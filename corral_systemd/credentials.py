@@ -56,19 +56,16 @@ whichever registry (if any) the run is in.
 import os
 import signal
 
+from .engines.credential_check import (  # noqa: F401  (the mechanism, documented here)
+    CHECK_FAILED,
+    CHECK_SCRIPT,
+    EXIT_CREDENTIALS,
+    MAX_CREDENTIAL_SIZE,
+    source_problem,
+)
 from .errors import SetupError, UsageError
 
-MAX_CREDENTIAL_SIZE = 1024 * 1024  # systemd's limit too
 _MEMORY_FS = ("tmpfs", "ramfs")
-#: Exit status of the service's ExecStartPre= check when a credential is missing.
-CHECK_FAILED = 87
-#: systemd's EXIT_CREDENTIALS: the manager could not load a credential.
-EXIT_CREDENTIALS = 243
-#: The ExecStartPre= check, run by /bin/sh with the NAMEs as arguments. It
-#: must contain neither "${" nor "$$": systemd expands those in command lines.
-CHECK_SCRIPT = (
-    f'for n do [ -f "$CREDENTIALS_DIRECTORY/$n" ] && [ -r "$CREDENTIALS_DIRECTORY/$n" ] || exit {CHECK_FAILED}; done'
-)
 
 
 def parse_credential(text: str) -> tuple[str, str]:
@@ -87,26 +84,6 @@ def check_unique(pairs: list[tuple[str, str]]) -> list[str]:
     if dup:
         raise UsageError(f"--credential {sorted(dup)[0]!r} given twice")
     return names
-
-
-def source_problem(pairs: list[tuple[str, str]]) -> str | None:
-    """Why a source could not be loaded, as corral sees it ("NAME: PATH: reason"), or None.
-
-    Only to explain a failure the manager reported; never reads the contents.
-    """
-    import stat
-
-    for name, path in pairs:
-        try:
-            st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode):
-                return f"{name}: {path} is not a regular file"
-            if st.st_size > MAX_CREDENTIAL_SIZE:
-                return f"{name}: {path} is larger than 1 MiB"
-            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
-        except OSError as exc:
-            return f"{name}: {path}: {exc.strerror}"
-    return None
 
 
 def fstype(path: str) -> str | None:

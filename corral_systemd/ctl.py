@@ -268,8 +268,8 @@ class _Bus:
         self.why = None
         try:
             from . import dbus
+            from .dbus.discovery import connect_manager
             from .dbus.systemd1 import Manager
-            from .engines.systemd import connect_manager
             from .errors import SetupError
 
             dbus.light_import = True

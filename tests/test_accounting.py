@@ -221,6 +221,8 @@ def test_service_path_lookup_is_the_commands(tmp_path):
 class _FakeConnection:
     """Enough of a manager connection for ``poll_events`` (nothing arrives)."""
 
+    unique_name = None  # a private connection: no AddRef, no matches
+
     def __init__(self):
         import collections
 
@@ -230,11 +232,19 @@ class _FakeConnection:
         pass
 
 
-def _engine_on_fake_cgroup(tmp_path, monkeypatch, unit="corral-accounting-test.scope"):
-    """A SystemdEngine located on a fake unified cgroup tree (files as the
-    kernel shows them), its main process a real child of ours."""
-    from corral_systemd.engines import systemd as sd
-    from corral_systemd.spec import RunSpec
+class _FakeSession:
+    """What SystemdEngine takes from a Runner's session, with no manager behind it."""
+
+    manager_kind = "user"
+    tether_unit = "corral-accounting-test-tether.scope"
+
+    def channel(self, unit, path):
+        return _FakeConnection()
+
+
+def _fake_unit_cgroup(tmp_path, unit):
+    """A unit's cgroup on a fake unified tree: its files as the kernel shows them."""
+    from corral_systemd.engines.systemd.cgroup import UnitCgroup
 
     cg = f"/corral.slice/{unit}"
     group = tmp_path / "unified" / cg.lstrip("/")
@@ -253,49 +263,32 @@ def _engine_on_fake_cgroup(tmp_path, monkeypatch, unit="corral-accounting-test.s
     for name, text in files.items():
         (group / name).write_text(text)
     mounts = types.SimpleNamespace(unified=str(tmp_path / "unified"), v1={})
-    monkeypatch.setattr(sd.cgroupfs, "Mounts", lambda: mounts)
-    monkeypatch.setattr(sd, "_cgroup_of", lambda pid, unit_name: cg)
+    return UnitCgroup(cg, mounts), group
 
-    engine = sd.SystemdEngine.__new__(sd.SystemdEngine)
-    sd.Engine.__init__(engine)
-    engine.spec = RunSpec(argv=["hog"], mem=64 * MiB, unit_type="scope")
-    engine._session = None
+
+def _engine_on_fake_cgroup(tmp_path, unit="corral-accounting-test.scope"):
+    """A SystemdEngine whose unit's cgroup is a fake tree (no manager), its
+    main process a real child of ours that has exited."""
+    from corral_systemd.engines.systemd import SystemdEngine
+    from corral_systemd.spec import RunSpec
+
+    engine = SystemdEngine(RunSpec(argv=["hog"], mem=64 * MiB, unit_type="scope"), _FakeSession())
     engine.unit = unit
-    engine.manager_kind = "user"
-    engine.conn = _FakeConnection()
-    engine.manager = types.SimpleNamespace(lost=None)
+    cgroup, group = _fake_unit_cgroup(tmp_path, unit)
+    enforced, warnings = cgroup.limits_set(engine.spec)
+    assert enforced == {"mem": "kernel"} and warnings == []
+    cgroup.arm(oom_eventfd=True)
+    engine.cgroup, engine._started = cgroup, True
     pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], os.environ)
     engine._child = types.SimpleNamespace(pid=pid, pidfd=-1)
-    for name, value in dict(
-        _status=None,
-        _conn_dead=False,
-        _cgroup=None,
-        _mounts=None,
-        _oom_eventfd=None,
-        _oom_seen=False,
-        _oom_signals_after_removal=0,
-        _watches={},
-        _usage=cgroupfs.Usage(),
-        _manager_figures={},
-        _exit_sampled=False,
-        _next_sample=0.0,
-        _active_state=None,
-        _unit_gone=False,
-        _start_reply_lost=None,
-        _adopted=None,
-        _started=True,
-        facts={"unit": unit},
-    ).items():
-        setattr(engine, name, value)
-    engine._locate_cgroup()
     return engine, group
 
 
-def test_oom_kill_seen_before_the_manager_removes_the_group(tmp_path, monkeypatch):
+def test_oom_kill_seen_before_the_manager_removes_the_group(tmp_path):
     """The OOM kill is counted in memory.events, the main process dies, and
     the manager removes the group before corral asks: the counters corral
     read on memory.events' change still say so (before: exit 137)."""
-    engine, group = _engine_on_fake_cgroup(tmp_path, monkeypatch)
+    engine, group = _engine_on_fake_cgroup(tmp_path)
     try:
         (group / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
         (group / "memory.peak").write_text(f"{64 * MiB}\n")
@@ -309,8 +302,26 @@ def test_oom_kill_seen_before_the_manager_removes_the_group(tmp_path, monkeypatc
         assert info["memory_peak"] == 64 * MiB and info["cpu_usage_nsec"] == 1_000_000
         assert info["accounting_source"] == "cgroup"
     finally:
-        for watch in engine._watches.values():
-            watch.close()
+        os.waitpid(engine._child.pid, 0)
+        engine.cgroup.close()
+
+
+def test_limit_reached_and_an_unprompted_sigkill_is_an_oom_kill(tmp_path):
+    """memory.events said the group hit memory.max (``max``), its ``oom_kill``
+    was never read before the manager removed the group, and the main process
+    died of a SIGKILL corral did not send: the kernel's OOM kill (the VM
+    lane's user scope under emulation). The same SIGKILL sent by corral's
+    stop, or an exit, is not."""
+    cgroup, group = _fake_unit_cgroup(tmp_path, "corral-oom-rule.scope")
+    try:
+        cgroup.arm(oom_eventfd=False)
+        (group / "memory.events").write_text("low 0\nhigh 0\nmax 1\noom 0\noom_kill 0\n")
+        cgroup.read_watches()
+        os.rename(group, tmp_path / "removed")
+        assert cgroup.oom_counted(main_sigkilled_unprompted=True)
+        assert not cgroup.oom_counted(main_sigkilled_unprompted=False)
+    finally:
+        cgroup.close()
 
 
 def test_usage_keeps_the_largest_reading(tmp_path):

@@ -1,6 +1,6 @@
 """Issue 13: a library scope's command is resolved as exec would find it after
 chdir to the command's cwd (``kernel.spawn.spawn_gated_by_shell``), like a
-service's (``engines.systemd._resolve_for_service``): relative PATH entries
+service's (``engines.systemd.envfile.resolve_for_service``): relative PATH entries
 are the command's, not the host's."""
 
 import os

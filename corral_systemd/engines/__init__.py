@@ -7,22 +7,8 @@ fallback path never loads dbus-fast.
 
 import os
 
+from ..dbus.discovery import session_bus_candidates
 from ..errors import SetupError, UsageError
-
-
-def session_bus_candidates(env=os.environ) -> str | None:
-    """The user manager's bus address, as clients find it, or None.
-
-    dbus-fast does not look at $XDG_RUNTIME_DIR/bus itself; we do, because
-    that is where a systemd user session puts the bus.
-    """
-    address = env.get("DBUS_SESSION_BUS_ADDRESS")
-    if address:
-        return address
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.exists(os.path.join(runtime, "bus")):
-        return f"unix:path={runtime}/bus"
-    return None
 
 
 def open_engine(spec, session=None):

@@ -1,0 +1,285 @@
+"""A unit's control group, as the kernel shows it: the engine's proof.
+
+The manager says what it did; the kernel says what is there. Once the
+engine knows the unit's cgroup path (``cgroup_of`` for a process in it, or
+the manager's ControlGroup), ``UnitCgroup`` answers from the cgroup files
+of every hierarchy that has the group (cgroup v2; in the hybrid layout also
+name=systemd and the v1 controllers):
+
+- which processes are in it (``pids``), and whether it is empty
+  (``remaining``), which is what verification rests on;
+- whether the limits corral asked the manager for were set (``limits_set``);
+- whether the kernel OOM-killed in it (``oom_counted``, and the v1 eventfd,
+  ``oom_event``), read as it happens: the manager removes the group as soon
+  as the unit ends;
+- what it used (``sample``: ``cgroupfs.Usage`` keeps the largest readings);
+- SIGKILL for all of it (``kill``): cgroup.kill, and a pidfd kill for what
+  only name=systemd still lists.
+
+Failure modes: a group that is gone reads as empty and adds no figures;
+every file is optional (no controller, no such file: nothing is claimed).
+"""
+
+import os
+import signal
+
+from ...kernel import cgroupfs
+from ...kernel.fsread import read_bytes
+from ...kernel.pidfd import signal_cgroup_members
+
+
+def cgroup_of(pid: int, unit: str) -> str:
+    """``pid``'s cgroup path as the kernel shows it, if it is ``unit``'s.
+
+    Only a path that ends in the unit's own name is accepted: a stale or
+    foreign path (e.g. a v1 hierarchy systemd does not manage, which reads
+    "/") must never become the group corral kills.
+    """
+    try:
+        lines = [line.split(":", 2) for line in read_bytes(f"/proc/{pid}/cgroup").decode().splitlines()]
+    except OSError:
+        return ""
+    # The unified line first (the tree systemd tracks processes in), then name=systemd.
+    for hierarchy, controllers, path in sorted(lines, key=lambda line: line[0] != "0"):
+        if (hierarchy == "0" or "name=systemd" in controllers.split(",")) and path.endswith("/" + unit):
+            return path
+    return ""
+
+
+class UnitCgroup:
+    """The cgroup ``path`` (as /proc/PID/cgroup shows it) in every mounted hierarchy."""
+
+    def __init__(self, path: str, mounts: cgroupfs.Mounts):
+        self.path = path
+        self.mounts = mounts
+        #: The kernel's resource figures, largest readings kept.
+        self.usage = cgroupfs.Usage()
+        #: cgroup v2 memory.events and cgroup.events, kept open (see ``arm``).
+        self._watches: dict[str, cgroupfs.KeyedWatch] = {}
+        self._oom_eventfd: int | None = None
+        self._oom_seen = False
+        self._oom_signals_after_removal = 0
+
+    def dir(self, hierarchy: str) -> str | None:
+        """The group's directory in ``hierarchy`` ("unified", "name=systemd",
+        "memory", "pids"...), or None where that hierarchy is not mounted."""
+        if hierarchy == "unified":
+            return cgroupfs.unified_dir(self.mounts, self.path)
+        return cgroupfs.v1_dir(self.mounts, hierarchy, self.path)
+
+    def exists(self) -> bool:
+        return any(d is not None and os.path.isdir(d) for d in (self.dir("unified"), self.dir("name=systemd")))
+
+    @property
+    def tracker_hierarchy(self) -> str:
+        """The /proc/PID/cgroup line that ``pids`` lists: "0" (v2) or "name=systemd"."""
+        return "0" if self.mounts.unified is not None else "name=systemd"
+
+    # -- what is in it -------------------------------------------------
+    def pids(self) -> list[int]:
+        """The processes in the group (and below), from the hierarchy systemd tracks them in."""
+        for hierarchy in ("unified", "name=systemd"):
+            d = self.dir(hierarchy)
+            if d and os.path.isdir(d):
+                return cgroupfs.procs_below(d)
+        return []
+
+    def remaining(self) -> tuple[list[int], list[int]]:
+        """(what the kernel still lists, of those: the pids listed in
+        name=systemd only). A populated v2 group whose listing raced empty
+        is ``[-1]``: not empty, no pid to name. ``([], [])``: empty."""
+        left: list[int] = []
+        unified = self.dir("unified")
+        if unified and cgroupfs.populated(unified):
+            left = cgroupfs.procs_below(unified) or [-1]
+        v1_only: list[int] = []
+        systemd_v1 = self.dir("name=systemd")
+        if systemd_v1 and os.path.isdir(systemd_v1):
+            v1 = cgroupfs.procs_below(systemd_v1)
+            if v1 and unified and not left:
+                v1_only = v1  # out of the unit in the unified hierarchy, still in it in name=systemd
+            left = sorted(set(left) | set(v1))
+        return left, v1_only
+
+    # -- the limits ----------------------------------------------------
+    def limits_set(self, spec) -> tuple[dict[str, str], list[str]]:
+        """How each limit is enforced ("kernel" when it reads back as set, in
+        cgroup v2 or v1; else "watch" for memory, "none" for pids) and the
+        warnings that go with it."""
+        unified = self.dir("unified")
+        v2_ctrls = cgroupfs.controllers(unified) if unified else set()
+
+        def kernel_has(controller: str, v2_file: str, v1_file: str, value: int) -> bool:
+            v1 = self.dir(controller)
+            in_v2 = unified is not None and controller in v2_ctrls
+            return (in_v2 and cgroupfs.read_int(os.path.join(unified or "", v2_file)) == value) or (
+                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == value
+            )
+
+        enforced, warnings = {}, []
+        if spec.mem is not None:
+            kernel = kernel_has("memory", "memory.max", "memory.limit_in_bytes", spec.mem)
+            enforced["mem"] = "kernel" if kernel else "watch"
+            if not kernel:
+                warnings.append("--mem: no memory controller for the unit; memory is watched by corral instead")
+        if spec.pids is not None:
+            kernel = kernel_has("pids", "pids.max", "pids.max", spec.pids)
+            enforced["pids"] = "kernel" if kernel else "none"
+            if not kernel:
+                warnings.append("--pids: no pids controller for the unit; the limit is not enforced")
+        return enforced, warnings
+
+    # -- watching: OOM and the figures ---------------------------------
+    def arm(self, *, oom_eventfd: bool) -> None:
+        """Keep the group's cgroup v2 ``memory.events`` and ``cgroup.events``
+        open and watched (``cgroupfs.KeyedWatch``, polled for POLLPRI through
+        ``priority_fds``), and with ``oom_eventfd`` register a cgroup v1 OOM
+        eventfd (``oom_fds``).
+
+        The manager removes the group as soon as the unit ends, often before
+        corral learns that the main process exited (a service's end comes
+        from the manager, after its clean-up; systemd 252 gives a scope no
+        ``oom-kill`` result): what is not read by then is lost. So the OOM
+        counters are re-read on every change of memory.events (the usage
+        too, on an OOM event), and the usage is sampled when the group
+        empties (cgroup.events); the engine samples it too, periodically
+        and at each step of the stop.
+        """
+        if oom_eventfd:
+            self._arm_oom_eventfd()
+        unified = self.dir("unified")
+        if unified is None:
+            return
+        for name in ("memory.events", "cgroup.events"):
+            try:
+                self._watches[name] = cgroupfs.KeyedWatch(os.path.join(unified, name))
+            except OSError:
+                pass  # no memory controller for the unit, or the group is already gone
+
+    def _arm_oom_eventfd(self) -> None:
+        # cgroup v1: an eventfd registered on memory.oom_control fires on OOM
+        # even if the cgroup is removed right after, so a fast collection
+        # cannot hide an OOM kill from us (see oom_event for its removal signal).
+        mem_v1 = self.dir("memory")
+        if mem_v1 is None or not os.path.isdir(mem_v1):
+            return
+        try:
+            efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            ofd = os.open(os.path.join(mem_v1, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                with open(os.path.join(mem_v1, "cgroup.event_control"), "w") as f:
+                    f.write(f"{efd} {ofd}")
+            finally:
+                os.close(ofd)
+            self._oom_eventfd = efd
+        except OSError:
+            pass
+
+    def priority_fds(self) -> list[int]:
+        return [w.fileno() for w in self._watches.values() if w.alive]
+
+    def oom_fds(self) -> list[int]:
+        return [self._oom_eventfd] if self._oom_eventfd is not None else []
+
+    def read_watches(self) -> None:
+        """Re-read the watched files (re-arming them); sample the usage on an
+        OOM event or when the group has emptied."""
+        memory = self._watches.get("memory.events")
+        if memory is not None and memory.alive:
+            before = (memory.values.get("oom", 0), memory.values.get("oom_kill", 0))
+            if memory.read() and (memory.values.get("oom", 0), memory.values.get("oom_kill", 0)) != before:
+                self.sample()
+        events = self._watches.get("cgroup.events")
+        if events is not None and events.alive:
+            was = events.values.get("populated")
+            if events.read() and events.values.get("populated") == 0 and was != 0:
+                self.sample()
+
+    def sample(self) -> None:
+        """Read the kernel's resource figures while the group exists."""
+        self.usage.sample(self.dir("unified"), self.dir("memory"), self.dir("pids"))
+
+    def oom_event(self, main_sigkilled_unprompted: bool) -> bool:
+        """cgroup v1: has the OOM eventfd fired for an OOM?
+
+        The kernel also signals it once when the group is removed (to tell
+        listeners the registration is gone; from a work item, so possibly
+        later). A signal read while the group is still there is an OOM.
+        Once the group is gone: a second signal means one of them was an
+        OOM; a single one is an OOM only if the main process was SIGKILLed
+        by no one else (the OOM killer's signal: ``main_sigkilled_unprompted``),
+        not a removal after a normal end."""
+        if self._oom_eventfd is not None:
+            try:
+                count = os.eventfd_read(self._oom_eventfd)
+            except BlockingIOError:
+                count = 0
+            if count:
+                mem_v1 = self.dir("memory")
+                if mem_v1 is not None and os.path.isdir(mem_v1):
+                    self._oom_seen = True
+                    self.sample()  # while the group is still there
+                else:
+                    self._oom_signals_after_removal += count
+        if not self._oom_seen and self._oom_signals_after_removal:
+            self._oom_seen = self._oom_signals_after_removal > 1 or main_sigkilled_unprompted
+        return self._oom_seen
+
+    def oom_counted(self, main_sigkilled_unprompted: bool) -> bool:
+        """The kernel's OOM counters say it killed in the group: cgroup v2
+        ``oom_kill`` (as last read, read again while the group is there), or
+        the group at its limit while the main process died of a SIGKILL no
+        one else sent (the kernel's kill, whose count was not read before
+        the manager removed the group: the VM lane, under emulation, read
+        {max: 1, oom: 0, oom_kill: 0} last); cgroup v1 ``oom_kill``."""
+        self.read_watches()
+        memory = self._watches.get("memory.events")
+        if memory is not None:
+            values = memory.values
+            if values.get("oom_kill", 0) > 0:
+                return True
+            if (values.get("oom", 0) > 0 or values.get("max", 0) > 0) and main_sigkilled_unprompted:
+                return True
+        mem_v1 = self.dir("memory")
+        if mem_v1:
+            try:
+                if cgroupfs.read_keyed(os.path.join(mem_v1, "memory.oom_control")).get("oom_kill", 0) > 0:
+                    return True
+            except OSError:
+                pass
+        return False
+
+    def memory_events(self) -> dict | None:
+        """memory.events' counters as last read (None where it was never open)."""
+        memory = self._watches.get("memory.events")
+        if memory is None:
+            return None
+        return {key: memory.values.get(key, 0) for key in ("max", "oom", "oom_kill")}
+
+    # -- stopping ------------------------------------------------------
+    def kill(self, *, use_cgroup_kill: bool) -> bool:
+        """SIGKILL what only name=systemd still lists (hybrid layout: a process
+        that left the unit's v2 group; cgroup.kill does not reach it), then
+        the whole group through cgroup.kill where allowed. True when nothing
+        is left for the manager's KillUnit to do (done, or the group is gone)."""
+        systemd_v1 = self.dir("name=systemd")
+        unified = self.dir("unified")
+        if unified is not None and systemd_v1 and os.path.isdir(systemd_v1):
+            if pids := cgroupfs.procs_below(systemd_v1):
+                signal_cgroup_members(pids, (signal.SIGKILL,), systemd_v1)
+        if unified and not os.path.isdir(unified):
+            return True  # the group is gone: nothing left to kill
+        self.sample()
+        return bool(use_cgroup_kill and unified and cgroupfs.kill(unified))
+
+    def signal(self, pids, sigs) -> list[int]:
+        """Signal those of ``pids`` still in the group (pidfd, checked against its listing)."""
+        directory = self.dir("unified") or self.dir("name=systemd")
+        return signal_cgroup_members(pids, sigs, directory) if directory is not None else []
+
+    def close(self) -> None:
+        if self._oom_eventfd is not None:
+            os.close(self._oom_eventfd)
+            self._oom_eventfd = None
+        for watch in self._watches.values():
+            watch.close()

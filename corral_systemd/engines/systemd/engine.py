@@ -1,0 +1,672 @@
+"""The systemd engine: a run is a transient unit, stopped and proven empty.
+
+The flow, as in systemd-run (run.c), each step a method below:
+
+1. connect to the manager (``dbus.discovery``: its private socket where we
+   may, as systemctl does, else its bus); on a bus, AddMatch + Subscribe,
+   so no JobRemoved / PropertiesChanged is missed;
+2. fork the *tether* (a tiny child of corral that dies with corral) and let
+   the strategy (``strategy.py``: scope or service, chosen once) prepare
+   the command: a scope's is forked and held at a gate;
+3. StartTransientUnit: the run unit (``properties.py``: limits, BindsTo+After
+   the tether's scope) plus the tether scope as an auxiliary unit, in one call;
+4. wait for the start job's JobRemoved (``dbus.jobs``); only then open the
+   gate, so nothing the command runs can start outside the unit;
+5. watch: the main process (scope: our child, via pidfd; service:
+   PropertiesChanged on the unit), the unit's cgroup (``cgroup.py``: OOM
+   counters, figures);
+6. stop: KillUnit(all, SIGTERM+SIGCONT), SIGKILL after grace through
+   cgroup.kill where the unified hierarchy offers it, else KillUnit;
+7. verify: the kernel reports the unit's cgroup empty and the unit is
+   inactive or gone; read results; UnrefUnit; end the tether.
+
+If corral is SIGKILLed, the tether exits (``tether.py``), its scope
+empties and stops, and BindsTo= makes the manager stop the run within
+TimeoutStopSec (= grace). RuntimeMaxSec is a further backstop.
+
+A library ``Runner`` passes a ``SystemdSession`` (``session.py``): one
+manager connection (multiplexed between its concurrent runs) and one
+tether, so a run costs one StartTransientUnit and no extra process. The
+CLI makes both per run (the tether scope then rides in the same
+StartTransientUnit call as an auxiliary unit), and reconnects if its
+connection ends mid-run (a manager's daemon-reexec).
+
+Longer than the other modules because it is the one place the manager's
+word and the kernel's meet; what is not that (properties, the unit's
+cgroup, scope vs service, the environment file, the session) lives beside it.
+"""
+
+import os
+import signal
+import time
+
+from ...dbus.connection import BusDisconnected, BusError
+from ...dbus.discovery import connect_manager
+from ...dbus.discovery import describe_error as _why
+from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
+from ...dbus.systemd1 import NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, unit_path
+from ...errors import SetupError
+from ...kernel import cgroupfs
+from ...kernel.pidfd import RunTracker
+from ..base import CgroupMemoryLimit, Engine, usage_facts
+from ..tether import Tether
+from . import properties as P
+from .cgroup import UnitCgroup, cgroup_of
+from .strategy import strategy_for
+
+#: Once the unit runs, a call that gets no answer within this is a lost manager.
+RUNTIME_CALL_TIMEOUT = 1.0
+#: How often the unit's cgroup figures are read while the run lives (see UnitCgroup.arm).
+SAMPLE_INTERVAL = 0.1
+#: A CLI run whose manager connection ended mid-run (daemon-reexec closes every
+#: private connection) connects again for this long before it calls the manager
+#: lost; one attempt every RECONNECT_EVERY, each bounded by RECONNECT_TIMEOUT so
+#: the watch loop (deadline, limits) is never held longer than that.
+RECONNECT_WINDOW = 60.0
+RECONNECT_EVERY = 0.5
+RECONNECT_TIMEOUT = 0.5
+
+
+class SystemdEngine(CgroupMemoryLimit, Engine):
+    mode = "systemd"
+    #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
+    kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
+
+    def __init__(self, spec, session=None):
+        super().__init__()
+        self.spec = spec
+        #: A Runner's SystemdSession, or None for a run of its own (the CLI).
+        self.session = session
+        self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
+        self._unit_path = unit_path(self.unit)
+        self._unit_match = (
+            "type='signal',sender='org.freedesktop.systemd1',"
+            f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'"
+        )
+        if session is None:
+            self._open_own_connection()
+            self.tether_unit = f"corral-{spec.run_id}-tether.scope"
+        else:
+            self.manager_kind, self.conn = session.manager_kind, session.channel(self.unit, self._unit_path)
+            self.manager = Manager(self.conn)
+            self.tether_unit = session.tether_unit
+        #: A peer-to-peer connection to the manager: no bus name, so no
+        #: AddRef/UnrefUnit; the unit may be collected as soon as it ends,
+        #: and what we need of it arrives in PropertiesChanged before UnitRemoved.
+        self.direct = self.conn.unique_name is None
+        #: Scope or service, decided here once (see strategy.py).
+        self.strategy = strategy_for(self)
+        self._tether: Tether | None = None  # our own tether (no session)
+        #: The unit's cgroup, once located (see _locate_cgroup).
+        self.cgroup: UnitCgroup | None = None
+        self._main_started = False  # a service's main process was started (PropertiesChanged)
+        self._conn_dead = False  # the manager connection ended
+        self._conn_lost_at: float | None = None  # when (monotonic); see _reconnect
+        self._next_reconnect = 0.0
+        self._adopted: str | None = None  # see _adopt_service
+        self._start_reply_lost: str | None = None
+        self._stopping = False  # corral has signalled the run
+        #: The figures the manager reported (the kernel's are the cgroup's).
+        self._manager_figures: dict[str, int] = {}
+        self._exit_sampled = False
+        self._next_sample = 0.0
+        self._unit_gone = False
+        self._active_state: str | None = None  # from PropertiesChanged
+        self._inactive_checks = 0
+        self._started = False
+        self._stopped_count = 0
+        self._signalled: set[int] = set()
+        self._last: list[int] = []
+        #: Processes that leave the unit's cgroup (see RunTracker); a scope's
+        #: main process is held unreaped until close(), so its session id stays the run's.
+        self.tracker = RunTracker()
+        self._hold_main = True
+        self.facts = {
+            "manager": self.manager_kind,
+            "unit": self.unit,
+            "unit_type": spec.unit_type,
+            "transport": "private" if self.direct else "bus",
+        }
+
+    # -- 1. connect ----------------------------------------------------
+    def _open_own_connection(self, timeout: float = START_TIMEOUT) -> None:
+        """A connection of this run's own (the CLI), subscribed to the unit's signals."""
+        self.manager_kind, self.conn = connect_manager(self.spec.manager, timeout)
+        self.manager = Manager(self.conn)
+        try:
+            subscribe(self.conn, self.manager)
+            self.manager.add_match(self._unit_match)
+        except BusError as exc:
+            self.conn.close()
+            raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
+
+    # -- 2-4. start ----------------------------------------------------
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd):
+        spec, strategy = self.spec, self.strategy
+        strategy.prepare(argv, env, cwd)  # a service: ExecError (127/126) before anything starts
+        aux = []
+        if self.session is None:
+            self._tether = Tether()
+            aux = [(self.tether_unit, P.tether_properties(self._tether.pid, spec.slice, self.unit))]
+        props = P.unit_properties(
+            spec,
+            argv,
+            tether_unit=self.tether_unit,
+            add_ref=not self.direct,
+            keep_failed=strategy.keep_failed,
+        )
+        try:
+            command_props, fds = strategy.launch(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+            job = self._start_transient_unit(props + command_props, aux, fds)
+            result = wait_job(self.conn, job, self._handle_signal, what=self.unit) if job is not None else "done"
+            if job is not None:
+                # The start job is over: the manager has exec'd the command
+                # (or given up), and read the environment file for good.
+                self._remove_env_file()
+            if result != "done":
+                strategy.start_failed(result)  # SetupError or ExecError, unless the command did run
+        except BusError as exc:
+            self._abandon()
+            raise SetupError(f"StartTransientUnit failed: {_why(exc)}") from None
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            if not self._adopted:  # else the manager may not have read it yet: close() removes it
+                self._remove_env_file()
+        # From here on the unit exists and (for a service) the command runs:
+        # no failure may be reported as "not started" (125) any more.
+        self._started = True
+        self.conn.timeout = RUNTIME_CALL_TIMEOUT
+        self._locate_cgroup()
+        strategy.started()  # a scope's gate opens: ExecError propagates, the scope empties and stops
+        # Signals that arrived while we waited for replies are queued, and the
+        # socket will not poll readable for them: handle them now (a fast
+        # service's exit status may be among them).
+        self.poll_events()
+
+    def _remove_env_file(self) -> None:
+        remove = getattr(self.strategy, "remove_env_file", None)
+        if remove is not None:
+            remove()
+
+    def _start_transient_unit(self, props, aux, fds) -> str | None:
+        """StartTransientUnit; once more on a fresh connection if ours ended under the call.
+
+        A connection of the CLI's own can end mid-call (seen once in CI:
+        ECONNRESET from the private socket, the manager busy with 8 runs).
+        The command never starts twice: whether the first request reached
+        the manager is read from this run's tether scope, created by the
+        same call and kept while our tether process lives (the unit itself
+        may already be collected if its command exited at once). Not taken:
+        the call is made again. Taken: the strategy decides (a scope's
+        command is still held at its gate, never ran: 125; a service was
+        started by that request: adopted, and None is returned). A Runner's
+        shared connection is not retried: the session counts as lost, and
+        the Runner reconnects for later runs.
+        """
+        try:
+            return self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+        except BusDisconnected as exc:
+            if self.session is not None:
+                raise
+            first = f"the manager connection ended while starting {self.unit} ({exc})"
+        direct = self.direct
+        self.conn.close()
+        try:
+            self._open_own_connection()
+        except SetupError as exc:
+            raise SetupError(f"{first}, and a new one failed: {exc}{self.strategy.may_have_run}") from None
+        unknown = ""
+        try:
+            taken = self.manager.unit_loaded(self.tether_unit)
+        except BusError as exc:
+            taken = None
+            unknown = f"{first}; whether the manager had taken it could not be asked ({_why(exc)})"
+        if taken is False:
+            if (self.conn.unique_name is None) != direct:
+                # The unit's properties were chosen for the first transport (AddRef only on the bus).
+                raise SetupError(
+                    f"{first}; the manager had not taken it, and it is not asked again: a new "
+                    "connection would use another transport"
+                )
+            job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+            self.warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
+            return job
+        self.strategy.request_taken_reply_lost(first, taken, unknown)
+        return None
+
+    def _adopt_service(self, why: str) -> None:
+        """The manager took our StartTransientUnit, its reply was lost: the
+        service was started by that request. Watch it as any run: its end
+        arrives on the new connection (subscribed before we looked), its
+        status read as usual if it has already ended but is still loaded.
+        If it was collected, or cannot be asked about, how it ended cannot
+        be known: ``lost_track`` says so, and the run is stopped and proven
+        empty from its cgroup (exit 120)."""
+        why = f"{why}, after the manager had started it"
+        self._adopted = why
+        try:
+            loaded = self.manager.unit_loaded(self.unit)
+            if loaded:
+                self._active_state = self.manager.get(self.unit, UNIT, "ActiveState")
+        except BusError as exc:
+            self._start_reply_lost = (
+                f"{why}; the manager could not be asked about it ({_why(exc)}), so how it ran cannot be known"
+            )
+            return
+        if not loaded:
+            self._unit_gone = True
+            self._start_reply_lost = f"{why}; it ended unseen and was collected, so its exit status cannot be known"
+        else:
+            self.warnings.append(f"{why}; watching that start")
+
+    def _abandon(self):
+        """Undo a start that failed after StartTransientUnit may have been accepted."""
+        self.strategy.abandon()
+        self._end_tether()
+
+    # -- 5. the unit's cgroup ------------------------------------------
+    def _locate_cgroup(self):
+        """Find the unit's cgroup, then check limits and arm the OOM watch.
+
+        Without a round trip where the kernel can tell: a scope's is its
+        held main process's; a service's is its slice's (known from the
+        tether's scope in the same slice) plus its name, which is how
+        systemd names it. Else the manager's ControlGroup property.
+        """
+        mounts = cgroupfs.Mounts() if self.session is None else cgroupfs.Mounts.current()
+        cg = self.strategy.cgroup_hint()
+        derived = "" if cg else self._cgroup_beside_tether()
+        if derived and (UnitCgroup(derived, mounts).exists() or self._ended_per_signals()):
+            cg = derived
+        elif not cg:
+            # A derived path must be seen to exist while the unit runs, or a
+            # wrong guess would read as an empty group: ask the manager.
+            try:
+                cg = self.manager.get(self.unit, interface_for(self.unit), "ControlGroup")
+                # "" (or, below, no such unit): the unit has no cgroup any more,
+                # it ran and ended, so the derived path's absence is the truth.
+                cg = cg or derived
+            except BusError as exc:
+                if exc.name == NO_SUCH_UNIT:
+                    cg = derived  # already ran and was collected (a service exiting at once)
+                else:
+                    self.warnings.append(f"could not read the unit's cgroup from the manager ({_why(exc)})")
+                    cg = ""
+        if cg and not cg.endswith("/" + self.unit):
+            self.warnings.append(f"ignoring control group {cg!r}: not the unit's")
+            cg = ""
+        if not cg:
+            return
+        self.cgroup = group = UnitCgroup(cg, mounts)
+        self.facts["control_group"] = cg
+        if self.tracker is not None:
+            self.tracker.hierarchy = group.tracker_hierarchy
+            self.tracker.cgroup = cg
+            self._track(group.pids())
+        enforced, warnings = group.limits_set(self.spec)
+        self.limits_enforced.update(enforced)
+        self.warnings += warnings
+        group.arm(oom_eventfd=self.spec.mem is not None)
+
+    def _ended_per_signals(self) -> bool:
+        """The manager has told us the unit ended (a service that exited at once)."""
+        self.poll_events()
+        return self._unit_gone or self._active_state in ("inactive", "failed")
+
+    def _cgroup_beside_tether(self) -> str:
+        """The service's cgroup, from the tether scope's when both share a slice."""
+        if self.session is not None:
+            slice_cgroup = self.session.slice_cgroup if self.session.slice == self.spec.slice else None
+        else:
+            tether = self._tether
+            path = tether and cgroup_of(tether.pid, self.tether_unit)
+            slice_cgroup = path.rsplit("/", 1)[0] if path else None
+        return f"{slice_cgroup}/{self.unit}" if slice_cgroup else ""
+
+    def _sample_cgroup(self) -> None:
+        """Read the kernel's resource figures from the unit's cgroup while it exists."""
+        if self.cgroup is not None:
+            self.cgroup.sample()
+
+    def watch_interval(self):
+        interval = super().watch_interval()
+        if self.cgroup is not None:  # also for the periodic usage sample
+            interval = min(interval or SAMPLE_INTERVAL, SAMPLE_INTERVAL)
+        return interval
+
+    def check_limits(self):
+        if time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + SAMPLE_INTERVAL
+            self._sample_cgroup()
+            self._track(self._pids())
+        return super().check_limits()
+
+    # -- 5. watching ---------------------------------------------------
+    def priority_fds(self):
+        return self.cgroup.priority_fds() if self.cgroup is not None else []
+
+    def wait_fds(self):
+        # A dead connection polls readable (EOF) forever: stop watching it.
+        fds = [*([] if self._conn_dead else [self.conn.fileno()]), *super().wait_fds()]
+        if self.cgroup is not None:
+            fds += self.cgroup.oom_fds()
+        return fds
+
+    def poll_events(self):
+        if self.cgroup is not None:
+            self.cgroup.read_watches()  # first: the OOM counters before the exit that may follow from them
+        try:
+            self.conn.read_pending()
+        except BusError as exc:
+            # Manager gone (or re-executing): _reconnect tries again; if it
+            # never comes back, verification tells what we can prove.
+            self._conn_dead = True
+            if self._conn_lost_at is None:
+                self._conn_lost_at = time.monotonic()
+            if self.manager.lost is None:
+                self.manager.lost = str(exc)
+        while self.conn.signals:
+            self._handle_signal(self.conn.signals.popleft())
+        if self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
+            self.strategy.refresh_status()  # it ended, yet no ExecMain* change reached us: ask
+        self._reap_child()
+        self._oom_event()
+        if self._status is not None and not self._exit_sampled:
+            # The main process exited: read what its cgroup says now,
+            # before anything is stopped and before the manager removes it.
+            self._exit_sampled = True
+            if self.cgroup is not None:
+                self.cgroup.read_watches()
+                self.cgroup.sample()
+
+    def _reconnect(self) -> bool:
+        """The CLI's own connection ended while the run lives: connect again,
+        subscribe, and read the unit's state back (a re-executed manager
+        deserialises its units, so the run is still there). True once
+        connected. A Runner's shared connection is the session's to restore."""
+        if not self._conn_dead or self.session is not None or time.monotonic() < self._next_reconnect:
+            return not self._conn_dead
+        self._next_reconnect = time.monotonic() + RECONNECT_EVERY
+        lost = self.manager.lost
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        try:
+            self._open_own_connection(RECONNECT_TIMEOUT)
+            loaded = self.manager.unit_loaded(self.unit)
+            state = self.manager.get(self.unit, UNIT, "ActiveState") if loaded else None
+        except (BusError, SetupError, OSError) as exc:
+            self.manager.lost = lost or str(exc)
+            return False
+        if not loaded and self._pids():
+            # Unknown to the manager, yet its processes still run in its
+            # group: not collected (a collected unit's group is empty and
+            # gone). Ask again on the next attempt, within the window.
+            self.conn.close()
+            return False
+        self.conn.timeout = RUNTIME_CALL_TIMEOUT
+        self._conn_dead, self._conn_lost_at = False, None
+        self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
+        # The new manager's word wins: one going down for daemon-reexec frees
+        # its units and says UnitRemoved for each, this one too (VM lane).
+        self._unit_gone = not loaded  # not loaded: it ended and was collected while we were away
+        if loaded:
+            self._active_state = state
+            self.strategy.refresh_status()
+        return True
+
+    def lost_track(self):
+        from_manager = self.strategy.status_from_manager
+        if self._start_reply_lost is not None and self._status is None:
+            return self._start_reply_lost
+        if self._adopted and self._status is None and (self._unit_gone or self._active_state in ("inactive", "failed")):
+            # Its start job may have failed before the command ran (we never saw the job).
+            return f"{self._adopted}; it ended without an exit status of its command"
+        # A service's end and exit status come only from the manager: with
+        # the connection gone, watching on would wait forever.
+        if self._conn_dead and self._started and self._status is None and not self._reconnect():
+            # (_unit_gone is no reason to stop waiting: see _reconnect)
+            if self.session is None and time.monotonic() - (self._conn_lost_at or 0) < RECONNECT_WINDOW:
+                return None  # a re-executing manager comes back: keep watching (the deadline still holds)
+        if self.facts.get("reconnected") and self._unit_gone and from_manager and self._status is None:
+            return (
+                f"the systemd manager connection was lost and {self.unit} was collected "
+                "before corral reconnected: the service's exit status cannot be known"
+            )
+        if self._conn_dead and self._started and from_manager and self._status is None:
+            return f"systemd manager lost ({self.manager.lost}): the service's exit status cannot be known; stopped it"
+        return None
+
+    def _handle_signal(self, msg):
+        """Track the unit from its PropertiesChanged signals, so that the
+        common path needs no Get round trips: ActiveState (Unit), Result and,
+        for a service, ExecMainCode/ExecMainStatus all emit changes."""
+        if msg.member == "UnitRemoved" and msg.body[0] == self.unit:
+            self._unit_gone = True  # collected: inactive, and no more calls about it
+            return
+        if msg.member != "PropertiesChanged" or msg.path != self._unit_path:
+            return
+        interface, changed = msg.body[0], {k: v.value for k, v in msg.body[1].items()}
+        if interface == UNIT:
+            if "ActiveState" in changed:
+                self._active_state = changed["ActiveState"]
+            if changed.get("InvocationID") and "invocation_id" not in self.facts:
+                self.facts["invocation_id"] = bytes(changed["InvocationID"]).hex()
+            return
+        if "Result" in changed:
+            self.facts["unit_result"] = changed["Result"]
+        self.strategy.unit_changed(changed)
+
+    def _sigkilled_unprompted(self) -> bool:
+        """The main process died of a SIGKILL corral did not send (the OOM killer's signal)."""
+        status = self._status
+        return (
+            status is not None
+            and not self._stopping
+            and os.WIFSIGNALED(status)
+            and os.WTERMSIG(status) == signal.SIGKILL
+        )
+
+    def _oom_event(self) -> bool:
+        return self.cgroup is not None and self.cgroup.oom_event(self._sigkilled_unprompted())
+
+    def oom_killed(self):
+        if self.spec.mem is None:
+            return False
+        if self.cgroup is not None and (
+            self.cgroup.oom_event(self._sigkilled_unprompted()) or self.cgroup.oom_counted(self._sigkilled_unprompted())
+        ):
+            return True
+        return self.facts.get("unit_result") == "oom-kill"
+
+    def _sample_manager(self, props):
+        """Keep the manager's figures (see ``usage_facts``: the larger reading
+        wins); systemd 252 has no MemoryPeak and reports unset values as 2**64-1."""
+        figures = self._manager_figures
+        for prop_name, name in (
+            ("CPUUsageNSec", "cpu_usage_nsec"),
+            ("TasksCurrent", "tasks_peak"),
+            ("IOReadBytes", "io_read_bytes"),
+            ("IOWriteBytes", "io_write_bytes"),
+        ):
+            value = props.get(prop_name)
+            if value is not None and value < 2**63:
+                figures[name] = max(figures.get(name, 0), value)
+
+    # -- 6. stop -------------------------------------------------------
+    def _pids(self) -> list[int]:
+        return self.cgroup.pids() if self.cgroup is not None else []
+
+    def live_pids(self):
+        return self._pids()
+
+    def signal_all(self, *sigs):
+        self._stopping = True
+        self._sample_cgroup()
+        self._sample_unit()
+        pids = self._pids()
+        self.seen.update(pids)
+        self._track(pids)
+        self._signalled.update(pids)
+        self._stopped_count = max(self._stopped_count, len(pids))
+        for sig in sigs:
+            self._kill_unit(sig)
+        return len(pids)
+
+    def _kill_unit(self, sig):
+        try:
+            self.manager.kill_unit(self.unit, "all", sig)
+        except BusError:
+            pass  # unit or manager gone: verification decides whether it mattered
+
+    def kill_all(self):
+        self._stopping = True
+        pids = self._pids()
+        self.seen.update(pids)
+        self._track(pids)
+        if self.tracker is not None:
+            self.tracker.kill_escaped()
+        self._stopped_count = max(self._stopped_count, len(pids))
+        if self.cgroup is None or not self.cgroup.kill(use_cgroup_kill=self.kill_method == "cgroup.kill"):
+            self._kill_unit(signal.SIGKILL)
+
+    def signal_new(self, *sigs):
+        fresh = [pid for pid in self._last if pid not in self._signalled]
+        if not fresh or self.cgroup is None:
+            return 0
+        done = self.cgroup.signal(fresh, sigs)
+        self._signalled.update(fresh)
+        return len(done)
+
+    # -- 7. verify -----------------------------------------------------
+    def verify_empty(self):
+        self.reap()
+        if self.cgroup is not None:
+            left, v1_only = self.cgroup.remaining()
+        elif self._started:
+            # No cgroup to ask the kernel about: only a live manager's word
+            # that the unit is gone will do.
+            if not self._unit_inactive() or self.manager.lost is not None:
+                return [-1]
+            return []
+        else:
+            left, v1_only = [], []
+        if v1_only and self.tracker is not None and self.tracker.cgroup is not None:
+            # Out of the unit in the unified hierarchy, still in it in name=systemd: left it.
+            self.tracker.escaped.update(p for p in v1_only if self.tracker.in_group(p) is False)
+        if left:
+            return [p for p in left if p != -1] or left
+        # The kernel says empty: the figures are final, and the manager may
+        # remove the group any moment now. The unit must also be inactive or gone.
+        self._sample_cgroup()
+        if not self._unit_inactive():
+            self.poll_events()
+            if not self._unit_inactive():
+                return [-1]
+        # Whatever of the run still lives is outside the group: find and kill it.
+        if self.tracker is not None and (escaped := self.tracker.sweep(self._pinned_sessions())):
+            self._stopped_count = max(self._stopped_count, len(self.tracker.escaped))
+            return escaped
+        return []
+
+    def _unit_inactive(self) -> bool:
+        """The unit is inactive, failed or gone (a vanished manager has no units)."""
+        if self._unit_gone:
+            return True
+        if self._active_state in ("inactive", "failed"):
+            return True
+        self._inactive_checks += 1
+        if (
+            self._inactive_checks == 2
+            and self.strategy.nudge_when_empty
+            and self.cgroup is not None
+            and self._started
+            and self.manager.lost is None
+        ):
+            # An empty scope is stopped by the manager once it notices the
+            # empty cgroup; nudge it rather than wait for that. The reply
+            # does not matter (PropertiesChanged tells), so none is awaited.
+            try:
+                self.manager.stop_unit_nowait(self.unit)
+            except BusError:
+                pass
+        if self._inactive_checks <= 4:
+            return False  # PropertiesChanged will say "inactive"; see poll_events
+        try:
+            state = self.manager.get(self.unit, UNIT, "ActiveState")
+        except BusError as exc:
+            if exc.name in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
+                self._unit_gone = True
+                return True
+            if self.manager.lost is not None:
+                # No manager, no unit: the kernel's word on the cgroup decides.
+                self._unit_gone = True
+                self.warnings.append(
+                    f"systemd manager lost during the run ({self.manager.lost}); emptiness proven from the cgroup alone"
+                )
+                return True
+            return False
+        self._active_state = state
+        return state in ("inactive", "failed")
+
+    def _sample_unit(self):
+        try:
+            props = self.manager.get_all(self.unit, interface_for(self.unit))
+        except BusError:
+            return
+        self._sample_manager(props)
+        if props.get("Result"):
+            self.facts["unit_result"] = props["Result"]
+
+    # -- cleanup -------------------------------------------------------
+    def _end_tether(self):
+        if self._tether is not None:
+            self._tether.close()
+            self._tether = None
+
+    def close(self):
+        if self.conn is None:
+            return
+        if self._started and not self._unit_gone and self.manager.lost is None:
+            if self.facts.get("unit_result") is None:  # not yet told by PropertiesChanged
+                try:
+                    self.facts["unit_result"] = self.manager.get(self.unit, interface_for(self.unit), "Result")
+                except BusError:
+                    pass
+            if not self.direct:
+                try:
+                    self.manager.unref_unit(self.unit)
+                except BusError:
+                    pass
+        if self.strategy.keep_failed and not self._unit_gone and self.manager.lost is None:
+            try:
+                self.manager.reset_failed_unit(self.unit)
+            except BusError:
+                pass  # not failed (already collected) or gone
+        self._end_tether()
+        if self.tracker is not None:
+            self.tracker.close()
+        self._release_main()
+        self.strategy.close()  # after the held main process is reaped through its pidfd
+        if self.cgroup is not None:
+            self.cgroup.close()
+        self.conn.close()  # a session's channel: just stop routing to it
+        self.conn = None
+
+    def describe(self):
+        info = dict(self.facts)
+        figures = self.cgroup.usage.figures if self.cgroup is not None else {}
+        info.update(usage_facts(figures, self._manager_figures))
+        if self.tracker is not None:
+            info.update(self.tracker.facts())
+        events = self.cgroup.memory_events() if self.cgroup is not None else None
+        if events is not None:
+            info["memory_events"] = events
+        return info
+
+    @property
+    def processes_stopped(self) -> int:
+        return self._stopped_count

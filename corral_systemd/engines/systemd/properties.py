@@ -1,0 +1,123 @@
+"""A run's transient-unit properties, as pure functions of what it asks for.
+
+systemd-run builds its StartTransientUnit call the same way, one builder
+per concern (``transient_unit_set_properties``, ``transient_kill_set_properties``,
+``transient_scope_set_properties`` in run.c). Nothing here talks to a
+manager or touches the machine: given the same inputs, the same list of
+``(name, Variant)`` pairs, so every property can be tested without systemd.
+"""
+
+import os
+
+from ...dbus.systemd1 import prop
+from ...redact import redact_argv
+
+_USEC = 1_000_000
+#: The longest Description corral writes (the argv, redacted, is cut there).
+DESCRIPTION_MAX = 200
+
+
+def unit_properties(spec, argv, *, tether_unit: str, add_ref: bool, keep_failed: bool) -> list:
+    """What every run unit has: description, slice, the stop sequence, the
+    binding to corral's tether, accounting and the limits.
+
+    ``add_ref``: keep the unit until UnrefUnit (only on a bus connection).
+    ``keep_failed``: CollectMode=inactive, so a failed unit stays loaded to
+    be asked why (a service whose credentials may not arrive).
+    """
+    props = [
+        # Redacted as the registry and the record redact it: the unit's
+        # properties are visible to everyone who may ask its manager.
+        prop("Description", "s", "corral: " + " ".join(redact_argv(argv))[:DESCRIPTION_MAX]),
+        prop("Slice", "s", spec.slice),
+        prop("CollectMode", "s", "inactive" if keep_failed else "inactive-or-failed"),
+        prop("SendSIGKILL", "b", True),
+        prop("TimeoutStopUSec", "t", int(spec.grace * _USEC)),
+        prop("BindsTo", "as", [tether_unit]),
+        prop("After", "as", [tether_unit]),
+        prop("TasksAccounting", "b", True),
+        prop("MemoryAccounting", "b", True),
+    ]
+    if add_ref:
+        props.append(prop("AddRef", "b", True))
+    return props + limit_properties(spec)
+
+
+def limit_properties(spec) -> list:
+    """The kernel-enforced limits, and RuntimeMaxSec as a backstop past the
+    wall, the grace period and verification (corral stops the run first)."""
+    props = []
+    if spec.wall is not None:
+        backstop = spec.wall + spec.grace + spec.verify_timeout
+        props.append(prop("RuntimeMaxUSec", "t", int(backstop * _USEC)))
+    if spec.mem is not None:
+        props += [prop("MemoryMax", "t", spec.mem), prop("MemorySwapMax", "t", 0)]
+    if spec.pids is not None:
+        props.append(prop("TasksMax", "t", spec.pids))
+    return props
+
+
+def scope_properties(main_pid: int) -> list:
+    """A scope is made of processes that exist: the command, held at its gate."""
+    return [prop("PIDs", "au", [main_pid])]
+
+
+def service_properties(argv, executable: str, cwd: str | None, unset: list[str]) -> list:
+    """The command as the manager starts it: ExecStartEx with no-env-expand
+    (the ":" prefix), so the arguments reach the command as given (plain
+    ExecStart would expand "$VAR", "${VAR}" and "$$"); Type=exec, so the
+    start job ends once the command was executed."""
+    return [
+        prop("Type", "s", "exec"),
+        prop("ExecStartEx", "a(sasas)", [(executable, list(argv), ["no-env-expand"])]),
+        *([prop("UnsetEnvironment", "as", unset)] if unset else []),
+        prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),
+        prop("RemainAfterExit", "b", False),
+    ]
+
+
+def stdio_properties() -> list:
+    """The service's stdin, stdout and stderr: the three descriptors passed with the call."""
+    return [
+        prop("StandardInputFileDescriptor", "h", 0),
+        prop("StandardOutputFileDescriptor", "h", 1),
+        prop("StandardErrorFileDescriptor", "h", 2),
+    ]
+
+
+def credential_properties(pairs, check_script: str) -> list:
+    """LoadCredential= for each (NAME, PATH) (the manager reads the file:
+    only the path goes over the bus) and an ExecStartPre= that checks,
+    inside the unit and before the command, that each one arrived."""
+    if not pairs:
+        return []
+    names = [name for name, _ in pairs]
+    return [
+        prop("LoadCredential", "a(ss)", [(name, path) for name, path in pairs]),
+        prop(
+            "ExecStartPre",
+            "a(sasb)",
+            [("/bin/sh", ["/bin/sh", "-c", check_script, "corral-credentials", *names], False)],
+        ),
+    ]
+
+
+def environment_properties(environment: dict, env_file: str | None) -> list:
+    """The service's environment: the path of a private file holding it
+    (EnvironmentFiles=), or, only when no such file could be made, the
+    values themselves (Environment=, visible in the unit)."""
+    if not environment:
+        return []
+    if env_file is not None:
+        return [prop("EnvironmentFiles", "a(sb)", [(env_file, False)])]
+    return [prop("Environment", "as", [f"{key}={value}" for key, value in environment.items()])]
+
+
+def tether_properties(pid: int, slice_: str, for_what: str) -> list:
+    """The tether's scope: corral's small child, whose end stops every unit bound to it."""
+    return [
+        prop("Description", "s", f"corral tether for {for_what}"),
+        prop("PIDs", "au", [pid]),
+        prop("Slice", "s", slice_),
+        prop("CollectMode", "s", "inactive-or-failed"),
+    ]

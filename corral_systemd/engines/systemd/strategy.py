@@ -1,0 +1,376 @@
+"""Scope or service: the two ways a run's command enters its unit, chosen once.
+
+A **scope** is made of a process that already exists: corral forks the
+command held at a gate (the CLI forks; a Runner, whose host is
+multi-threaded, lets a small shell hold the gate), names it in ``PIDs=``,
+and opens the gate once the start job is done. The command is corral's
+child: its wait status is the run's.
+
+A **service**'s command is started by the manager: ``ExecStartEx=``, its
+stdio passed as descriptors, its environment in a private file, its
+credentials through systemd's own mechanism. Its end and its exit status
+come only from the manager (``ExecMainCode``/``ExecMainStatus``), and a
+failed start job needs explaining (credentials not delivered, systemd
+could not execute it, or a command that ran and exited at once).
+
+``SystemdEngine`` asks its strategy at each point where the two differ
+and nowhere else.
+"""
+
+import os
+import signal
+
+from ...dbus.connection import BusError
+from ...dbus.jobs import pump_signals
+from ...dbus.systemd1 import interface_for
+from ...errors import SetupError
+from ...kernel.spawn import ExecError, fork_command, spawn_gated_by_shell
+from . import properties as P
+from .cgroup import cgroup_of
+from .envfile import EnvFile, resolve_for_service, valid_env
+
+#: systemd's exit status for a main process it forked but could not execute (EXIT_EXEC).
+EXIT_EXEC = 203
+#: How long to wait for the manager's word on a service after its start job.
+SETTLE_TIMEOUT = 1.0
+
+
+class SystemdExecError(ExecError):
+    """systemd forked a service's main process but could not execute the
+    command (status 203/EXEC): 126, as for a scope's failed exec. systemd
+    does not say why over D-Bus, so the errno is nominal (EACCES)."""
+
+    def __init__(self, argv0: str, unit: str):
+        import errno
+
+        super().__init__(errno.EACCES, argv0)
+        self.unit = unit
+
+    def __str__(self):
+        return f"{self.argv0}: systemd could not execute it ({self.unit}: status {EXIT_EXEC}/EXEC)"
+
+
+class ScopeStrategy:
+    """The command is corral's child, held at a gate until its scope exists."""
+
+    #: Its exit status comes from the manager (False: from waiting for our child).
+    status_from_manager = False
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    @property
+    def keep_failed(self) -> bool:
+        return False
+
+    def prepare(self, argv, env, cwd) -> None:
+        """Before anything starts: nothing to check (exec tells)."""
+
+    def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
+        """(properties, descriptors) for StartTransientUnit: the command forked, held."""
+        engine = self.engine
+        if engine.session is None:
+            engine._child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True)
+        else:
+            engine._child = spawn_gated_by_shell(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+        return P.scope_properties(engine._child.pid), []
+
+    def start_failed(self, result: str) -> None:
+        raise SetupError(f"systemd could not start {self.engine.unit}: job {result}")
+
+    def request_taken_reply_lost(self, first: str, taken: bool | None, unknown: str) -> None:
+        """The start request may have reached the manager: the command is still at its gate, never ran."""
+        raise SetupError(f"{first}, and the manager may have created it; the command never ran (held at its gate)")
+
+    may_have_run = ""
+
+    def started(self) -> None:
+        """Open the gate (ExecError propagates; the scope empties and stops)."""
+        engine = self.engine
+        engine.seen.add(engine._child.pid)
+        engine._child.release()
+
+    def cgroup_hint(self) -> str:
+        """The scope's cgroup as the kernel shows it for its held main process."""
+        child = self.engine._child
+        return cgroup_of(child.pid, self.engine.unit) if child is not None else ""
+
+    def abandon(self) -> None:
+        engine = self.engine
+        if engine._child is not None:
+            engine._child.abandon()
+            engine._child = None
+
+    def unit_changed(self, changed: dict) -> None:
+        """A service's main-process properties; a scope has none."""
+
+    def refresh_status(self) -> None:
+        """A scope's status is our child's: nothing to ask."""
+
+    #: An empty scope is stopped by the manager once it notices; corral nudges it.
+    nudge_when_empty = True
+
+    def close(self) -> None:
+        child = self.engine._child
+        if child is not None and child.pidfd >= 0:
+            os.close(child.pidfd)
+            child.pidfd = -1
+
+
+class ServiceStrategy:
+    """The manager starts the command; corral learns its end from the manager."""
+
+    status_from_manager = True
+    nudge_when_empty = False
+    may_have_run = "; if the first request started the service, ending this run's tether stops it"
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._service_props: list = []
+        self._environment: dict[str, str] = {}
+        self._env_file: EnvFile | None = None
+
+    @property
+    def keep_failed(self) -> bool:
+        """A failed start of a service with credentials is explained by its
+        ExecStartPre's status, read after the fact; without AddRef only
+        CollectMode=inactive keeps a failed unit loaded for that (it is reset
+        in the engine's close()). The credentials are known once the run
+        guard has seen the engine, before start()."""
+        return self.engine.direct and bool(self.engine.spec.credentials)
+
+    def prepare(self, argv, env, cwd) -> None:
+        """Resolve the executable as a scope's exec would (ExecError 127/126
+        before anything starts) and settle the environment the unit gets."""
+        engine = self.engine
+        spec = engine.spec
+        path = resolve_for_service(argv[0], dict(os.environ if env is None else env), cwd)
+        unset = self._unset_for_explicit_env(env) if env is not None else []
+        self._environment = {}
+        for key, value in dict(os.environ if env is None else env).items():
+            if spec.credentials and key == "CREDENTIALS_DIRECTORY":
+                continue  # an inherited one would override systemd's
+            if valid_env(key, value):
+                self._environment[key] = value
+            else:
+                engine.warnings.append(f"environment variable {key!r} not passed to the service (systemd rejects it)")
+        self._service_props = P.service_properties(argv, path, cwd, unset)
+
+    def _unset_for_explicit_env(self, env) -> list[str]:
+        """An explicit environment (--env-clear/--env-drop, library env=) is
+        what the service gets: unset what the manager would add from its own
+        environment and for every service (MANAGERPID and SYSTEMD_EXEC_PID
+        cannot be removed)."""
+        names = {"INVOCATION_ID", "HOME", "LOGNAME", "USER", "SHELL", "JOURNAL_STREAM"}
+        try:
+            names.update(item.split("=", 1)[0] for item in self.engine.manager.manager_property("Environment"))
+        except BusError:
+            pass
+        return sorted(names - set(env))
+
+    def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
+        from ..credential_check import CHECK_SCRIPT
+
+        props = [
+            *self._service_props,
+            *P.credential_properties(self.engine.spec.credentials, CHECK_SCRIPT),
+            *P.stdio_properties(),
+            *self._environment_properties(),
+        ]
+        return props, [stdin, stdout, stderr]
+
+    def _environment_properties(self) -> list:
+        """The service's environment, without its values in the unit.
+
+        Environment= would put every value into the unit's properties
+        (``systemctl show``: for the system manager, any local user) and
+        into its transient unit file. So the variables go to a file of ours
+        (``EnvFile``: 0600, in a 0700 directory on a tmpfs) that the unit
+        names in EnvironmentFiles=: only its path is in the unit. The
+        manager reads it when it execs the unit's commands (ExecStartPre=
+        and the command itself), so it is removed once the start job is done
+        (Type=exec: after the command's exec), or when the start fails. If
+        no private directory is usable, Environment= is used, with a warning.
+        """
+        if not self._environment:
+            return []
+        try:
+            self._env_file = EnvFile(self.engine.spec.run_id, self._environment)
+        except OSError as exc:
+            self.engine.warnings.append(
+                f"no private directory for the service's environment file ({exc}): "
+                "its values are in the unit's Environment= property"
+            )
+            return P.environment_properties(self._environment, None)
+        return P.environment_properties(self._environment, self._env_file.path)
+
+    def remove_env_file(self) -> None:
+        if self._env_file is not None:
+            self._env_file.remove()
+            self._env_file = None
+
+    def start_failed(self, result: str) -> None:
+        """The start job failed: why, or a run that did start after all.
+
+        SetupError if systemd did not deliver the credentials, or if the
+        command never ran; SystemdExecError (126) if systemd could not execute
+        it. Returns when the command did run (systemd 252 can fail a Type=exec
+        start job of a command that exits at once): the run is real."""
+        self._check_credentials_delivered()
+        if not self._service_ran():
+            raise SetupError(f"systemd could not start {self.engine.unit}: job {result}")
+        self._check_exec_failed()
+
+    def _service_ran(self) -> bool:
+        """systemd 252 can fail a Type=exec start job when the main process
+        exits before the manager has processed its exec notification. If the
+        main process did start, the run is real: it must be watched, stopped
+        and verified, never reported as "not started" (125).
+
+        The manager says so in PropertiesChanged (ExecMainPID,
+        ExecMainStartTimestampMonotonic), which may trail JobRemoved a
+        little; the unit's final state ends the wait. Once collected (no
+        AddRef on a private connection) it cannot be asked any more.
+        """
+        engine = self.engine
+        pump_signals(
+            engine.conn,
+            engine._handle_signal,
+            lambda: engine._main_started or engine._unit_gone or engine._active_state in ("failed", "inactive"),
+            SETTLE_TIMEOUT,
+        )
+        if engine._main_started or engine._unit_gone:
+            return engine._main_started
+        try:
+            started = engine.manager.get(engine.unit, interface_for(engine.unit), "ExecMainStartTimestampMonotonic")
+        except BusError:
+            return False
+        return bool(started)
+
+    def _check_exec_failed(self) -> None:
+        """After a failed start job whose main process did start: if that
+        process ended with EXIT_EXEC (203), systemd forked it but could not
+        execute the command: SystemdExecError, 126.
+
+        Only a failed job counts: with Type=exec the start job is "done" once
+        the command has been executed, so a command that ran and exited 203
+        by itself is not taken for this. ExecMainCode/ExecMainStatus arrive
+        in PropertiesChanged, which systemd sends before JobRemoved; asked
+        for if still missing.
+        """
+        engine = self.engine
+        pump_signals(
+            engine.conn, engine._handle_signal, lambda: engine._status is not None or engine._unit_gone, SETTLE_TIMEOUT
+        )
+        if engine._status is None and not engine._unit_gone:
+            self.refresh_status()
+        status = engine._status
+        if status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_EXEC:
+            engine._status = None  # systemd's status, not the command's: it never ran
+            raise SystemdExecError(engine.spec.argv[0], engine.unit)
+
+    def _check_credentials_delivered(self) -> None:
+        """After a failed start job: SetupError if the credentials are why.
+
+        The check exited CHECK_FAILED (the directory arrived empty), or the
+        manager could not load a source (EXIT_CREDENTIALS, in ExecStartPre or,
+        if the file vanished in between, in the main process before exec).
+        """
+        from ..credential_check import CHECK_FAILED, EXIT_CREDENTIALS, source_problem
+
+        engine = self.engine
+        if not engine.spec.credentials:
+            return
+        interface = interface_for(engine.unit)
+        try:
+            pre = engine.manager.get(engine.unit, interface, "ExecStartPre")
+            main = (
+                engine.manager.get(engine.unit, interface, "ExecMainCode"),
+                engine.manager.get(engine.unit, interface, "ExecMainStatus"),
+            )
+        except BusError:
+            return
+        check = (pre[0][8], pre[0][9]) if pre else (0, 0)  # (code, status): CLD_EXITED is 1
+        if check == (1, CHECK_FAILED):
+            raise SetupError(
+                f"systemd did not deliver the credentials to {engine.unit} ($CREDENTIALS_DIRECTORY "
+                "empty or incomplete in the unit: is the manager's runtime directory a shared mount?); "
+                "use --unit-type scope or fix the manager"
+            )
+        if (1, EXIT_CREDENTIALS) in (check, main):
+            why = source_problem(engine.spec.credentials)
+            raise SetupError(
+                f"systemd could not load the credentials for {engine.unit} (exit status "
+                f"{EXIT_CREDENTIALS}/CREDENTIALS{'; ' + why if why else ''})"
+            )
+        if check[0] and check != (1, 0):
+            raise SetupError(
+                f"systemd did not deliver the credentials to {engine.unit} (the check could not run: "
+                f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager"
+            )
+
+    def request_taken_reply_lost(self, first: str, taken: bool | None, unknown: str) -> None:
+        """The manager may have taken the start request whose reply was lost:
+        that request started the service. Adopt it (see the engine's
+        ``_adopt_service``), or say that how it ran cannot be known."""
+        engine = self.engine
+        if taken is None:
+            engine._adopted = engine._start_reply_lost = f"{unknown}: how the service ran cannot be known"
+        else:
+            engine._adopt_service(first)
+
+    def started(self) -> None:
+        """The manager started the command: nothing to release."""
+
+    def cgroup_hint(self) -> str:
+        return ""
+
+    def abandon(self) -> None:
+        """A service's start job may still be queued or running (a Runner's
+        shared tether would not stop it): cancel and kill it."""
+        engine = self.engine
+        if engine.manager.lost is not None:
+            return
+        for action in (
+            engine.manager.stop_unit_nowait,
+            lambda unit: engine.manager.kill_unit(unit, "all", signal.SIGKILL),
+        ):
+            try:
+                action(engine.unit)
+            except BusError:
+                pass  # no such unit: nothing to undo
+
+    def unit_changed(self, changed: dict) -> None:
+        """The service's main process, from the unit's PropertiesChanged."""
+        engine = self.engine
+        if changed.get("ExecMainPID") or changed.get("ExecMainStartTimestampMonotonic"):
+            engine._main_started = True
+        engine._sample_manager(changed)
+        self._status_from(changed)
+
+    def _status_from(self, props: dict) -> None:
+        engine = self.engine
+        code = props.get("ExecMainCode", 0)
+        if code and engine._status is None:  # CLD_EXITED=1, CLD_KILLED=2, CLD_DUMPED=3
+            status = props.get("ExecMainStatus", 0)
+            engine._status = (status & 0xFF) << 8 if code == 1 else (status & 0x7F) | (0x80 if code == 3 else 0)
+
+    def refresh_status(self) -> None:
+        """Ask the manager for the main process's status (a signal may have been missed)."""
+        engine = self.engine
+        if engine._status is not None:
+            return
+        interface = interface_for(engine.unit)
+        try:
+            code = engine.manager.get(engine.unit, interface, "ExecMainCode")
+            status = engine.manager.get(engine.unit, interface, "ExecMainStatus") if code else 0
+        except BusError:
+            return
+        self._status_from({"ExecMainCode": code, "ExecMainStatus": status})
+
+    def close(self) -> None:
+        self.remove_env_file()  # a service adopted after a lost reply: kept until now
+
+
+def strategy_for(engine):
+    return {"scope": ScopeStrategy, "service": ServiceStrategy}[engine.spec.unit_type](engine)
