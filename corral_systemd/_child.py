@@ -21,11 +21,11 @@ from dataclasses import asdict
 
 
 def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
+    from .assemble import assemble_and_run
     from .engines.fallback import FallbackEngine
     from .errors import CorralError
-    from .runguard import RunGuard
     from .spec import RunSpec
-    from .supervisor import SignalWatch, Supervisor
+    from .supervisor import SignalWatch
 
     # Any signal that would kill us must instead stop the run: an orphaned
     # run is the one outcome we exist to prevent.
@@ -36,15 +36,16 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
         spec = RunSpec(**fields)
         # Registered with this process as owner: `corralctl stop` SIGTERMs it,
         # which stops the run like any corral.
-        with RunGuard(spec, registry=register) as guard:
-            try:
-                engine = FallbackEngine(spec)
-                observer = guard.register(engine)
-            except CorralError as exc:
-                _write(result_fd, {"error": str(exc)})
-                return 125
-            outcome = Supervisor(spec, engine, signals=signals, cancel_fd=cancel_fd, observer=observer).run()
-            guard.annotate(outcome)
+        try:
+            outcome = assemble_and_run(
+                spec,
+                lambda: FallbackEngine(spec),
+                guard={"registry": register},
+                supervisor={"signals": signals, "cancel_fd": cancel_fd},
+            )
+        except CorralError as exc:
+            _write(result_fd, {"error": str(exc)})
+            return 125
     _write(result_fd, asdict(outcome))
     return outcome.exit_code
 

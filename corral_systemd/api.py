@@ -28,25 +28,23 @@ command started is gone, proven — or ``Unverified`` is raised.
   waiting for its command never holds up the others.
 - Fallback runs (no systemd) execute in a child process of their own
   (``_child.py``), because the fallback engine needs its process to own
-  all of its descendants.
+  all of its descendants; where a run executes is ``execution.py``'s.
+
+Over 400 lines because it is the whole public surface of the library
+(``make_spec``'s keywords, ``Runner``, ``RunHandle`` and its streams, the
+module-level ``run``/``arun``/``start``), each face thin over ``Execution``.
 """
 
 import asyncio
-import contextlib
-import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import asdict
 
 from . import result as R
 from .errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
+from .execution import _NO_SYSTEMD, Execution
 from .record import RunRecord, from_result
 from .spec import RunSpec
-from .supervisor import OutputPump, Supervisor
 from .units import parse_count, parse_duration, parse_size
 
 Duration = float | int | str | None
@@ -191,37 +189,6 @@ def make_spec(
     )
 
 
-class _OwnedFds:
-    """File descriptors this frame owns until it closes or hands them off;
-    ``close_all`` (from an ExitStack) closes whatever is still owned."""
-
-    def __init__(self):
-        self._owned: set[int] = set()
-
-    def add(self, fd: int) -> int:
-        self._owned.add(fd)
-        return fd
-
-    def pipe(self, flags: int) -> tuple[int, int]:
-        r, w = os.pipe2(flags)
-        self._owned.update((r, w))
-        return r, w
-
-    def release(self, *fds: int) -> int:
-        """Ownership moves elsewhere (a file object, the pump); returns the first."""
-        self._owned.difference_update(fds)
-        return fds[0]
-
-    def close(self, *fds: int) -> None:
-        for fd in fds:
-            self._owned.discard(fd)
-            os.close(fd)
-
-    def close_all(self) -> None:
-        while self._owned:
-            os.close(self._owned.pop())
-
-
 def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult:
     result = from_result(outcome, RunResult, stdout=stdout, stderr=stderr)
     if outcome.reason == R.SPAWN_FAILED:
@@ -239,180 +206,6 @@ def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult
     return result
 
 
-class _Execution:
-    """One run, driven synchronously in the calling thread.
-
-    ``cancel()`` (any thread) asks the supervisor to stop the run; the stop
-    is verified like any other.
-    """
-
-    def __init__(
-        self,
-        spec: RunSpec,
-        session,
-        on_stdout: Callable[[bytes], None],
-        on_stderr: Callable[[bytes], None],
-        stdin_fd: int = 0,
-        register: bool = True,
-        renew_session: Callable[[RunSpec], object] | None = None,
-    ):
-        self.spec = spec
-        self._register = register
-        #: The Runner's way to a new session (see _start_again).
-        self._renew_session = renew_session
-        self._stdin_fd = stdin_fd
-        self._session = session
-        self._on_stdout = on_stdout
-        self._on_stderr = on_stderr
-        self._cancel_r, self._cancel_w = os.pipe2(os.O_CLOEXEC)
-        self._child: subprocess.Popen | None = None
-        self._engine = None
-        self._lock = threading.Lock()
-        self._done = False
-
-    def cancel(self) -> None:
-        with self._lock:
-            if not self._done:
-                os.write(self._cancel_w, b"x")  # seen by the supervisor here or in the child
-
-    def execute(self) -> R.RunOutcome:
-        try:
-            if self._use_child():
-                return self._in_child()
-            outcome = self._in_process()
-            if self._start_again(outcome):
-                first = outcome.detail
-                outcome = self._in_process()
-                outcome.warnings.append(
-                    f"the first start failed on the Runner's manager connection, which had ended ({first}); "
-                    "the command had not run (held at its gate) and was started again on a new connection"
-                )
-            return outcome
-        finally:
-            with self._lock:
-                self._done = True
-                os.close(self._cancel_r)
-                os.close(self._cancel_w)
-
-    def _start_again(self, outcome: R.RunOutcome) -> bool:
-        """A Runner's shared connection can end under a start (the manager's
-        daemon-reexec closes every connection; the session notices only when
-        it next uses it). A scope's command is still held at its gate then,
-        so it never ran: start it once more, as a new run on a new session.
-        A service is not started again: its request may have reached the
-        manager, and that would run the command twice."""
-        if outcome.reason != R.SETUP_FAILED or self.spec.unit_type != "scope" or self._renew_session is None:
-            return False
-        if not getattr(self._session, "lost", False) or self._cancelled():
-            return False
-        from dataclasses import replace
-
-        from .spec import new_run_id
-
-        self.spec = replace(self.spec, run_id=new_run_id())
-        try:
-            self._session = self._renew_session(self.spec)
-        except SetupError:
-            return False
-        return self._session is not None and not getattr(self._session, "lost", True)
-
-    def _cancelled(self) -> bool:
-        import select
-
-        return bool(select.select([self._cancel_r], [], [], 0)[0])
-
-    def _in_process(self) -> R.RunOutcome:
-        from .engines import open_engine
-        from .runguard import RunGuard
-
-        # A shared session's runs take turns (baton.py): one of them runs
-        # Python at a time and hands over only while it waits.
-        baton = getattr(self._session, "baton", None)
-        with (
-            baton.held() if baton is not None else nullcontext(),
-            RunGuard(self.spec, registry=self._register, owner_kind="library") as guard,
-        ):
-            engine = self._engine = open_engine(self.spec, self._session)
-            observer = guard.register(engine)  # visible to corralctl ps/status/stop
-            outcome = Supervisor(
-                self.spec,
-                engine,
-                cancel_fd=self._cancel_r,
-                stdout=self._on_stdout,
-                stderr=self._on_stderr,
-                stdin_fd=self._stdin_fd,
-                observer=observer,
-            ).run()
-            guard.annotate(outcome)
-            return outcome
-
-    def pids(self) -> list[int]:
-        """The run's live processes right now (read-only; any thread)."""
-        if self._child is not None:
-            from .kernel import procfs
-
-            # The child supervisor is the run's subreaper: the run is its subtree.
-            return [p.pid for p in procfs.descendants(procfs.scan(), self._child.pid) if p.alive]
-        engine = self._engine
-        return engine.live_pids() if engine is not None else []
-
-    def _use_child(self) -> bool:
-        """Fallback runs go to a child process; cgroup and systemd runs stay here."""
-        spec = self.spec
-        if spec.cgroup_parent is not None or spec.cgroup_mode == "enforced":
-            return False
-        return spec.cgroup_mode == "fallback" or self._session in (None, _NO_SYSTEMD)
-
-    def _in_child(self) -> R.RunOutcome:
-        spec = self.spec
-        fields = asdict(spec)
-        fields["cgroup_mode"] = "fallback"
-        fields["register"] = self._register
-        with contextlib.ExitStack() as cleanup:
-            fds = _OwnedFds()
-            cleanup.callback(fds.close_all)
-            stdin = None
-            if isinstance(spec.stdin, bytes):
-                stdin = fds.add(os.memfd_create("corral-stdin", os.MFD_CLOEXEC))
-                os.write(stdin, spec.stdin)
-                os.lseek(stdin, 0, os.SEEK_SET)
-                fields["stdin"] = "inherit"
-            elif spec.stdin in ("inherit", "pipe"):
-                stdin = self._stdin_fd
-                fields["stdin"] = "inherit"
-            spec_r, spec_w = fds.pipe(0)
-            result_r, result_w = fds.pipe(0)
-            out_r, out_w = fds.pipe(os.O_CLOEXEC)
-            err_r, err_w = fds.pipe(os.O_CLOEXEC)
-            pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
-            cleanup.callback(pump.close)  # it closes out_r and err_r
-            fds.release(out_r, err_r)
-            # The child gets the read end of our cancel pipe: readable when we
-            # cancel, and at EOF when this process dies (only we hold the
-            # write end), so one descriptor covers both. Its own session:
-            # signals for our process group (Ctrl-C, `timeout`) are for us.
-            self._child = subprocess.Popen(
-                [sys.executable, "-m", "corral_systemd._child", str(spec_r), str(result_w), str(self._cancel_r)],
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                pass_fds=(spec_r, result_w, self._cancel_r),
-                start_new_session=True,
-            )
-            fds.close(spec_r, result_w, out_w, err_w)  # the child's ends: EOF needs them gone here
-            with os.fdopen(fds.release(spec_w), "w") as f:
-                json.dump(fields, f)
-            pump.drain(None)  # EOF once the run (and the child) are gone
-            self._child.wait()
-            with os.fdopen(fds.release(result_r), "r") as f:
-                data = json.loads(f.read() or "{}")
-        if "error" in data or "run_id" not in data:
-            raise SetupError(data.get("error", "the fallback supervisor died without a result"))
-        outcome = R.RunOutcome(**data)
-        return outcome
-
-
-_NO_SYSTEMD = object()  # a Runner's session when no manager answered (auto mode)
 _NOT_READY = object()  # see Runner._session_if_ready
 
 
@@ -496,11 +289,11 @@ class Runner:
         register = merged.pop("register", True)
         return make_spec(argv, **merged), capture, register
 
-    def _execution(self, spec, capture, register, out: list, err: list) -> _Execution:
+    def _execution(self, spec, capture, register, out: list, err: list) -> Execution:
         session = self._session_for(spec)
         if capture:
-            return _Execution(spec, session, out.append, err.append, register=register, renew_session=self._session_for)
-        return _Execution(spec, session, _writer(1), _writer(2), register=register, renew_session=self._session_for)
+            return Execution(spec, session, out.append, err.append, register=register, renew_session=self._session_for)
+        return Execution(spec, session, _writer(1), _writer(2), register=register, renew_session=self._session_for)
 
     def run(self, argv: Sequence[str], **kwargs) -> RunResult:
         """Run to completion in this thread. See ``make_spec`` for the options;
@@ -538,7 +331,7 @@ class RunHandle:
         self.stdout = _Stream()
         self.stderr = _Stream()
         self._future: asyncio.Future | None = None
-        self._execution: _Execution | None = None
+        self._execution: Execution | None = None
         self._result: RunResult | None = None
         self._stdin_w: int | None = None
 
@@ -597,7 +390,7 @@ class RunHandle:
         stdin_r = 0
         if self._spec.stdin == "pipe":
             stdin_r, self._stdin_w = os.pipe2(os.O_CLOEXEC)
-        self._execution = _Execution(
+        self._execution = Execution(
             self._spec,
             session,
             on_out,

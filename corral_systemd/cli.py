@@ -192,20 +192,19 @@ def _check_json_path(path: str) -> None:
 
 def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credentials=(), registry=True) -> int:
     from . import dbus
+    from .assemble import assemble_and_run
     from .engines import open_engine
-    from .runguard import RunGuard
-    from .supervisor import SignalWatch, Supervisor
+    from .supervisor import SignalWatch
 
     dbus.light_import = True  # this process is corral's own: see dbus/_dbus_fast.py
 
-    with (
-        SignalWatch() as signals,
-        RunGuard(spec, environment=environment, credentials=credentials, registry=registry) as guard,
-    ):
-        engine = open_engine(spec)  # SetupError -> 125, nothing started
-        observer = guard.register(engine)  # entry on disk before the command starts, or 125
-        result = Supervisor(spec, engine, signals=signals, observer=observer).run()
-        guard.annotate(result)
+    with SignalWatch() as signals:
+        result = assemble_and_run(  # SetupError -> 125, nothing started
+            spec,
+            lambda: open_engine(spec),
+            guard={"environment": environment, "credentials": credentials, "registry": registry},
+            supervisor={"signals": signals},
+        )
     if not quiet:
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)

@@ -1,0 +1,34 @@
+"""``corralctl``: look at and act on registered runs.
+
+    corralctl ps [--json]          live runs: who started what, how many processes, how much memory
+    corralctl status RUN           active | expired | finished | unknown  (exit 0 | 10 | 11 | 12)
+    corralctl stop RUN             stop a run through its owner (its corral, or its unit), verified
+    corralctl gc [--dry-run] [--keep-finished DURATION]
+                                   remove finished runs older than DURATION (24h);
+                                   stop what crashed corrals left behind
+    corralctl audit verify RUN     check a run's event log offline
+
+RUN is a run id, ``corral-<id>`` or the unit name. ``status`` does not load
+typer: an action gateway may call it before every privileged action.
+Errors (a bad or missing argument, an unknown command): one line on stderr,
+with the usage, exit 125. ``corralctl`` alone, or a command group alone
+(``corralctl audit``), prints its help on stdout and exits 0, as ``--help``.
+"""
+
+from .app import _app, entry, main  # noqa: F401
+from .audit import audit_verify  # noqa: F401
+from .gc import _print_pruned, gc, parse_keep  # noqa: F401
+from .processes import _cgroup_dirs, _session_members, _sessions, _ticks_at, run_memory, run_processes  # noqa: F401
+from .ps import _SHELL_SPECIAL, _age, _cell, _quote, _size, _unsafe, command_text, ps, ps_rows  # noqa: F401
+from .reclaim import (  # noqa: F401
+    _Bus,
+    _leftovers,
+    _not_corrals_cgroup,
+    _record_reclaim,
+    _seconds,
+    _signal_checked,
+    _signal_owner,
+    reclaim,
+)
+from .status import STATUS_EXIT, CtlError, status  # noqa: F401
+from .stop import _await_finished, _print_report, _stop_library_run, stop  # noqa: F401

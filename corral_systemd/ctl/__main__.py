@@ -1,0 +1,5 @@
+"""``python -m corral_systemd.ctl``: the same as ``corralctl``."""
+
+from .app import entry
+
+entry()

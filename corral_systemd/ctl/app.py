@@ -1,0 +1,116 @@
+"""The command line: typer for everything but ``status``; errors are one line and exit 125."""
+
+import sys
+
+from .. import registry as REG
+from .audit import audit_verify
+from .gc import gc, parse_keep
+from .ps import ps
+from .status import CtlError, status
+from .stop import stop
+
+
+def _app():
+    import typer
+
+    app = typer.Typer(
+        add_completion=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        no_args_is_help=True,
+        context_settings={"help_option_names": ["--help", "-h"]},
+        help="Look at and act on corral runs (the run registry: $CORRAL_STATE_DIR, else /run/corral "
+        "for root, $XDG_RUNTIME_DIR/corral for other users).",
+    )
+    audit = typer.Typer(help="The runs' audit logs.", no_args_is_help=True)
+    app.add_typer(audit, name="audit")
+
+    @app.command("ps")
+    def _ps(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")):
+        """Live runs: id, mode, unit, age, time to deadline, processes, memory, cwd, command."""
+        raise typer.Exit(ps(as_json))
+
+    @app.command("status")
+    def _status(run: str = typer.Argument(..., metavar="RUN")):
+        """active (0), expired (10), finished (11) or unknown (12)."""
+        raise typer.Exit(status(run))
+
+    @app.command("stop")
+    def _stop(
+        run: str = typer.Argument(..., metavar="RUN"),
+        timeout: float | None = typer.Option(
+            None,
+            "--timeout",
+            metavar="SECONDS",
+            help="Seconds to wait for the owner to finish the run. Default: the run's grace + verify timeout + 10 s.",
+        ),
+    ):
+        """Stop a run through its owner (its corral, or its unit when corral is gone), verified."""
+        raise typer.Exit(stop(run, timeout))
+
+    @app.command("gc")
+    def _gc(
+        dry_run: bool = typer.Option(False, "--dry-run", help="Report only; stop and remove nothing."),
+        keep_finished: str = typer.Option(
+            f"{REG.KEEP_FINISHED / 3600:g}h",
+            "--keep-finished",
+            metavar="DURATION",
+            help="Remove finished runs (entry and event log) that finished longer ago than this.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="JSON report."),
+    ):
+        """Reclaim what crashed corrals left; prune old finished runs.
+
+        Removes finished runs (entry and event log) that finished longer ago
+        than --keep-finished; stops runs whose corral is gone, corral-* units no
+        live corral owns, and removes stray credential directories. Active and
+        expired runs, and runs whose owner still runs, are never removed.
+        """
+        raise typer.Exit(gc(dry_run, as_json, keep_finished=parse_keep(keep_finished)))
+
+    @audit.command("verify")
+    def _verify(run: str = typer.Argument(..., metavar="RUN")):
+        """Check a run's hash-chained event log; point at the first bad line."""
+        raise typer.Exit(audit_verify(run))
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        if len(args) == 2 and args[0] == "status" and not args[1].startswith("-"):
+            return status(args[1])  # fast path: no typer
+        import click
+        import typer
+
+        command = typer.main.get_command(_app())
+        no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+        try:
+            rv = command.main(args=args, prog_name="corralctl", standalone_mode=False)
+            return rv if isinstance(rv, int) else 0
+        except click.exceptions.Exit as exc:
+            return exc.exit_code
+        except no_args as exc:  # `corralctl`, `corralctl audit`: the help, as --help gives it
+            print(exc.ctx.get_help())
+            return 0
+        except click.UsageError as exc:
+            usage = exc.ctx.get_usage().replace("\n", " ").strip() if exc.ctx is not None else ""
+            print(f"corralctl: {exc.format_message()}" + (f" ({usage})" if usage else ""), file=sys.stderr)
+            return 125
+        except click.ClickException as exc:
+            print(f"corralctl: {exc.format_message()}", file=sys.stderr)
+            return 125
+        except click.Abort:
+            print("corralctl: aborted", file=sys.stderr)
+            return 130
+    except CtlError as exc:
+        print(f"corralctl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"corralctl: {exc}", file=sys.stderr)
+        return 125
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Reclaiming what a dead corral left: its unit, its cgroup, its marked processes, each
+cross-checked against the manager or the kernel before anything is signalled or removed."""
+
+import os
+import signal
+import time
+
+from .. import registry as REG
+from .processes import _session_members
+from .ps import _cell
+
+
+# -- reclaiming what a dead corral left -------------------------------------------------
+class _Bus:
+    """The systemd manager, when one is reachable (for units)."""
+
+    def __init__(self):
+        self.manager = None
+        self.why = None
+        try:
+            from .. import dbus
+            from ..dbus.discovery import connect_manager
+            from ..dbus.systemd1 import Manager
+            from ..errors import SetupError
+
+            dbus.light_import = True
+            try:
+                _kind, conn = connect_manager("auto", timeout=5.0)
+                self.manager = Manager(conn)
+            except SetupError as exc:
+                self.why = str(exc)
+        except Exception as exc:  # no bus: units are not checked, and we say so
+            self.why = f"systemd manager unreachable: {exc}"
+
+    def list_units(self) -> list[tuple[str, str]]:
+        return self.manager.list_units(["corral-*"])
+
+    def active_state(self, unit: str) -> str:
+        from ..dbus.connection import BusError
+        from ..dbus.systemd1 import UNIT
+
+        try:
+            return self.manager.get(unit, UNIT, "ActiveState")
+        except BusError as exc:
+            if exc.name in ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.DBus.Error.UnknownObject"):
+                return "gone"
+            raise
+
+    def not_corrals(self, unit: str, run_id: str | None = None) -> str | None:
+        """Why ``unit`` is not a run unit corral started (for ``run_id``, if given), or None.
+
+        By corral's own marks, never by name alone: named ``corral-<id>.scope``
+        or ``.service`` (a run id: hex), bound (BindsTo=) to that run's tether
+        scope ``corral-<id>-tether.scope`` or to a library Runner's
+        ``corral-runner-<pid>-<hex>-tether.scope``, and described ``corral: ...``.
+        A unit that is gone is not corral's to stop either.
+        """
+        import re
+
+        from ..dbus.connection import BusError
+        from ..dbus.systemd1 import UNIT
+
+        m = re.fullmatch(r"corral-([0-9a-f]{1,64})\.(scope|service)", unit or "")
+        if m is None:
+            return "not named like a corral run unit (corral-<run id>.scope/.service)"
+        if run_id is not None and m.group(1) != run_id:
+            return f"not this run's unit (corral-{run_id}.*)"
+        try:
+            bound = list(self.manager.get(unit, UNIT, "BindsTo"))
+            description = self.manager.get(unit, UNIT, "Description")
+        except BusError as exc:
+            return f"cannot read its properties ({exc.name})"
+        tethers = [
+            b
+            for b in bound
+            if b == f"corral-{m.group(1)}-tether.scope"
+            or re.fullmatch(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope", b)
+        ]
+        if not tethers:
+            return "not bound to a corral tether (BindsTo=)"
+        if not str(description).startswith("corral: "):
+            return "its description is not corral's"
+        return None
+
+    def tether_alive(self, unit: str) -> bool:
+        """Does a live corral own ``unit``? Its tether (the unit it BindsTo=) lives exactly as long as corral."""
+        from ..dbus.connection import BusError
+        from ..dbus.systemd1 import UNIT
+
+        try:
+            bound = self.manager.get(unit, UNIT, "BindsTo")
+        except BusError:
+            return False
+        return any(self.active_state(b) in ("active", "activating", "reloading") for b in bound)
+
+    def stop_verified(self, unit: str, timeout: float) -> bool:
+        from ..dbus.connection import BusError
+
+        state = self.active_state(unit)
+        if state in ("inactive", "failed", "gone"):
+            return True
+        try:
+            self.manager.stop_unit(unit)
+        except BusError as exc:
+            if exc.name != "org.freedesktop.systemd1.NoSuchUnit":
+                raise
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.active_state(unit) in ("inactive", "failed", "gone"):
+                return True
+            time.sleep(0.02)
+        return False
+
+
+def _not_corrals_cgroup(cg, run_id: str) -> str | None:
+    """Why ``cg`` is not the cgroup corral made for this run (``--cgroup-parent``), or None."""
+    from ..kernel import cgroupfs
+
+    if not isinstance(cg, str) or not os.path.isabs(cg) or os.path.normpath(cg) != cg:
+        return "not a normalised absolute path"
+    if os.path.basename(cg) != f"corral-{run_id}":
+        return f"not named corral-{run_id}"
+    unified = cgroupfs.Mounts().unified
+    if unified is None or not cg.startswith(unified.rstrip("/") + "/"):
+        return "not inside the cgroup v2 hierarchy"
+    if os.path.realpath(cg) != cg:
+        return "reached through a symlink"
+    if not os.path.isfile(os.path.join(cg, "cgroup.procs")):
+        return "not a control group"
+    return None
+
+
+def _signal_checked(info, sig, entry: dict) -> bool:
+    """Signal the process ``info`` names, through a pidfd, if it still is that process in that session."""
+    from ..kernel.pidfd import signal_process
+
+    return signal_process(info, sig, lambda current: current.sid == info.sid and REG.carries_mark(info.pid, entry))
+
+
+def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:
+    """Stop (TERM, grace, KILL, verify) what a run whose corral is gone left behind."""
+    from ..kernel import cgroupfs, procfs
+
+    events = REG.read_events(directory, entry["run_id"])
+    grace = _seconds(entry.get("grace"), 2.0)
+    verify = _seconds(entry.get("verify_timeout"), 2.0) + 1.0
+    report = {
+        "run_id": entry["run_id"],
+        "mode": entry.get("mode"),
+        "unit": entry.get("unit"),
+        "actions": [],
+        "verified": True,
+        "remaining": [],
+        "notes": [],
+    }
+    actions = report["actions"]
+    # The unit: the manager stops it (TERM, TimeoutStopSec=grace, KILL) and waits for its cgroup.
+    # Only a unit proven corral's for this run (name, tether, description): the entry may be forged.
+    if entry.get("unit"):
+        if bus is None or bus.manager is None:
+            report["verified"] = False
+            report["notes"].append(bus.why if bus else "no systemd manager")
+        elif bus.active_state(entry["unit"]) in ("inactive", "failed", "gone"):
+            pass  # nothing left to stop (asking is harmless, whatever unit the entry names)
+        elif (why := bus.not_corrals(entry["unit"], entry["run_id"])) is not None:
+            report["verified"] = False
+            report["notes"].append(f"{_cell(entry['unit'])} left alone: {why}")
+        else:
+            state = bus.active_state(entry["unit"])
+            if state not in ("inactive", "failed", "gone"):
+                actions.append(f"StopUnit {entry['unit']}")
+                if not dry_run and not bus.stop_verified(entry["unit"], grace + verify + 5):
+                    report["verified"] = False
+                    report["notes"].append(f"{entry['unit']} still {bus.active_state(entry['unit'])}")
+    elif entry.get("mode") == "cgroup" and entry.get("control_group"):
+        cg = entry["control_group"]
+        why = _not_corrals_cgroup(cg, entry["run_id"])
+        if why is not None:
+            report["verified"] = False
+            report["notes"].append(f"control group {_cell(cg)} left alone: {why}")
+        elif os.path.isdir(cg):
+            actions.append(f"cgroup.kill {cg}")
+            if not dry_run:
+                cgroupfs.kill(cg)
+                end = time.monotonic() + verify
+                while cgroupfs.populated(cg) and time.monotonic() < end:
+                    time.sleep(0.01)
+                try:
+                    os.rmdir(cg)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    report["verified"] = False
+                    report["remaining"] = cgroupfs.procs_below(cg) or [-1]
+    elif entry.get("mode") == "fallback":
+        members = _session_members(entry, events, procfs.scan())
+        if members:
+            actions.append("SIGTERM " + " ".join(str(p.pid) for p in members))
+        if members and not dry_run:
+            for p in members:
+                _signal_checked(p, signal.SIGTERM, entry)
+                _signal_checked(p, signal.SIGCONT, entry)
+            end = time.monotonic() + grace
+            while time.monotonic() < end and _session_members(entry, events, procfs.scan()):
+                time.sleep(0.02)
+            end = time.monotonic() + verify
+            while True:
+                left = _session_members(entry, events, procfs.scan())
+                if not left or time.monotonic() >= end:
+                    break
+                if "SIGKILL" not in " ".join(actions):
+                    actions.append("SIGKILL " + " ".join(str(p.pid) for p in left))
+                for p in left:
+                    _signal_checked(p, signal.SIGKILL, entry)
+                time.sleep(0.01)
+            if left:
+                report["verified"] = False
+                report["remaining"] = [p.pid for p in left]
+        report["notes"].append(
+            "fallback: only processes still in the command's session, or in the session of a "
+            "detached process the log recorded, can be found once corral is gone"
+        )
+    creds = entry.get("credentials_directory")
+    if creds and isinstance(creds, str) and os.path.lexists(creds):
+        from ..credentials import removable, remove_tree
+
+        why = removable(creds, entry["run_id"], directory)
+        if why is not None:
+            report["notes"].append(f"{_cell(creds)} left alone: {why}")
+        else:
+            actions.append(f"remove {creds}")
+            if not dry_run:
+                remove_tree(creds)
+    if not dry_run:
+        _record_reclaim(directory, entry, report, by)
+    return report
+
+
+def _record_reclaim(directory: str, entry: dict, report: dict, by: str) -> None:
+    import fcntl
+
+    path = REG.log_path(directory, entry["run_id"])
+    log = REG.EventLog(path, entry["run_id"], create=False)
+    try:
+        fcntl.flock(log.fd, fcntl.LOCK_EX)
+        log.seq, log.head = REG.log_tail(path)
+        reg = REG.Registration(directory, dict(entry), log)
+        reg.event(
+            "reclaimed",
+            {"by": by, "actions": report["actions"], "verified": report["verified"], "remaining": report["remaining"]},
+        )
+        reg.save(
+            state="finished",
+            outcome="reclaimed",
+            verified=report["verified"],
+            remaining_pids=report["remaining"],
+            finished_at=time.time(),
+            finished_monotonic=time.monotonic(),
+        )
+    finally:
+        log.close()
+
+
+def _seconds(value, default: float, cap: float = 600.0) -> float:
+    """A duration read from an entry (a file the run's uid can write): a number in [0, cap], else ``default``."""
+    return min(float(value), cap) if isinstance(value, (int, float)) and value >= 0 else default
+
+
+def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | None, str | None]:
+    """(what is still running, the unit it is in) for a run whose entry claims it finished.
+
+    Asked of the kernel and the manager, not the entry: a unit of corral's
+    for this run id still active, a corral cgroup still populated, or a
+    process carrying the run's mark in a session its log names.
+    """
+    from ..kernel import cgroupfs, procfs
+
+    run_id = entry["run_id"]
+    if bus is not None and bus.manager is not None:
+        for unit in (f"corral-{run_id}.scope", f"corral-{run_id}.service"):
+            state = bus.active_state(unit)
+            if state not in ("inactive", "failed", "gone") and bus.not_corrals(unit, run_id) is None:
+                return f"its unit {unit} is {state}", unit
+    cg = entry.get("control_group")
+    if (
+        entry.get("mode") == "cgroup"
+        and isinstance(cg, str)
+        and _not_corrals_cgroup(cg, run_id) is None
+        and cgroupfs.populated(cg)
+    ):
+        return f"its control group {cg} still has processes", None
+    members = _session_members(entry, REG.read_events(directory, run_id), procfs.scan())
+    if members:
+        return f"processes of the run are alive: {' '.join(str(p.pid) for p in members)}", None
+    return None, None
+
+
+def _signal_owner(entry: dict) -> bool:
+    """SIGTERM the run's owner (a corral: it runs its verified stop), through a pidfd, re-verified after opening it."""
+    pid = entry["owner"]["pid"]
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return False
+    try:
+        # The pidfd pins the process: if it is still the verified owner now, it is the one we signal.
+        if not REG.owner_verified(entry)[0]:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)

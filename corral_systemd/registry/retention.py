@@ -1,0 +1,136 @@
+"""Retention: which finished runs may go, and removing them."""
+
+import os
+import time
+from typing import TypeGuard
+
+from .files import entry_path, log_path, read_entry
+from .identity import owner_alive
+from .paths import valid_run_id
+
+#: A finished run's entry and log are kept at least this long (seconds) after it finished.
+KEEP_FINISHED = 24 * 3600.0
+#: Registration looks for stale finished runs at most this often (by PRUNE_STAMP's mtime) ...
+PRUNE_INTERVAL = 3600.0
+#: ... and removes at most this many of them each time.
+PRUNE_BATCH = 8
+PRUNE_STAMP = ".pruned"
+
+
+# -- retention ---------------------------------------------------------------------------
+def finished_time(entry: dict, mtime: float) -> float:
+    """When the run finished: the later of its recorded finish time and its
+    entry file's mtime, so an entry whose clock or file looks recent is kept."""
+    recorded = entry.get("finished_at")
+    return max(recorded if isinstance(recorded, (int, float)) else 0.0, mtime)
+
+
+def prunable(entry, mtime: float, cutoff: float) -> "TypeGuard[dict]":
+    """May this entry be removed? Only if it is ``finished`` as written, finished
+    before ``cutoff`` and its owner process is gone. Never an active or expired one."""
+    return (
+        isinstance(entry, dict)
+        and entry.get("state") == "finished"
+        and finished_time(entry, mtime) < cutoff
+        and not owner_alive(entry)
+    )
+
+
+def remove_run(directory: str, run_id: str) -> None:
+    """Remove a run's event log, then its entry.
+
+    In this order, an interruption leaves a finished entry without a log,
+    which the next pruning removes; never a log without its entry.
+    """
+    for path in (log_path(directory, run_id), entry_path(directory, run_id)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def prune_finished(
+    directory: str,
+    keep: float = KEEP_FINISHED,
+    *,
+    dry_run: bool = False,
+    limit: int | None = None,
+    now: float | None = None,
+) -> list[dict]:
+    """Remove finished runs (entry and log) that finished more than ``keep`` seconds ago.
+
+    Returns one dict per run removed (or, with ``dry_run``, that would be):
+    ``run_id``, ``finished_at``, ``age``, ``outcome``, ``exit_code``, and
+    ``error`` when removing failed. Stops after ``limit`` runs. Entries are
+    read only when their file is older than the cutoff: a scan of recent
+    runs costs one stat() per run.
+    """
+    now = time.time() if now is None else now
+    cutoff = now - keep
+    out: list[dict] = []
+    try:
+        scan = os.scandir(directory)
+    except OSError:
+        return out
+    with scan:
+        for item in scan:
+            if limit is not None and len(out) >= limit:
+                break
+            if not item.name.endswith(".json"):
+                continue
+            try:
+                mtime = item.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            run_id = item.name[:-5]
+            if mtime >= cutoff or not valid_run_id(run_id):  # the cheap test first
+                continue
+            entry = read_entry(directory, run_id)
+            if not prunable(entry, mtime, cutoff):
+                continue
+            finished_at = finished_time(entry, mtime)
+            row = {
+                "run_id": run_id,
+                "finished_at": finished_at,
+                "age": now - finished_at,
+                "outcome": entry.get("outcome"),
+                "exit_code": entry.get("exit_code"),
+            }
+            if not dry_run:
+                try:
+                    remove_run(directory, run_id)
+                except OSError as exc:
+                    row["error"] = str(exc)
+            out.append(row)
+    return out
+
+
+def maybe_prune(directory: str, *, now: float | None = None) -> int:
+    """Registration's share of retention: cheap, bounded, never an error.
+
+    Costs one stat() while ``PRUNE_STAMP`` is younger than ``PRUNE_INTERVAL``.
+    Otherwise it renews the stamp first (concurrent registrations then skip)
+    and removes at most ``PRUNE_BATCH`` runs finished more than
+    ``KEEP_FINISHED`` ago; if it removed that many, more may be left, so it
+    makes the stamp stale again for the next registration to go on.
+    Returns how many runs it removed.
+    """
+    now = time.time() if now is None else now
+    stamp = os.path.join(directory, PRUNE_STAMP)
+    try:
+        try:
+            if 0 <= now - os.stat(stamp).st_mtime < PRUNE_INTERVAL:
+                return 0  # a stamp from the future (clock set back) counts as stale
+        except FileNotFoundError:
+            pass
+        fd = os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.utime(fd, (now, now))
+        finally:
+            os.close(fd)
+        removed = prune_finished(directory, KEEP_FINISHED, limit=PRUNE_BATCH, now=now)
+        if len(removed) >= PRUNE_BATCH:
+            os.utime(stamp, (0, 0))
+        return len(removed)
+    except Exception:  # noqa: BLE001 -- the run is registered; pruning must never stop it
+        return 0
