@@ -86,7 +86,7 @@ class EngineInfo(BaseModel):
     io_read_bytes: int | None = None
     io_write_bytes: int | None = None
     #: Whose figures those are; None when there are none.
-    accounting_source: Literal["cgroup", "manager", "cgroup+manager"] | None = None
+    accounting_source: Literal["cgroup", "manager", "cgroup+manager", "procfs"] | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: dict[str, int] | None = None
     auto_fallback_reason: str | None = None

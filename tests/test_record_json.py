@@ -55,7 +55,7 @@ def outcomes(draw):
                 "memory_peak": st.integers(0, 2**62),
                 "cpu_usage_nsec": st.integers(0, 2**62),
                 "memory_events": st.dictionaries(st.sampled_from(["max", "oom", "oom_kill"]), st.integers(0, 99)),
-                "accounting_source": st.sampled_from(["cgroup", "manager", "cgroup+manager"]),
+                "accounting_source": st.sampled_from(["cgroup", "manager", "cgroup+manager", "procfs"]),
                 "an_engine_extra": st.one_of(_text, st.integers(), st.lists(st.integers(), max_size=3)),
             },
         )

@@ -194,7 +194,10 @@ class FallbackEngine(Engine):
         if self.auto_fallback_reason:
             info["auto_fallback_reason"] = self.auto_fallback_reason
         if self._mem_limit is not None:
-            info["memory_peak_rss"] = self._peak_rss
+            # No cgroup: the largest sum of the run's resident set sizes that
+            # the --mem watch sampled (a lower bound of memory.peak's figure).
+            info["memory_peak"] = self._peak_rss
+            info["accounting_source"] = "procfs"
         return info
 
     @property
