@@ -45,17 +45,33 @@ from .errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
 from .execution import _NO_SYSTEMD, Execution
 from .record import RunRecord, from_result
 from .spec import RunSpec
-from .units import parse_count, parse_duration, parse_size
+from .units import parse_duration, parse_size
 
 Duration = float | int | str | None
 Size = int | str | None
 
 
 class RunResult(RunRecord):
-    """The CLI's ``--json`` record plus the captured output."""
+    """The CLI's ``--json`` record plus the captured output.
+
+    Resource use is typed on ``engine`` (``cpu_usage_nsec``, ``memory_peak``,
+    ``tasks_peak``, ``pids_limit_hits``, ``accounting_source``...); the
+    properties below give the common ones in plain units (None: not known).
+    """
 
     stdout: bytes = b""
     stderr: bytes = b""
+
+    @property
+    def cpu_time(self) -> float | None:
+        """CPU seconds of the whole run (user and system, every process)."""
+        ns = self.engine.cpu_usage_nsec
+        return None if ns is None else ns / 1e9
+
+    @property
+    def memory_peak(self) -> int | None:
+        """Peak memory in bytes (the cgroup's; a fallback run's sampled RSS sum with ``mem=``)."""
+        return self.engine.memory_peak
 
 
 def _is_directory(path) -> bool:
@@ -89,7 +105,7 @@ def _limit_values(given: dict) -> dict:
             out[name] = _bytes(value, name)
         elif isinstance(value, str):
             try:
-                out[name] = parse_count(value, what=name)
+                out[name] = BY_FIELD[name].parse(value)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
         else:
@@ -121,6 +137,8 @@ def make_spec(
     mem: Size = None,
     pids: int | None = None,
     max_output: Size = None,
+    cpu_time: Duration = None,
+    cpus: float | str | None = None,
     grace: Duration = 2.0,
     verify_timeout: Duration = 2.0,
     mode: str = "auto",
@@ -132,6 +150,7 @@ def make_spec(
     env: dict | None = None,
     cwd: str | None = None,
     credentials: dict | None = None,
+    properties: dict | None = None,
 ) -> RunSpec:
     """Validate the library's keyword arguments into a RunSpec (UsageError if bad).
 
@@ -145,6 +164,10 @@ def make_spec(
     ``credentials`` maps NAME to a file PATH, as ``--credential NAME=PATH``:
     the command finds a copy as ``$CREDENTIALS_DIRECTORY/NAME``, removed when
     the run ends (a bad NAME, or one given twice, is a UsageError).
+
+    ``properties`` maps unit property names to values, as ``-p NAME=VALUE``
+    (``{"IOWeight": 50}``): systemd runs only; properties corral sets itself,
+    or that the unit type does not take, are a UsageError.
     """
     try:
         argv = [os.fspath(a) for a in argv]
@@ -174,7 +197,9 @@ def make_spec(
         check_unique(requests)
     return RunSpec(
         argv=argv,
-        **_limit_values({"wall": wall, "mem": mem, "pids": pids, "max_output": max_output}),
+        **_limit_values(
+            {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output, "cpu_time": cpu_time, "cpus": cpus}
+        ),
         grace=_required(_seconds(grace, "grace"), "grace"),
         verify_timeout=_required(_seconds(verify_timeout, "verify_timeout"), "verify_timeout"),
         cgroup_mode=mode,
@@ -186,6 +211,7 @@ def make_spec(
         env=None if env is None else {str(k): str(v) for k, v in env.items()},
         cwd=None if cwd is None else os.path.abspath(cwd),
         credential_requests=requests,
+        properties=[f"{name}={value}" for name, value in (properties or {}).items()],
     )
 
 

@@ -15,7 +15,7 @@ import typer
 
 from . import __version__
 from .errors import CorralError, UsageError
-from .limits import MAX_OUTPUT, MEM, PIDS, WALL
+from .limits import CPU_TIME, CPUS, MAX_OUTPUT, MEM, PIDS, WALL
 
 
 class CgroupMode(str, enum.Enum):
@@ -67,6 +67,15 @@ def corral(
     mem: str | None = typer.Option(None, MEM.option, metavar=MEM.metavar, help=MEM.help),
     pids: str | None = typer.Option(None, PIDS.option, metavar=PIDS.metavar, help=PIDS.help),
     max_output: str | None = typer.Option(None, MAX_OUTPUT.option, metavar=MAX_OUTPUT.metavar, help=MAX_OUTPUT.help),
+    cpu_time: str | None = typer.Option(None, CPU_TIME.option, metavar=CPU_TIME.metavar, help=CPU_TIME.help),
+    cpus: str | None = typer.Option(None, CPUS.option, metavar=CPUS.metavar, help=CPUS.help),
+    property_: list[str] | None = typer.Option(
+        None,
+        "--property",
+        "-p",
+        metavar="PROPERTY",
+        help="NAME=VALUE: pass a unit property, as systemd-run -p (repeatable; those corral sets are refused).",
+    ),
     cgroup_mode: CgroupMode = typer.Option(CgroupMode.auto, help="auto: systemd when reachable, else fallback."),
     cgroup_parent: str | None = typer.Option(
         None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."
@@ -110,7 +119,7 @@ def corral(
     from .spec import RunSpec
     from .units import parse_duration
 
-    given = {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output}
+    given = {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output, "cpu_time": cpu_time, "cpus": cpus}
     try:
         limits: dict[str, Any] = {
             name: None if text is None else BY_FIELD[name].parse(text) for name, text in given.items()
@@ -126,6 +135,7 @@ def corral(
             manager=manager.value,
             unit_type=unit_type.value,
             slice=slice_,
+            properties=list(property_ or []),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

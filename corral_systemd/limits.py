@@ -18,6 +18,11 @@ from dataclasses import dataclass
 MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds: their sum, in µs, fits systemd's uint64 timeouts
 MAX_SIZE = 2**63 - 1  # bytes: what the kernel and systemd take as a count (UINT64_MAX means infinity)
 MAX_PIDS = 4194304  # the kernel's PID_MAX_LIMIT: pids.max refuses more
+MAX_CPUS = 4096.0  # CPUs' worth of quota: CONFIG_NR_CPUS' largest common value
+#: How often the engines read the run's CPU time for --cpu-time (seconds).
+CPU_TIME_INTERVAL = 0.1
+#: The stop sequence's timings (seconds, always set), recorded beside the limits.
+TIMINGS = ("grace", "verify_timeout")
 
 
 @dataclass(frozen=True)
@@ -26,23 +31,28 @@ class Limit:
     field: str
     #: The CLI option (the library's keyword is ``field``).
     option: str
-    #: "duration" (seconds), "size" (bytes) or "count".
+    #: "duration" (seconds), "size" (bytes), "count" or "cpus" (a fraction of CPUs).
     kind: str
     help: str
 
     @property
     def metavar(self) -> str:
-        return {"duration": "DURATION", "size": "SIZE", "count": "COUNT"}[self.kind]
+        return {"duration": "DURATION", "size": "SIZE", "count": "COUNT", "cpus": "CPUS"}[self.kind]
 
     @property
     def maximum(self) -> float:
-        return {"duration": MAX_DURATION, "size": MAX_SIZE, "count": MAX_PIDS}[self.kind]
+        return {"duration": MAX_DURATION, "size": MAX_SIZE, "count": MAX_PIDS, "cpus": MAX_CPUS}[self.kind]
 
     def parse(self, text: str):
         """The option's text as the RunSpec value (ValueError, naming the option, if malformed)."""
         from . import units
 
-        parse = {"duration": units.parse_duration, "size": units.parse_size, "count": units.parse_count}[self.kind]
+        parse = {
+            "duration": units.parse_duration,
+            "size": units.parse_size,
+            "count": units.parse_count,
+            "cpus": units.parse_cpus,
+        }[self.kind]
         return parse(text, what=self.option)
 
 
@@ -87,8 +97,24 @@ MAX_OUTPUT = RunEndingLimit(
     reached="output limit exceeded",
 )
 
+CPU_TIME = RunEndingLimit(
+    "cpu_time",
+    "--cpu-time",
+    "duration",
+    "CPU time of the whole run (every process, reaped ones included); reaching it exits 123. Default: none.",
+    reason="cpu_time",
+    exit_code=123,
+    reached="CPU time limit reached",
+)
+CPUS = Limit(
+    "cpus",
+    "--cpus",
+    "cpus",
+    "CPU quota in CPUs, fractional (e.g. 0.5); kernel-enforced modes only. Default: none.",
+)
+
 #: Every limit, in the order options and record fields are shown.
-LIMITS: tuple[Limit, ...] = (WALL, MEM, PIDS, MAX_OUTPUT)
+LIMITS: tuple[Limit, ...] = (WALL, MEM, PIDS, MAX_OUTPUT, CPU_TIME, CPUS)
 BY_FIELD: dict[str, Limit] = {limit.field: limit for limit in LIMITS}
 #: The limits that end a run, by field and by the outcome they give it.
 ENDS_RUN: dict[str, RunEndingLimit] = {lim.field: lim for lim in LIMITS if isinstance(lim, RunEndingLimit)}

@@ -27,6 +27,8 @@ class Limits(_Strict):
     mem: int | None = None
     pids: int | None = None
     max_output: int | None = None
+    cpu_time: float | None = None
+    cpus: float | None = None
 
 
 class Steps(_Strict):
@@ -85,7 +87,10 @@ class EngineInfo(BaseModel):
     tasks_peak: int | None = None
     io_read_bytes: int | None = None
     io_write_bytes: int | None = None
-    #: Whose figures those are; None when there are none.
+    #: How many forks --pids refused (pids.events "max"); 0: no fork was refused.
+    pids_limit_hits: int | None = None
+    #: Whose figures those are; None when there are none ("procfs": a
+    #: fallback run's, from /proc and the children corral reaped).
     accounting_source: Literal["cgroup", "manager", "cgroup+manager", "procfs"] | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: dict[str, int] | None = None
@@ -93,6 +98,8 @@ class EngineInfo(BaseModel):
     #: How often corral connected to the manager again mid-run (a daemon-reexec
     #: closes every private connection); None: never needed.
     reconnected: int | None = None
+    #: -p/--property NAME=VALUE as passed to the unit.
+    properties: list[str] | None = None
 
 
 class EnvironmentNames(_Strict):
@@ -123,7 +130,15 @@ class RunRecord(_Strict):
     ended_monotonic: float
     wall_time: float
     outcome: Literal[
-        "exited", "timeout", "memory", "output", "interrupted", "spawn_failed", "setup_failed", "internal_error"
+        "exited",
+        "timeout",
+        "memory",
+        "output",
+        "cpu_time",
+        "interrupted",
+        "spawn_failed",
+        "setup_failed",
+        "internal_error",
     ]
     detail: str = ""
     exit_code: int

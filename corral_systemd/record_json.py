@@ -22,12 +22,15 @@ import os
 import tempfile
 from typing import Final
 
+from .limits import LIMITS, TIMINGS
 from .redact import redact_argv
 
 RECORD_VERSION: Final = 1
-#: ``Limits``' fields, in order (float ones first: JSON keeps 5 and 5.0 apart).
-LIMIT_FLOATS = ("wall", "grace", "verify_timeout")
-LIMIT_FIELDS = (*LIMIT_FLOATS, "mem", "pids", "max_output")
+#: ``Limits``' fields, in order: the wall, the stop timings, then every other
+#: limit as limits.py declares them; seconds and CPUs are floats (JSON keeps
+#: 5 and 5.0 apart).
+LIMIT_FIELDS = ("wall", *TIMINGS, *(limit.field for limit in LIMITS if limit.field != "wall"))
+LIMIT_FLOATS = (*TIMINGS, *(limit.field for limit in LIMITS if limit.kind in ("duration", "cpus")))
 #: ``Steps``' fields, in order: seconds since the run started.
 STEP_FIELDS = (
     "spawned",
@@ -57,10 +60,12 @@ ENGINE_FIELDS = (
     "tasks_peak",
     "io_read_bytes",
     "io_write_bytes",
+    "pids_limit_hits",
     "accounting_source",
     "memory_events",
     "auto_fallback_reason",
     "reconnected",
+    "properties",
 )
 #: ``EnvironmentNames``' fields, in order: the --env-* patterns and names, never values.
 ENVIRONMENT_FIELDS = ("cleared", "keep", "drop", "kept", "dropped")

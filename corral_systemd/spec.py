@@ -22,15 +22,13 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import UsageError
-from .limits import LIMITS, MAX_DURATION, MAX_PIDS, MAX_SIZE
+from .limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
 STDIN_MODES = ("null", "inherit")
 MANAGERS = ("auto", "user", "system")
 UNIT_TYPES = ("scope", "service")
 
-#: The stop sequence's timings (durations, always set), beside the limits.
-TIMINGS = ("grace", "verify_timeout")
 _BOUNDS = {"size": f"{MAX_SIZE} bytes (8 EiB)", "count": f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)"}
 
 
@@ -47,6 +45,8 @@ class RunSpec:
     mem: int | None = None  # bytes
     pids: int | None = None
     max_output: int | None = None  # bytes, stdout + stderr together
+    cpu_time: float | None = None  # CPU seconds of the whole run
+    cpus: float | None = None  # CPU quota, in CPUs
     cgroup_mode: str = "auto"
     cgroup_parent: str | None = None
     stdin: str | bytes = "null"  # "null", "inherit", "pipe" (library) or the bytes to send
@@ -64,6 +64,8 @@ class RunSpec:
     #: ``credentials=``); RunGuard decides who delivers them.
     credential_requests: list = field(default_factory=list)
     run_id: str = field(default_factory=new_run_id)
+    #: -p/--property NAME=VALUE: unit properties passed through (see unitprops.py).
+    properties: list = field(default_factory=list)
 
     def __post_init__(self):
         self.validate()
@@ -76,6 +78,8 @@ class RunSpec:
             value = getattr(self, limit.field)
             if limit.kind == "duration":
                 _check_duration(limit.field, value, optional=True)
+            elif limit.kind == "cpus":
+                _check_cpus(limit.field, value)
             else:
                 _check_int(limit.field, value, int(limit.maximum), _BOUNDS[limit.kind])
         _check_choice("cgroup_mode", self.cgroup_mode, CGROUP_MODES)
@@ -99,10 +103,22 @@ class RunSpec:
             raise UsageError(
                 "invalid environment: names and values must be strings without NUL bytes (names non-empty, without '=')"
             )
+        if self.properties:
+            self._check_properties()
         for name in ("cwd", "cgroup_parent"):
             value = getattr(self, name)
             if value is not None and (not _text(value) or not value):
                 raise UsageError(f"invalid {name} {value!r}: must be a path without NUL bytes")
+
+    def _check_properties(self) -> None:
+        from .unitprops import parse_property
+
+        if not isinstance(self.properties, list) or not all(_text(p) for p in self.properties):
+            raise UsageError("invalid properties: expected NAME=VALUE strings")
+        if self.cgroup_mode == "fallback" or self.cgroup_parent is not None:
+            raise UsageError("--property needs a systemd unit: not with --cgroup-mode fallback or --cgroup-parent")
+        for text in self.properties:
+            parse_property(text, self.unit_type)
 
     def limits(self) -> dict:
         """The record's ``limits``: every limit (None: not set) and the stop timings."""
@@ -124,6 +140,16 @@ def _check_duration(name: str, value, *, optional: bool) -> None:
         raise UsageError(f"invalid {name} {value!r}: must be a finite number of seconds, not negative")
     if value > MAX_DURATION:
         raise UsageError(f"invalid {name}: {value:g}s is out of range (at most {MAX_DURATION / 3600:.0f}h, 100 years)")
+
+
+def _check_cpus(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"invalid {name} {value!r}: expected a number of CPUs")
+    # systemd's CPUQuota= is whole microseconds per second: below 0.000001 CPU is none.
+    if not math.isfinite(value) or value < 1e-6 or value > MAX_CPUS:
+        raise UsageError(f"invalid {name} {value!r}: expected 0.000001 to {MAX_CPUS:g} CPUs")
 
 
 def _check_int(name: str, value, maximum: int, shown: str) -> None:

@@ -43,6 +43,22 @@ def parse_count(text: str, *, what: str = "count") -> int:
     return int(text)
 
 
+def parse_cpus(text: str, *, what: str = "cpus") -> float:
+    """A positive number of CPUs, fractional ("0.5", "2"); a trailing "%" is
+    hundredths of one CPU, as systemd's CPUQuota= takes it ("50%" is 0.5)."""
+    import math
+
+    body = text.strip()
+    scale = 100.0 if body.endswith("%") else 1.0
+    try:
+        value = float(body[:-1] if scale != 1.0 else body) / scale
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"invalid {what} {text!r}: expected a number of CPUs greater than zero (e.g. 0.5 or 50%)")
+    return value
+
+
 def format_duration(seconds: float) -> str:
     """Human form for the summary line: ``0.012s`` or ``1m03s``."""
     if seconds < 60:

@@ -54,6 +54,7 @@ def outcomes(draw):
                 "unit_type": st.sampled_from(["scope", "service"]),
                 "memory_peak": st.integers(0, 2**62),
                 "cpu_usage_nsec": st.integers(0, 2**62),
+                "pids_limit_hits": st.integers(0, 2**31),
                 "memory_events": st.dictionaries(st.sampled_from(["max", "oom", "oom_kill"]), st.integers(0, 99)),
                 "accounting_source": st.sampled_from(["cgroup", "manager", "cgroup+manager", "procfs"]),
                 "an_engine_extra": st.one_of(_text, st.integers(), st.lists(st.integers(), max_size=3)),
@@ -78,15 +79,21 @@ def outcomes(draw):
             "mem": draw(st.one_of(st.none(), st.integers(1, 2**40))),
             "pids": None,
             "max_output": None,
+            "cpu_time": draw(st.one_of(st.none(), st.integers(1, 60), st.floats(0.1, 60))),
+            "cpus": draw(st.one_of(st.none(), st.floats(0.01, 8))),
         },
         limits_enforced=draw(
-            st.dictionaries(st.sampled_from(["mem", "pids"]), st.sampled_from(["kernel", "watch", "none"]))
+            st.dictionaries(
+                st.sampled_from(["mem", "pids", "cpu_time", "cpus"]), st.sampled_from(["kernel", "watch", "none"])
+            )
         ),
         started_at=start,
         started_monotonic=draw(_time),
         ended_at=start + 1,
         ended_monotonic=draw(_time),
-        reason=draw(st.sampled_from(["exited", "timeout", "memory", "output", "interrupted", "internal_error"])),
+        reason=draw(
+            st.sampled_from(["exited", "timeout", "memory", "output", "cpu_time", "interrupted", "internal_error"])
+        ),
         detail=draw(_text),
         exit_code=draw(st.integers(0, 255)),
         command_exit_status=draw(st.one_of(st.none(), st.integers(0, 255))),

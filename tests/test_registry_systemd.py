@@ -26,7 +26,7 @@ from test_registry import (
     wait_for,
 )
 
-from conftest import CORRAL
+from conftest import CORRAL, scale_walls
 from modes import MANAGER, manager_runtime_dir, mode_flags, scope_flag, unit_property
 from procscan import marked_pids
 
@@ -95,8 +95,9 @@ def test_service_credentials_are_systemds_and_gone_after_a_timeout(state, tmp_pa
         [
             *CORRAL,
             *mode_flags("service"),
-            "--wall",
-            "500ms",
+            # Long enough for the command to list its credentials first, even
+            # under emulation (scaled): 500 ms was not, once, in the VM lane.
+            *scale_walls(["--wall", "2s"]),
             "--grace",
             "300ms",
             "--json",

@@ -42,6 +42,9 @@ def open_engine(spec, session=None):
             return SystemdEngine(spec, session)
         except SetupError as exc:
             reason = str(exc)
+    if spec.properties:
+        # Fail closed: what was asked of the unit cannot be had without one.
+        raise SetupError(f"--property needs a systemd unit, and auto mode found no manager: {reason}")
     from .fallback import FallbackEngine
 
     engine = FallbackEngine(spec)

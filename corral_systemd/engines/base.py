@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import SetupError  # noqa: F401  (re-exported for engines)
-from ..limits import MEM
+from ..limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
 
 if TYPE_CHECKING:
     from ..kernel.pidfd import RunTracker
@@ -130,6 +130,10 @@ class Engine:
         """True if the kernel OOM-killed something of the run (kernel limits)."""
         return False
 
+    def cpu_time_nsec(self) -> int | None:
+        """The run's CPU time so far (every process, reaped ones included), or None if unknown."""
+        return None
+
     def signal_all(self, *sigs: int) -> int:
         """Send each of ``sigs`` to every live process of the run; return how many."""
         raise NotImplementedError
@@ -181,31 +185,46 @@ class Engine:
         return {}
 
 
-class CgroupMemoryLimit:
-    """``--mem`` for engines whose cgroup the kernel may limit (systemd, --cgroup-parent).
+class CgroupLimits:
+    """The limits corral watches for engines with a cgroup (systemd, --cgroup-parent).
 
-    Mixed in before ``Engine``; needs ``spec``, ``oom_killed()``, ``live_pids()``
-    and ``limits_enforced["mem"]`` ("kernel", or "watch" where the kernel
-    cannot: then corral sums the run's resident memory itself).
+    Mixed in before ``Engine``; needs ``spec``, ``oom_killed()``,
+    ``live_pids()``, ``cpu_time_nsec()`` and ``limits_enforced["mem"]``:
+
+    - ``--mem``: the kernel's (an OOM kill), or, where the kernel cannot
+      ("watch"), corral sums the run's resident memory itself;
+    - ``--cpu-time``: the group's ``cpu.stat`` usage, every process of the
+      run, exited ones included, read every ``CPU_TIME_INTERVAL``.
     """
 
     #: How often the supervisor asks (an OOM kill, or the watched total).
     LIMIT_WATCH_INTERVAL = 0.025
 
     def watch_interval(self):
-        return self.LIMIT_WATCH_INTERVAL if self.spec.mem is not None else None
+        intervals = []
+        if self.spec.mem is not None:
+            intervals.append(self.LIMIT_WATCH_INTERVAL)
+        if self.spec.cpu_time is not None:
+            intervals.append(CPU_TIME_INTERVAL)
+        return min(intervals) if intervals else None
 
     def check_limits(self):
-        if self.spec.mem is None:
-            return None
-        if self.oom_killed():
-            return MEM.field
-        if self.limits_enforced.get("mem") == "watch":
-            from ..kernel.procfs import resident_bytes
-
-            if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
+        if self.spec.mem is not None:
+            if self.oom_killed():
                 return MEM.field
+            if self.limits_enforced.get("mem") == "watch":
+                from ..kernel.procfs import resident_bytes
+
+                if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
+                    return MEM.field
+        if self.spec.cpu_time is not None:
+            return cpu_time_reached(self.spec.cpu_time, self.cpu_time_nsec())
         return None
+
+
+def cpu_time_reached(limit: float, used_nsec: int | None) -> str | None:
+    """``"cpu_time"`` once the run's CPU time (ns) has reached ``--cpu-time`` (seconds)."""
+    return CPU_TIME.field if used_nsec is not None and used_nsec >= limit * 1e9 else None
 
 
 def wait_status(info) -> int:

@@ -21,13 +21,13 @@ from ..errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from ..kernel.spawn import fork_command
-from .base import CgroupMemoryLimit, Engine, usage_facts
+from .base import CgroupLimits, Engine, usage_facts
 
 #: How often the group's figures are read, and its processes tracked, while the run lives.
 SAMPLE_INTERVAL = 0.1
 
 
-class CgroupEngine(CgroupMemoryLimit, Engine):
+class CgroupEngine(CgroupLimits, Engine):
     mode = "cgroup"
 
     def __init__(self, spec):
@@ -77,6 +77,18 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
                 self.limits_enforced["mem"] = "watch"
                 self.warnings.append(
                     f"--mem: {parent} does not delegate the memory controller; memory is watched by corral instead"
+                )
+        if spec.cpu_time is not None:
+            self.limits_enforced["cpu_time"] = "watch"
+        if spec.cpus is not None:
+            if "cpu" in available:
+                # The kernel's default period (100 ms); its smallest quota is 1 ms.
+                self._write("cpu.max", f"{max(1000, round(spec.cpus * 100_000))} 100000")
+                self.limits_enforced["cpus"] = "kernel"
+            else:
+                self.limits_enforced["cpus"] = "none"
+                self.warnings.append(
+                    f"--cpus: {parent} does not delegate the cpu controller; the quota is not enforced"
                 )
         if spec.pids is not None:
             if "pids" in available:
@@ -142,6 +154,9 @@ class CgroupEngine(CgroupMemoryLimit, Engine):
         super().poll_events()
         if not had and self._status is not None:
             self._sample()  # the main process exited: the figures so far
+
+    def cpu_time_nsec(self):
+        return self._usage.figures.get("cpu_usage_nsec")
 
     def oom_killed(self):
         watch = self._memory_events

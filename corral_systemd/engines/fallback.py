@@ -20,13 +20,14 @@ a live thread.
 
 import os
 import signal
+import time
 
 from ..kernel import procfs
 from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
 from ..kernel.spawn import fork_command
-from ..limits import MEM
-from .base import Engine
+from ..limits import CPU_TIME_INTERVAL, MEM
+from .base import Engine, cpu_time_reached
 
 MEMORY_WATCH_INTERVAL = 0.025
 
@@ -45,6 +46,16 @@ class FallbackEngine(Engine):
         if spec.pids is not None:
             self.limits_enforced["pids"] = "none"
             self.warnings.append("--pids is not enforced in fallback mode (no cgroup)")
+        if spec.cpus is not None:
+            self.limits_enforced["cpus"] = "none"
+            self.warnings.append("--cpus is not enforced in fallback mode (no cgroup)")
+        self._cpu_time_limit = spec.cpu_time
+        if spec.cpu_time is not None:
+            self.limits_enforced["cpu_time"] = "watch"
+        self._next_cpu_check = 0.0
+        self._cpu = (0, 0)  # (user, system) ns, as last read
+        # What corral's reaped children used before the run: not the run's.
+        self._reaped_before = _reaped_cpu_nsec()
         set_child_subreaper()
         # Children corral already had are not the run's: never signal them.
         self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
@@ -107,14 +118,39 @@ class FallbackEngine(Engine):
 
     # -- limits --------------------------------------------------------
     def watch_interval(self):
-        return MEMORY_WATCH_INTERVAL if self._mem_limit is not None else None
+        intervals = [MEMORY_WATCH_INTERVAL] if self._mem_limit is not None else []
+        if self._cpu_time_limit is not None:
+            intervals.append(CPU_TIME_INTERVAL)
+        return min(intervals) if intervals else None
 
     def check_limits(self):
-        if self._mem_limit is None:
-            return None
-        total = sum(procfs.resident_bytes(p.pid) for p in self._members() if p.alive)
-        self._peak_rss = max(self._peak_rss, total)
-        return MEM.field if total > self._mem_limit else None
+        if self._mem_limit is not None:
+            total = sum(procfs.resident_bytes(p.pid) for p in self._members() if p.alive)
+            self._peak_rss = max(self._peak_rss, total)
+            if total > self._mem_limit:
+                return MEM.field
+        if self._cpu_time_limit is not None and time.monotonic() >= self._next_cpu_check:
+            self._next_cpu_check = time.monotonic() + CPU_TIME_INTERVAL
+            return cpu_time_reached(self._cpu_time_limit, self.cpu_time_nsec())
+        return None
+
+    def cpu_time_nsec(self) -> int:
+        """The run's CPU time: what corral has reaped of it (it is their
+        subreaper: getrusage(RUSAGE_CHILDREN) since the run began), plus each
+        process still in /proc, zombies included, with what it has reaped
+        itself (utime+cutime, stime+cstime). The rusage is read first: a
+        process reaped between the two reads is missed once, never counted
+        twice, so a reading errs low."""
+        (user_now, system_now), (user_before, system_before) = _reaped_cpu_nsec(), self._reaped_before
+        reaped_user, reaped_system = user_now - user_before, system_now - system_before
+        user = system = 0
+        for info in self._members():
+            ticks = procfs.cpu_ticks(info.pid)
+            if ticks is not None:
+                user, system = user + ticks[0], system + ticks[1]
+        tick = 1_000_000_000 // procfs.CLOCK_TICKS
+        self._cpu = max(self._cpu, (reaped_user + user * tick, reaped_system + system * tick), key=sum)
+        return sum(self._cpu)
 
     # -- stopping ------------------------------------------------------
     def signal_all(self, *sigs):
@@ -191,18 +227,29 @@ class FallbackEngine(Engine):
 
     def describe(self):
         info = {"processes_signalled": len(self._signalled)}
+        self.cpu_time_nsec()
+        info["cpu_usage_nsec"] = sum(self._cpu)
+        info["cpu_user_nsec"], info["cpu_system_nsec"] = self._cpu
+        info["accounting_source"] = "procfs"
         if self.auto_fallback_reason:
             info["auto_fallback_reason"] = self.auto_fallback_reason
         if self._mem_limit is not None:
             # No cgroup: the largest sum of the run's resident set sizes that
             # the --mem watch sampled (a lower bound of memory.peak's figure).
             info["memory_peak"] = self._peak_rss
-            info["accounting_source"] = "procfs"
         return info
 
     @property
     def processes_stopped(self) -> int:
         return len(self._signalled)
+
+
+def _reaped_cpu_nsec() -> tuple[int, int]:
+    """(user, system) CPU time of this process's reaped children, in ns."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(usage.ru_utime * 1e9), round(usage.ru_stime * 1e9)
 
 
 def _wait_status(info) -> int:

@@ -37,7 +37,7 @@ class Mounts:
                     unified = point
                 elif fstype == "cgroup":
                     for opt in options.split(","):
-                        if opt in ("memory", "pids", "name=systemd"):
+                        if opt in ("memory", "pids", "cpu", "name=systemd"):
                             v1[opt] = point
         self.unified = unified if unified and _is_cgroup_root(unified) else None
         self.v1 = {key: point for key, point in v1.items() if _is_cgroup_root(point)}
@@ -233,7 +233,9 @@ class Usage:
     - ``tasks_peak``: ``pids.peak`` (v2, or the v1 pids hierarchy), else the
       largest ``pids.current`` seen;
     - ``io_read_bytes``, ``io_write_bytes``: ``io.stat`` rbytes/wbytes summed
-      over devices (v2, io controller).
+      over devices (v2, io controller);
+    - ``pids_limit_hits``: ``pids.events`` ``max``, how many forks the pids
+      limit refused (v2, or the v1 pids hierarchy).
     """
 
     def __init__(self):
@@ -267,6 +269,10 @@ class Usage:
                 if value is not None:
                     self._keep("tasks_peak", value)
                     break
+        for directory in (unified, pids_v1):
+            if directory and "max" in (events := _read_keyed_or_empty(j(directory, "pids.events"))):
+                self._keep("pids_limit_hits", events["max"])
+                break
         if unified:
             io = _io_bytes(j(unified, "io.stat"))
             if io is not None:

@@ -136,6 +136,22 @@ def resident_bytes(pid: int) -> int:
     return pages * PAGE_SIZE
 
 
+#: Clock ticks per second, the unit of /proc/PID/stat's CPU times.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """(user, system) CPU time of a process and of the children it has
+    reaped (utime+cutime, stime+cstime), in clock ticks; None if it is gone.
+    A zombie keeps its figures until it is reaped."""
+    try:
+        fields = _stat_fields(read_bytes(f"/proc/{pid}/stat"))
+        # After comm: state is field 3, so utime (14) .. cstime (17) are 11..14.
+        return int(fields[11]) + int(fields[13]), int(fields[12]) + int(fields[14])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def cmdline(pid: int) -> list[str]:
     """argv of a process, for reports ([] if gone or a kernel thread)."""
     try:

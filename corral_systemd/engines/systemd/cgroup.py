@@ -127,7 +127,26 @@ class UnitCgroup:
             enforced["pids"] = "kernel" if kernel else "none"
             if not kernel:
                 warnings.append("--pids: no pids controller for the unit; the limit is not enforced")
+        if spec.cpus is not None:
+            kernel = self.cpu_quota_set()
+            enforced["cpus"] = "kernel" if kernel else "none"
+            if not kernel:
+                warnings.append("--cpus: no cpu controller for the unit; the quota is not enforced")
         return enforced, warnings
+
+    def cpu_quota_set(self) -> bool:
+        """A CPU quota is in force on the group: v2 ``cpu.max`` not "max", or
+        v1 ``cpu.cfs_quota_us`` not -1."""
+        unified, v1 = self.dir("unified"), self.dir("cpu")
+        try:
+            if unified is not None and "cpu" in cgroupfs.controllers(unified):
+                with open(os.path.join(unified, "cpu.max")) as f:
+                    return f.read().split()[0] != "max"
+            if v1 is not None:
+                return cgroupfs.read_int(os.path.join(v1, "cpu.cfs_quota_us")) not in (None, -1)
+        except (OSError, IndexError):
+            pass
+        return False
 
     # -- watching: OOM and the figures ---------------------------------
     def arm(self, *, oom_eventfd: bool) -> None:

@@ -48,7 +48,7 @@ from ...dbus.systemd1 import NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, 
 from ...errors import SetupError
 from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
-from ..base import CgroupMemoryLimit, Engine, usage_facts
+from ..base import CgroupLimits, Engine, usage_facts
 from ..tether import Tether
 from . import properties as P
 from .cgroup import UnitCgroup, cgroup_of
@@ -67,7 +67,7 @@ RECONNECT_EVERY = 0.5
 RECONNECT_TIMEOUT = 0.5
 
 
-class SystemdEngine(CgroupMemoryLimit, Engine):
+class SystemdEngine(CgroupLimits, Engine):
     mode = "systemd"
     #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
     kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
@@ -121,12 +121,16 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         #: main process is held unreaped until close(), so its session id stays the run's.
         self.tracker = RunTracker()
         self._hold_main = True
-        self.facts = {
+        if spec.cpu_time is not None:
+            self.limits_enforced["cpu_time"] = "watch"
+        self.facts: dict = {
             "manager": self.manager_kind,
             "unit": self.unit,
             "unit_type": spec.unit_type,
             "transport": "private" if self.direct else "bus",
         }
+        if spec.properties:
+            self.facts["properties"] = list(spec.properties)
 
     # -- 1. connect ----------------------------------------------------
     def _open_own_connection(self, timeout: float = START_TIMEOUT) -> None:
@@ -481,6 +485,12 @@ class SystemdEngine(CgroupMemoryLimit, Engine):
         ):
             return True
         return self.facts.get("unit_result") == "oom-kill"
+
+    def cpu_time_nsec(self):
+        """The unit's CPU time: its cgroup's cpu.stat (read every SAMPLE_INTERVAL), or the manager's figure."""
+        figures = self.cgroup.usage.figures if self.cgroup is not None else {}
+        readings = [v for v in (figures.get("cpu_usage_nsec"), self._manager_figures.get("cpu_usage_nsec")) if v]
+        return max(readings) if readings else None
 
     def _sample_manager(self, props):
         """Keep the manager's figures (see ``usage_facts``: the larger reading

@@ -40,12 +40,24 @@ def unit_properties(spec, argv, *, tether_unit: str, add_ref: bool, keep_failed:
     ]
     if add_ref:
         props.append(prop("AddRef", "b", True))
-    return props + limit_properties(spec)
+    return props + limit_properties(spec) + user_properties(spec)
+
+
+def user_properties(spec) -> list:
+    """-p/--property NAME=VALUE, as validated by ``unitprops.parse_property``
+    (only properties corral knows, none of its own, none the unit type refuses)."""
+    if not spec.properties:
+        return []
+    from ...unitprops import parse_property
+
+    return [prop(*parse_property(text, spec.unit_type)) for text in spec.properties]
 
 
 def limit_properties(spec) -> list:
-    """The kernel-enforced limits, and RuntimeMaxSec as a backstop past the
-    wall, the grace period and verification (corral stops the run first)."""
+    """The kernel-enforced limits (memory, tasks, CPU quota), and
+    RuntimeMaxSec as a backstop past the wall, the grace period and
+    verification (corral stops the run first). ``--cpu-time`` is corral's to
+    watch: no property expresses "CPU time of the whole unit"."""
     props = []
     if spec.wall is not None:
         backstop = spec.wall + spec.grace + spec.verify_timeout
@@ -54,7 +66,14 @@ def limit_properties(spec) -> list:
         props += [prop("MemoryMax", "t", spec.mem), prop("MemorySwapMax", "t", 0)]
     if spec.pids is not None:
         props.append(prop("TasksMax", "t", spec.pids))
+    if spec.cpus is not None:
+        props.append(prop("CPUQuotaPerSecUSec", "t", cpu_quota_per_sec_usec(spec.cpus)))
     return props
+
+
+def cpu_quota_per_sec_usec(cpus: float) -> int:
+    """CPUQuota= as the manager takes it over D-Bus: microseconds of CPU per second."""
+    return max(1, round(cpus * _USEC))
 
 
 def scope_properties(main_pid: int) -> list:
