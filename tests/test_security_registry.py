@@ -502,3 +502,23 @@ def test_audit_verify_against_the_real_journal(state):
     _rewrite_as_exit_0(state, run_id)
     r = ctl(state, "audit", "verify", run_id)
     assert r.returncode == 1 and "differs from the journal" in r.stdout, r.stdout
+
+
+def test_stop_waits_for_the_entry_when_the_owners_token_is_ahead(tmp_path, monkeypatch, capsys):
+    """The owner writes its entry, then its token: corralctl can read the
+    entry (still active), then a token that already says finished. It must
+    read the entry again, not report the stale one ("exit None, NOT
+    verified": seen once in the VM lane)."""
+    import importlib
+
+    from corral_systemd import registry as REG
+
+    ctl_stop = importlib.import_module("corral_systemd.ctl.stop")  # the package re-exports the function
+
+    active = {"run_id": "0123456789ab", "state": "active"}
+    final = dict(active, state="finished", exit_code=143, verified=True, remaining_pids=[])
+    reads = iter([active, final])
+    monkeypatch.setattr(REG, "read_entry", lambda directory, run_id: next(reads, final))
+    monkeypatch.setattr(REG, "effective_state", lambda entry, **kw: ("finished", "its owner says so"))
+    assert ctl_stop._await_finished(str(tmp_path), active, 5.0, "stopped by its corral", "its corral") == 0
+    assert "exit 143, verified" in capsys.readouterr().out

@@ -108,6 +108,11 @@ def _await_finished(
     while time.monotonic() < end:
         entry = REG.read_entry(directory, run_id) or entry
         if REG.effective_state(entry)[0] == "finished":  # the owner's token, while it holds one
+            if entry.get("state") != "finished":
+                # The owner writes its entry, then its token: a token read after
+                # the entry may already say finished. Read the entry again.
+                time.sleep(0.02)
+                continue
             ok = bool(entry.get("verified"))
             print(
                 f"{run_id}: {done}: exit {entry.get('exit_code')}, "
