@@ -92,7 +92,7 @@ def test_cpu_time_is_the_cgroups(corral, unit_type):
     engine = run.record["engine"]
     assert cgroupfs.Mounts().unified is not None  # cpu.stat is in every cgroup v2 group
     cpu = engine["cpu_usage_nsec"]
-    # About one second of CPU (the last 0.1 s may be missing: see systemd.SAMPLE_INTERVAL).
+    # About one second of CPU (the last 0.1 s may be missing: see base.CgroupLimits.SAMPLE_INTERVAL).
     assert cpu is not None and 0.7e9 <= cpu <= 10e9, _detail(run)
     user, system = engine["cpu_user_nsec"], engine["cpu_system_nsec"]
     assert user is not None and system is not None, _detail(run)
@@ -244,7 +244,7 @@ class _FakeSession:
 
 def _fake_unit_cgroup(tmp_path, unit):
     """A unit's cgroup on a fake unified tree: its files as the kernel shows them."""
-    from corral_systemd.engines.systemd.cgroup import UnitCgroup
+    from corral_systemd.engines.unitcgroup import UnitCgroup
 
     cg = f"/corral.slice/{unit}"
     group = tmp_path / "unified" / cg.lstrip("/")

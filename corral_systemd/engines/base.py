@@ -9,6 +9,7 @@ to 125) and lets ``ExecError`` from spawning through (126/127).
 """
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import SetupError  # noqa: F401  (re-exported for engines)
@@ -199,9 +200,22 @@ class CgroupLimits:
 
     #: How often the supervisor asks (an OOM kill, or the watched total).
     LIMIT_WATCH_INTERVAL = 0.025
+    #: How often the group's figures are read, and its processes shown to the
+    #: tracker, while the run lives (``_sample_group``): a group the manager
+    #: removes as soon as the run ends keeps only what was read before.
+    SAMPLE_INTERVAL = 0.1
+    _next_sample = 0.0
+
+    def _has_group(self) -> bool:
+        """Is the run's cgroup known (and not yet removed)?"""
+        raise NotImplementedError
+
+    def _sample_group(self) -> None:
+        """Read the group's figures now."""
+        raise NotImplementedError
 
     def watch_interval(self):
-        intervals = []
+        intervals = [self.SAMPLE_INTERVAL] if self._has_group() else []
         if self.spec.mem is not None:
             intervals.append(self.LIMIT_WATCH_INTERVAL)
         if self.spec.cpu_time is not None:
@@ -209,6 +223,10 @@ class CgroupLimits:
         return min(intervals) if intervals else None
 
     def check_limits(self):
+        if self._has_group() and time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + self.SAMPLE_INTERVAL
+            self._sample_group()
+            self._track(self.live_pids())
         if self.spec.mem is not None:
             if self.oom_killed():
                 return MEM.field

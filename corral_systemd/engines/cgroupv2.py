@@ -9,10 +9,12 @@ says ``populated 0`` and the group's rmdir succeeds.
 
 Only corral removes the group, and only after the last reads: its
 ``memory.events`` (OOM kills) and resource figures are read from the group
-itself. memory.events is kept open and polled for POLLPRI, so an OOM kill is
-seen when it happens, not at the next limit check.
+itself (``UnitCgroup``, the same reader the systemd engine uses).
+memory.events is kept open and polled for POLLPRI, so an OOM kill is seen
+when it happens, not at the next limit check.
 """
 
+import copy
 import errno
 import os
 import signal
@@ -22,9 +24,7 @@ from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from ..kernel.spawn import fork_command
 from .base import CgroupLimits, Engine, usage_facts
-
-#: How often the group's figures are read, and its processes tracked, while the run lives.
-SAMPLE_INTERVAL = 0.1
+from .unitcgroup import UnitCgroup
 
 
 class CgroupEngine(CgroupLimits, Engine):
@@ -47,22 +47,20 @@ class CgroupEngine(CgroupLimits, Engine):
         except OSError as exc:
             raise SetupError(f"cannot create cgroup {self.path}: {exc.strerror}") from None
         self._removed = False
-        self._stopped = set()
+        self._stopped: set[int] = set()
         self._last: list[int] = []
-        self._usage = cgroupfs.Usage()
+        # The group lives in the unified hierarchy only: no v1 directory is its.
+        only_v2 = copy.copy(mounts)
+        only_v2.v1 = {}
+        self.group = UnitCgroup(self.path[len(mounts.unified.rstrip("/")) :], only_v2)
         self.tracker = RunTracker("0")
         self._hold_main = True  # its session id stays ours until close() (see RunTracker)
-        self._next_sample = 0.0
-        self._memory_events: cgroupfs.KeyedWatch | None = None
         try:
             self._apply_limits(parent)
         except BaseException:
             self._rmdir()
             raise
-        try:
-            self._memory_events = cgroupfs.KeyedWatch(os.path.join(self.path, "memory.events"))
-        except OSError:
-            pass  # no memory controller delegated
+        self.group.arm(oom_eventfd=False)  # memory.events (if delegated) and cgroup.events
 
     def _apply_limits(self, parent):
         spec = self.spec
@@ -130,46 +128,36 @@ class CgroupEngine(CgroupLimits, Engine):
         child.release()
 
     # -- limits --------------------------------------------------------
-    def watch_interval(self):
-        interval = super().watch_interval()
-        return SAMPLE_INTERVAL if interval is None else min(interval, SAMPLE_INTERVAL)
+    def _has_group(self) -> bool:
+        return not self._removed
 
-    def check_limits(self):
-        import time
-
-        if time.monotonic() >= self._next_sample:
-            self._next_sample = time.monotonic() + SAMPLE_INTERVAL
-            self._sample()
-            self._track(self._procs())
-        return super().check_limits()
+    def _sample_group(self) -> None:
+        self._sample()
 
     def priority_fds(self):
-        watch = self._memory_events
-        return [watch.fileno()] if watch is not None and watch.alive else []
+        return [] if self._removed else self.group.priority_fds()
 
     def poll_events(self):
-        if self._memory_events is not None:
-            self._memory_events.read()  # re-arms its POLLPRI
+        if not self._removed:
+            self.group.read_watches()  # re-arms their POLLPRI
         had = self._status is not None
         super().poll_events()
         if not had and self._status is not None:
             self._sample()  # the main process exited: the figures so far
 
     def cpu_time_nsec(self):
-        return self._usage.figures.get("cpu_usage_nsec")
+        return self.group.usage.figures.get("cpu_usage_nsec")
 
     def oom_killed(self):
-        watch = self._memory_events
-        if self.spec.mem is None or watch is None:
+        if self.spec.mem is None:
             return False
-        watch.read()
-        return watch.values.get("oom_kill", 0) > 0
+        # corral removes the group itself, after its last read: the counters
+        # are always there to read, so no inference from the main's SIGKILL.
+        return self.group.oom_counted(main_sigkilled_unprompted=False)
 
     # -- stopping ------------------------------------------------------
     def _procs(self) -> list[int]:
-        if self._removed:
-            return []
-        return cgroupfs.procs_below(self.path)
+        return [] if self._removed else self.group.pids()
 
     def live_pids(self):
         return self._procs()
@@ -196,13 +184,13 @@ class CgroupEngine(CgroupLimits, Engine):
         self._track(pids)
         self.tracker.kill_escaped()
         self._stopped.update(pids)
-        if self._removed or not cgroupfs.kill(self.path):
+        if self._removed or not self.group.kill(use_cgroup_kill=True):
             self.signal_all(signal.SIGKILL)
 
     def verify_empty(self):
         self.reap()
-        if not self._removed and cgroupfs.populated(self.path):
-            return self._procs() or [-1]
+        if not self._removed and (left := self.group.remaining()[0]):
+            return left
         # The group is empty: whatever of the run still lives is outside it.
         if escaped := self.tracker.sweep(self._pinned_sessions()):
             self._stopped.update(escaped)
@@ -215,9 +203,8 @@ class CgroupEngine(CgroupLimits, Engine):
     def _sample(self):
         """Read the group's figures (and memory.events) while it exists."""
         if not self._removed:
-            self._usage.sample(self.path)
-            if self._memory_events is not None:
-                self._memory_events.read()
+            self.group.sample()
+            self.group.read_watches()
 
     def _rmdir(self) -> bool:
         try:
@@ -229,13 +216,11 @@ class CgroupEngine(CgroupLimits, Engine):
                 return False
             raise
         self._removed = True
-        if self._memory_events is not None:
-            self._memory_events.close()  # a removed group's file would poll ready forever
+        self.group.close()  # a removed group's files would poll ready forever
         return True
 
     def close(self):
-        if self._memory_events is not None:
-            self._memory_events.close()
+        self.group.close()
         if not self._removed:
             self._rmdir()
         self.tracker.close()
@@ -245,9 +230,9 @@ class CgroupEngine(CgroupLimits, Engine):
             self._child.pidfd = -1
 
     def describe(self):
-        info = {"control_group": self.path, **usage_facts(self._usage.figures), **self.tracker.facts()}
-        if self._memory_events is not None:
-            info["memory_events"] = {key: self._memory_events.values.get(key, 0) for key in ("max", "oom", "oom_kill")}
+        info = {"control_group": self.path, **usage_facts(self.group.usage.figures), **self.tracker.facts()}
+        if (events := self.group.memory_events()) is not None:
+            info["memory_events"] = events
         return info
 
     @property

@@ -4,8 +4,9 @@
   transient unit, wait for its job, watch it, stop it, prove it empty;
 - ``strategy.py``: scope or service, chosen once per run;
 - ``properties.py``: the unit's properties, pure functions of the run spec;
-- ``cgroup.py``: the unit's control group as the kernel shows it (members,
-  limits read back, OOM, figures, cgroup.kill);
+- ``engines/unitcgroup.py`` (beside this package, shared with the
+  ``--cgroup-parent`` engine): the unit's control group as the kernel shows
+  it (members, limits read back, OOM, figures, cgroup.kill);
 - ``envfile.py``: a service's executable and environment file;
 - ``session.py``: ``SystemdSession``, a library Runner's shared connection and tether.
 

@@ -13,7 +13,7 @@ The flow, as in systemd-run (run.c), each step a method below:
 4. wait for the start job's JobRemoved (``dbus.jobs``); only then open the
    gate, so nothing the command runs can start outside the unit;
 5. watch: the main process (scope: our child, via pidfd; service:
-   PropertiesChanged on the unit), the unit's cgroup (``cgroup.py``: OOM
+   PropertiesChanged on the unit), the unit's cgroup (``unitcgroup.py``: OOM
    counters, figures);
 6. stop: KillUnit(all, SIGTERM+SIGCONT), SIGKILL after grace through
    cgroup.kill where the unified hierarchy offers it, else KillUnit;
@@ -50,14 +50,12 @@ from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
 from ..base import CgroupLimits, Engine, usage_facts
 from ..tether import Tether
+from ..unitcgroup import UnitCgroup, cgroup_of
 from . import properties as P
-from .cgroup import UnitCgroup, cgroup_of
 from .strategy import strategy_for
 
 #: Once the unit runs, a call that gets no answer within this is a lost manager.
 RUNTIME_CALL_TIMEOUT = 1.0
-#: How often the unit's cgroup figures are read while the run lives (see UnitCgroup.arm).
-SAMPLE_INTERVAL = 0.1
 #: A CLI run whose manager connection ended mid-run (daemon-reexec closes every
 #: private connection) connects again for this long before it calls the manager
 #: lost; one attempt every RECONNECT_EVERY, each bounded by RECONNECT_TIMEOUT so
@@ -109,7 +107,6 @@ class SystemdEngine(CgroupLimits, Engine):
         #: The figures the manager reported (the kernel's are the cgroup's).
         self._manager_figures: dict[str, int] = {}
         self._exit_sampled = False
-        self._next_sample = 0.0
         self._unit_gone = False
         self._active_state: str | None = None  # from PropertiesChanged
         self._inactive_checks = 0
@@ -334,18 +331,11 @@ class SystemdEngine(CgroupLimits, Engine):
         if self.cgroup is not None:
             self.cgroup.sample()
 
-    def watch_interval(self):
-        interval = super().watch_interval()
-        if self.cgroup is not None:  # also for the periodic usage sample
-            interval = min(interval or SAMPLE_INTERVAL, SAMPLE_INTERVAL)
-        return interval
+    def _has_group(self) -> bool:
+        return self.cgroup is not None
 
-    def check_limits(self):
-        if time.monotonic() >= self._next_sample:
-            self._next_sample = time.monotonic() + SAMPLE_INTERVAL
-            self._sample_cgroup()
-            self._track(self._pids())
-        return super().check_limits()
+    def _sample_group(self) -> None:
+        self._sample_cgroup()
 
     # -- 5. watching ---------------------------------------------------
     def priority_fds(self):
@@ -487,7 +477,7 @@ class SystemdEngine(CgroupLimits, Engine):
         return self.facts.get("unit_result") == "oom-kill"
 
     def cpu_time_nsec(self):
-        """The unit's CPU time: its cgroup's cpu.stat (read every SAMPLE_INTERVAL), or the manager's figure."""
+        """The unit's CPU time: its cgroup's cpu.stat (sampled: CgroupLimits), or the manager's figure."""
         figures = self.cgroup.usage.figures if self.cgroup is not None else {}
         readings = [v for v in (figures.get("cpu_usage_nsec"), self._manager_figures.get("cpu_usage_nsec")) if v]
         return max(readings) if readings else None

@@ -9,7 +9,7 @@ from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
 from ...dbus.systemd1 import Manager, unit_path
 from ...errors import SetupError
 from ..tether import Tether
-from .cgroup import cgroup_of
+from ..unitcgroup import cgroup_of
 from .properties import tether_properties
 
 

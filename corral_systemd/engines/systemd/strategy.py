@@ -25,8 +25,8 @@ from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
 from ...errors import SetupError
 from ...kernel.spawn import ExecError, fork_command, spawn_gated_by_shell
+from ..unitcgroup import cgroup_of
 from . import properties as P
-from .cgroup import cgroup_of
 from .envfile import EnvFile, resolve_for_service, valid_env
 
 #: systemd's exit status for a main process it forked but could not execute (EXIT_EXEC).

@@ -1,8 +1,10 @@
-"""A unit's control group, as the kernel shows it: the engine's proof.
+"""A run's control group, as the kernel shows it: the engine's proof.
 
-The manager says what it did; the kernel says what is there. Once the
-engine knows the unit's cgroup path (``cgroup_of`` for a process in it, or
-the manager's ControlGroup), ``UnitCgroup`` answers from the cgroup files
+Shared by the systemd engine (the unit's cgroup) and the ``--cgroup-parent``
+engine (the group corral made). The manager says what it did; the kernel
+says what is there. Once the engine knows the group's path (``cgroup_of``
+for a process in it, the manager's ControlGroup, or the directory corral
+created), ``UnitCgroup`` answers from the cgroup files
 of every hierarchy that has the group (cgroup v2; in the hybrid layout also
 name=systemd and the v1 controllers):
 
@@ -23,9 +25,9 @@ every file is optional (no controller, no such file: nothing is claimed).
 import os
 import signal
 
-from ...kernel import cgroupfs
-from ...kernel.fsread import read_bytes
-from ...kernel.pidfd import signal_cgroup_members
+from ..kernel import cgroupfs
+from ..kernel.fsread import read_bytes
+from ..kernel.pidfd import signal_cgroup_members
 
 
 def cgroup_of(pid: int, unit: str) -> str:
