@@ -300,9 +300,8 @@ def test_library_credentials_exist_only_while_the_run_does(mode, unit_type, deli
     assert "s3cret-library" not in result.model_dump_json(exclude={"stdout", "stderr"})
     from corral_systemd.registry import state_dir
 
-    for path in _files_below(state_dir()):  # the registry entry and audit log
-        with open(path, "rb") as f:
-            assert b"s3cret-library" not in f.read(), path
+    for path, data in _files_below(state_dir()):  # the registry entry and audit log
+        assert b"s3cret-library" not in data, path
     assert marked_pids(marker) == []
 
 
@@ -312,8 +311,17 @@ def test_library_credentials_bad_name_is_a_usage_error(tmp_path):
 
 
 def _files_below(directory):
+    """(path, contents) of each file below ``directory``. The state directory
+    is shared by the suite's workers: a file another run replaces or prunes
+    between the listing and the read (an entry's ``.tmp``) is passed over."""
     for root, _dirs, files in os.walk(directory):
-        yield from (os.path.join(root, name) for name in files)
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                with open(path, "rb") as f:
+                    yield path, f.read()
+            except FileNotFoundError:
+                continue
 
 
 @pytest.mark.manager_kill  # disturbs every run on the manager: a harness of its own

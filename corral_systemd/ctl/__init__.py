@@ -15,20 +15,12 @@ with the usage, exit 125. ``corralctl`` alone, or a command group alone
 (``corralctl audit``), prints its help on stdout and exits 0, as ``--help``.
 """
 
-from .app import _app, entry, main  # noqa: F401
+# The package's interface: what the rest of corral and corralctl's callers use.
+from .app import entry, main  # noqa: F401
 from .audit import audit_verify  # noqa: F401
-from .gc import _print_pruned, gc, parse_keep  # noqa: F401
-from .processes import _cgroup_dirs, _session_members, _sessions, _ticks_at, run_memory, run_processes  # noqa: F401
-from .ps import _SHELL_SPECIAL, _age, _cell, _quote, _size, _unsafe, command_text, ps, ps_rows  # noqa: F401
-from .reclaim import (  # noqa: F401
-    _Bus,
-    _leftovers,
-    _not_corrals_cgroup,
-    _record_reclaim,
-    _seconds,
-    _signal_checked,
-    _signal_owner,
-    reclaim,
-)
+from .gc import gc, parse_keep  # noqa: F401
+from .processes import run_memory, run_processes  # noqa: F401
+from .ps import command_text, ps, ps_rows  # noqa: F401
+from .reclaim import reclaim  # noqa: F401
 from .status import STATUS_EXIT, CtlError, status  # noqa: F401
-from .stop import _await_finished, _print_report, _stop_library_run, stop  # noqa: F401
+from .stop import stop  # noqa: F401

@@ -56,14 +56,14 @@ On corral's hot path: it imports only os, json, time, a SHA-256
 implementation and ``redact`` (the redaction the run record shares).
 """
 
-from ..redact import REDACTED, redact_argv  # noqa: F401  (shared with the run record; registry.redact_argv stays)
-from .audit import _hash_of_line, verify_log  # noqa: F401
+# The package's interface: what the rest of corral and corralctl's callers use.
+from ..redact import REDACTED, redact_argv  # noqa: F401  (shared with the run record)
+from .audit import verify_log  # noqa: F401
 from .files import (  # noqa: F401
     VERSION,
     ZERO_HASH,
     EventLog,
     _canonical,
-    _write_atomic,
     entry_path,
     list_entries,
     log_path,
@@ -75,10 +75,6 @@ from .identity import (  # noqa: F401
     MARK_ENV,
     TOKEN_PREFIX,
     OwnerToken,
-    _boot_id,
-    _is_pid,
-    _own_starttime,
-    _seals,
     boot_id,
     carries_mark,
     looks_like_corral,
@@ -93,8 +89,6 @@ from .identity import (  # noqa: F401
 )
 from .paths import (  # noqa: F401
     STATE_FALLBACK,
-    _home,
-    _private_dir_of,
     ensure_private_dir,
     ensure_state_dir,
     normalize_run_id,
@@ -113,5 +107,5 @@ from .retention import (  # noqa: F401
     prune_finished,
     remove_run,
 )
-from .state import STATES, _finished_why, effective_state  # noqa: F401
-from .writer import DETACH_WATCH_INTERVAL, Registration, RegistryObserver, _status_data, register  # noqa: F401
+from .state import STATES, effective_state  # noqa: F401
+from .writer import DETACH_WATCH_INTERVAL, Registration, RegistryObserver, register  # noqa: F401

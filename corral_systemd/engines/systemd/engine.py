@@ -163,7 +163,7 @@ class SystemdEngine(CgroupLimits, Engine):
             if job is not None:
                 # The start job is over: the manager has exec'd the command
                 # (or given up), and read the environment file for good.
-                self._remove_env_file()
+                self.strategy.remove_env_file()
             if result != "done":
                 strategy.start_failed(result)  # SetupError or ExecError, unless the command did run
         except BusError as exc:
@@ -174,7 +174,7 @@ class SystemdEngine(CgroupLimits, Engine):
             raise
         finally:
             if not self._adopted:  # else the manager may not have read it yet: close() removes it
-                self._remove_env_file()
+                self.strategy.remove_env_file()
         # From here on the unit exists and (for a service) the command runs:
         # no failure may be reported as "not started" (125) any more.
         self._started = True
@@ -185,11 +185,6 @@ class SystemdEngine(CgroupLimits, Engine):
         # socket will not poll readable for them: handle them now (a fast
         # service's exit status may be among them).
         self.poll_events()
-
-    def _remove_env_file(self) -> None:
-        remove = getattr(self.strategy, "remove_env_file", None)
-        if remove is not None:
-            remove()
 
     def _start_transient_unit(self, props, aux, fds) -> str | None:
         """StartTransientUnit; once more on a fresh connection if ours ended under the call.

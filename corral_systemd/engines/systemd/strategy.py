@@ -84,6 +84,9 @@ class ScopeStrategy:
 
     may_have_run = ""
 
+    def remove_env_file(self) -> None:
+        """A scope's command has the environment corral gave it: no file."""
+
     def started(self) -> None:
         """Open the gate (ExecError propagates; the scope empties and stops)."""
         engine = self.engine
