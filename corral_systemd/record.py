@@ -92,6 +92,12 @@ class EngineInfo(BaseModel):
     #: Whose figures those are; None when there are none ("procfs": a
     #: fallback run's, from /proc and the children corral reaped).
     accounting_source: Literal["cgroup", "manager", "cgroup+manager", "procfs"] | None = None
+    #: True: the group's figures were read after its last process ended, so
+    #: they are totals. False: the group was removed first (its manager was
+    #: quicker) and they are the last sample, lower bounds -- except a CPU
+    #: figure the manager kept (``accounting_source`` names "manager").
+    #: None: no group (the fallback).
+    accounting_final: bool | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: dict[str, int] | None = None
     auto_fallback_reason: str | None = None

@@ -62,6 +62,7 @@ ENGINE_FIELDS = (
     "io_write_bytes",
     "pids_limit_hits",
     "accounting_source",
+    "accounting_final",
     "memory_events",
     "auto_fallback_reason",
     "reconnected",

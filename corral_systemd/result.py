@@ -83,9 +83,13 @@ def usage_summary(result: RunOutcome) -> str:
     engine = result.engine
     if result.reason in (SPAWN_FAILED, SETUP_FAILED):
         return ""
+    # A group removed before its final reading left lower bounds ("at
+    # least"), except a CPU total the manager kept.
+    sampled = engine.get("accounting_final") is False
+    cpu_sampled = sampled and "manager" not in (engine.get("accounting_source") or "")
     parts = []
     if engine.get("memory_peak") is not None:
-        parts.append(f"peak {engine['memory_peak'] / 2**20:.1f} MiB")
+        parts.append(f"peak {'>=' if sampled else ''}{engine['memory_peak'] / 2**20:.1f} MiB")
     if engine.get("cpu_usage_nsec") is not None:
-        parts.append(f"cpu {engine['cpu_usage_nsec'] / 1e9:.2f} s")
+        parts.append(f"cpu {'>=' if cpu_sampled else ''}{engine['cpu_usage_nsec'] / 1e9:.2f} s")
     return ", ".join(parts)

@@ -36,12 +36,9 @@ from .kernel.signals import stop_signals
 from .kernel.spawn import ExecError
 from .limits import ENDS_RUN, MAX_OUTPUT
 from .output import OutputPump
+from .stopping import stop_and_verify
 
 _STOP_SIGNALS = stop_signals()
-# The stop and verify loops re-check at growing intervals: fast for the
-# common case (everything died at once), cheap for a slow shutdown.
-_FIRST_RECHECK = 0.0005
-_MAX_RECHECK = 0.05
 #: Longest single poll() wait (an hour; poll's own limit is INT_MAX ms).
 _MAX_POLL_MS = 3600 * 1000
 # After the run is proven empty, its pipes are read until EOF for at most
@@ -388,50 +385,21 @@ class Supervisor:
         return stop_sig
 
     def _stop_and_verify(self, pump: OutputPump | None) -> None:
-        res, engine, spec = self.result, self.engine, self.spec
-        if left := engine.remaining():
-            self._step("term_sent", pids=sorted(left))
-            engine.signal_all(signal.SIGTERM, signal.SIGCONT)
-            grace_end = self._now() + spec.grace
-            recheck = _FIRST_RECHECK
-            while engine.remaining():
-                left = grace_end - self._now()
-                if left <= 0:
-                    break
-                engine.signal_new(signal.SIGTERM, signal.SIGCONT)  # born since the TERM round
-                if self._wait(pump, min(recheck, left)) is not None:
-                    break  # asked again: do not wait out the grace period
-                recheck = min(recheck * 2, _MAX_RECHECK)
-            if left := engine.remaining():
-                self._step("kill_sent", pids=sorted(left))
-                engine.kill_all()
-        # Verification: keep killing what appears (fork chains) and reaping
-        # until the engine proves the run empty, within verify_timeout.
-        verify_end = self._now() + spec.verify_timeout
-        recheck = _FIRST_RECHECK
-        while True:
-            left = engine.verify_empty()
-            if not left and (why := engine.unproven()) is not None:
-                # Its cgroup is empty, but processes of the run left it while
-                # alive (killed since): no proof for what they started elsewhere.
-                res.remaining_pids = []
-                res.warnings.append(why)
-                self._step("unverified", remaining=[])
-                break
-            if not left:
-                res.verified = True
-                res.remaining_pids = []
-                self._step("verified")
-                break
-            if self._now() >= verify_end:
-                res.remaining_pids = sorted(left)
-                self._step("unverified", remaining=res.remaining_pids)
-                break
-            engine.kill_all()
-            self._wait(pump, min(recheck, max(0.0, verify_end - self._now())))
-            recheck = min(recheck * 2, _MAX_RECHECK)
+        """The stop sequence (``stopping``), with output pumped while it waits."""
+        outcome = stop_and_verify(
+            self.engine,
+            grace=self.spec.grace,
+            verify_timeout=self.spec.verify_timeout,
+            wait=lambda seconds: self._wait(pump, seconds) is not None,
+            step=self._step,
+            clock=self._now,
+        )
+        self.result.verified = outcome.verified
+        self.result.remaining_pids = outcome.remaining
+        if outcome.unproven is not None:
+            self.result.warnings.append(outcome.unproven)
         # The main process's status, if it died during the stop.
-        engine.poll_events()
+        self.engine.poll_events()
 
     def _finish(self, spawn_exit: int | None = None) -> R.RunOutcome:
         res, engine = self.result, self.engine

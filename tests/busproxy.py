@@ -15,7 +15,10 @@ connection whose client sends a StartTransientUnit call is ended there
   the manager shows the run's tether scope loaded (created by the same
   call: the request was acted on), the reply lost;
 - ``cut="after-ended"``: as "after", but only once the unit itself is gone
-  again (a command that exited at once, its unit collected).
+  again (a command that exited at once, its unit collected);
+- ``cut="job"``: the call and its reply (the start job's path) pass, then
+  the connection ends before anything else reaches the client: the start
+  job's JobRemoved is lost (a daemon-reexec while the job runs).
 
 Later connections are forwarded untouched. ``connections`` counts them.
 ``cut_all()`` ends every connection open now, as a manager's daemon-reexec
@@ -38,7 +41,7 @@ _UNIT = re.compile(rb"corral-[0-9a-f]+\.(?:scope|service)")
 
 class CuttingProxy:
     def __init__(self, real: str, directory: str, cut: str | None, slow_begin: bool = False):
-        assert cut in (None, "before", "after", "after-ended")
+        assert cut in (None, "before", "after", "after-ended", "job")
         self.real = real
         self.cut = cut
         self.slow_begin = slow_begin
@@ -96,7 +99,9 @@ class CuttingProxy:
                     for fd in fds:
                         os.close(fd)
                     break
-                if cutting:
+                if cutting and self.cut == "job":
+                    muted.job = True  # type: ignore[attr-defined]  # see _server_to_client
+                elif cutting:
                     muted.set()  # the reply to this call must never reach the client
                 server.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
                 for fd in fds:
@@ -105,7 +110,7 @@ class CuttingProxy:
                     _wait_until_read(server)  # as a client must
                 elif self.slow_begin and b"NEGOTIATE_UNIX_FD" in data:
                     time.sleep(0.5)  # a busy manager: BEGIN, and whatever follows it, is read late
-                if cutting:  # "after": let the manager act on it, then lose its reply
+                if cutting and self.cut != "job":  # "after": let the manager act on it, then lose its reply
                     self._wait_taken(self.cut_unit)
                     break
         except OSError:
@@ -129,10 +134,40 @@ class CuttingProxy:
             time.sleep(0.01)
 
     def _server_to_client(self, server: socket.socket, client: socket.socket, muted: threading.Event) -> None:
+        if self.cut == "job":
+            return self._server_to_client_by_message(server, client, muted)
         try:
             while data := server.recv(65536):
                 if not muted.is_set():
                     client.sendall(data)
+        except OSError:
+            pass
+
+    def _server_to_client_by_message(self, server: socket.socket, client: socket.socket, muted) -> None:
+        """Forward the handshake's lines, then whole messages; once the
+        StartTransientUnit call went out (``muted.job``), end the connection
+        right after the first method reply (the call's: the client waits for
+        it before its next call), dropping everything after it."""
+        pending = b""
+        try:
+            while data := server.recv(65536):
+                pending += data
+                while pending:
+                    if pending[:1] not in (b"l", b"B"):  # a handshake line (OK, AGREE_UNIX_FD...)
+                        end = pending.find(b"\r\n")
+                        if end < 0:
+                            break
+                        line, pending = pending[: end + 2], pending[end + 2 :]
+                        client.sendall(line)
+                        continue
+                    size = _message_size(pending)
+                    if size is None or size > len(pending):
+                        break
+                    message, pending = pending[:size], pending[size:]
+                    client.sendall(message)
+                    if getattr(muted, "job", False) and message[1] == _METHOD_RETURN:
+                        _shut([client, server])
+                        return
         except OSError:
             pass
 
@@ -152,6 +187,20 @@ class CuttingProxy:
                 s.close()
         for t in self._threads:
             t.join(5)
+
+
+_METHOD_RETURN = 2
+
+
+def _message_size(data: bytes) -> int | None:
+    """The length of the D-Bus message at the start of ``data`` (None: its
+    fixed header has not all arrived). Messages after authentication only."""
+    if len(data) < 16:
+        return None
+    order = "little" if data[:1] == b"l" else "big"
+    body = int.from_bytes(data[4:8], order)
+    fields = int.from_bytes(data[12:16], order)
+    return 16 + fields + (-fields % 8) + body
 
 
 def _shut(socks) -> None:

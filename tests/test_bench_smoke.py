@@ -58,8 +58,11 @@ def test_compare_smoke(tmp_path):
                 assert len(cell["exits"]) == len(cell["survivors"]) == len(cell["elapsed"]) == 1
         assert row["corral-fallback"]["survivors"] == [0], row["corral-fallback"]
         assert row["corral-fallback"]["exits"] == [0]
-        # timeout(1) leaves F3's sleep and F4's daemon behind: the matrix must see that.
-        assert row["timeout"]["survivors"][0] >= 1
+        # timeout(1) leaves F3's sleep and F4's daemon behind: the matrix must
+        # see that -- when the fault got that far within its 2 s wall (a
+        # loaded machine can take that long to start Python: then 124, 0).
+        if row["timeout"]["exits"] == [0]:
+            assert row["timeout"]["survivors"][0] >= 1, row["timeout"]
         for runner in ("corral-scope", "corral-service"):
             if manager:
                 assert not row[runner].get("na"), row[runner]
@@ -67,6 +70,8 @@ def test_compare_smoke(tmp_path):
                 assert row[runner]["exits"] == [0]
             else:
                 assert row[runner]["cell"] == "n/a"
+    # F3 is a shell script, quick to start anywhere: its leftover always shows.
+    assert data["cells"]["F3"]["timeout"]["survivors"] == [1], data["cells"]["F3"]["timeout"]
 
 
 @pytest.mark.systemd

@@ -6,9 +6,15 @@ kernel counted (the record's figures) and what is left in /proc (the run's
 marker), never how long anything took on the clock.
 """
 
+import json
+import os
+import signal
+import subprocess
+import time
+
 import pytest
 
-from conftest import TIME_SCALE
+from conftest import CORRAL, TIME_SCALE, marker_env
 from modes import KERNEL_LIMITS, all_modes, mode_flags
 
 #: Burns SECONDS of CPU in this process, then exits.
@@ -70,6 +76,47 @@ def test_cpu_time_not_reached_is_the_commands_exit(corral, mode):
     assert run.returncode == 0, _detail(run)
     assert 0.25 <= _cpu_seconds(run) <= 5, _detail(run)
     assert run.record["engine"]["accounting_source"] is not None
+
+
+#: Says "go", burns SECONDS of CPU, then prints the CPU time it used in all.
+GO_BURN_AND_SAY = "print('go', flush=True)\n" + BURN + "\nprint(time.process_time(), flush=True)"
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_a_run_that_ends_unwatched_keeps_its_cpu_total(tmp_path, marker, mode):
+    """corral is stopped (SIGSTOP) while the command burns 0.3 s of CPU and
+    ends, and stays stopped for a second: its manager sees the unit end and
+    removes the group before corral can read it again. The record must still
+    hold at least what the process itself counted -- systemd's own last
+    reading (CPUAccounting=yes), read while AddRef holds the unit -- or say
+    that its figures are a last sample (``accounting_final`` false), which
+    only a unit nothing held (the private socket: no AddRef) may do."""
+    record_path = tmp_path / "record.json"
+    argv = CORRAL + ["--json", str(record_path), *mode_flags(mode), "--", "python3", "-c", GO_BURN_AND_SAY, "0.3"]
+    proc = subprocess.Popen(argv, env=marker_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"go\n"
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            used = float(proc.stdout.readline())
+            time.sleep(1.0 * TIME_SCALE)  # the manager notices the end and removes the group
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode(errors="replace")
+    engine = json.loads(record_path.read_text())["engine"]
+    cpu = engine["cpu_usage_nsec"]
+    if cpu is not None and cpu / 1e9 >= used:
+        return
+    # Only a last sample (or none) may fall short, and then the record says so.
+    assert engine["accounting_final"] is False, engine
+    assert engine.get("transport") == "private" and "manager" not in (engine["accounting_source"] or ""), engine
+    if cpu is not None:
+        assert "cpu >=" in err.decode().splitlines()[-1], err.decode()
 
 
 @pytest.mark.parametrize("mode", all_modes())

@@ -335,3 +335,42 @@ def test_stop_through_owner_and_gc_of_ownerless_unit(state, markers):
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(timeout=30)
+
+
+@pytest.mark.cgroupv2
+def test_gc_stops_a_dead_corrals_cgroup_with_the_stop_sequence(state, tmp_path, markers):
+    """--cgroup-parent, corral SIGKILLed: its cgroup keeps the command's
+    processes, one of them ignoring SIGTERM. gc stops them as corral would
+    have (TERM, the run's grace period, KILL, the kernel's word that the
+    group is empty) and removes the group."""
+    marker = markers()
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [
+            *CORRAL,
+            *mode_flags("cgroup-parent"),
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            f"sh -c 'trap \"\" TERM; touch {ready}; while :; do sleep 1; done' & sleep 300 & wait",
+        ],
+        env=env_for(state, marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    [run_id] = wait_for(lambda: run_ids(state))
+    wait_for(ready.exists, timeout=20)
+    proc.kill()
+    proc.wait()
+    entry = json.loads((state / f"{run_id}.json").read_text())
+    group = entry["control_group"]
+    assert os.path.isdir(group) and len(marked_pids(marker)) >= 3
+    r = ctl(state, "gc", "--json")
+    [report] = json.loads(r.stdout)["reclaimed"]
+    assert report["verified"] is True and report["remaining"] == [], report
+    assert report["actions"][:2] == [f"SIGTERM {group}", f"SIGKILL {group}"], report
+    assert marked_pids(marker) == [] and not os.path.exists(group)
+    entry = json.loads((state / f"{run_id}.json").read_text())
+    assert entry["state"] == "finished" and entry["outcome"] == "reclaimed" and entry["verified"] is True

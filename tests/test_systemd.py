@@ -374,3 +374,29 @@ def _wait_unit_gone(unit):
     from test_registry import wait_for
 
     wait_for(lambda: unit_property(unit, "ActiveState") in ("inactive", "failed", ""), timeout=10)
+
+
+@pytest.mark.parametrize("unit_type", UNIT_TYPES)
+def test_connection_lost_while_the_start_job_runs(corral, cutting_proxy, tmp_path, unit_type):
+    """The manager answered StartTransientUnit (the unit exists, its start
+    job runs), then the connection ended before the job's JobRemoved, as a
+    daemon-reexec can. A service was started by that job: watched on a new
+    connection, its exit status is the run's (before: 125, "StartTransientUnit
+    failed", while the command ran). A scope's command is still held at its
+    gate: it never ran, 125."""
+    proxy = cutting_proxy("job")
+    witness = tmp_path / "ran"
+    run = corral(
+        mode_flags(unit_type) + ["--", "sh", "-c", f'echo x >> "{witness}"; sleep 0.5; exit 7'],
+        env=_proxied_env(proxy, tmp_path),
+    )
+    assert proxy.cut_unit == run.record["engine"]["unit"] and proxy.connections == 2, (proxy.cut_unit, run.stderr)
+    assert run.survivors == [], run.stderr
+    if unit_type == "service":
+        assert run.returncode == 7, run.stderr
+        assert witness.read_text() == "x\n" and run.record["verified"]
+        assert run.record["engine"]["reconnected"] == 1, (run.record["warnings"], run.stderr)
+    else:
+        assert run.returncode == 125, run.stderr
+        assert "the command never ran" in run.stderr.decode() and not witness.exists()
+        _wait_unit_gone(proxy.cut_unit)

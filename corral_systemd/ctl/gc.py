@@ -5,7 +5,7 @@ import os
 
 from .. import registry as REG
 from .ps import _age
-from .reclaim import _Bus, reclaim
+from .reclaim import _Bus, reclaim, stop_unit
 from .status import CtlError
 from .stop import _print_report
 
@@ -71,12 +71,14 @@ def gc(
                 "run_id": run_id,
                 "mode": "systemd",
                 "unit": unit,
-                "actions": [f"StopUnit {unit}"],
+                "actions": [],
                 "verified": True,
                 "remaining": [],
                 "notes": ["no live owner (no registry entry, no tether)"],
             }
-            if not dry_run and not bus.stop_verified(unit, 15):
+            if dry_run:
+                report["actions"].append(f"SIGTERM {unit}")
+            elif not stop_unit(bus, unit, actions=report["actions"]).verified:
                 report["verified"] = False
                 report["notes"].append(f"{unit} still {bus.active_state(unit)}")
             reports.append(report)

@@ -93,23 +93,152 @@ class _Bus:
             return False
         return any(self.active_state(b) in ("active", "activating", "reloading") for b in bound)
 
-    def stop_verified(self, unit: str, timeout: float) -> bool:
+
+# -- what a dead corral left, as targets of the shared stop sequence ----------------------
+class _UnitTarget:
+    """A run's unit, signalled through its manager (KillUnit, as the
+    supervisor does) and proven stopped by it (inactive, failed or gone):
+    a unit's processes are its manager's to list."""
+
+    def __init__(self, bus: _Bus, unit: str):
+        self.bus, self.unit = bus, unit
+        self._nudged = False
+
+    def _active(self) -> bool:
+        return self.bus.active_state(self.unit) not in ("inactive", "failed", "gone")
+
+    def remaining(self) -> list[int]:
+        return [-1] if self._active() else []  # not empty, no pid to name
+
+    def _kill(self, sig: int) -> None:
         from ..dbus.connection import BusError
 
-        state = self.active_state(unit)
-        if state in ("inactive", "failed", "gone"):
-            return True
         try:
-            self.manager.stop_unit(unit)
-        except BusError as exc:
-            if exc.name != "org.freedesktop.systemd1.NoSuchUnit":
-                raise
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.active_state(unit) in ("inactive", "failed", "gone"):
-                return True
-            time.sleep(0.02)
-        return False
+            self.bus.manager.kill_unit(self.unit, "all", sig)
+        except BusError:
+            pass  # gone meanwhile: verification says
+
+    def signal_all(self, *sigs: int) -> int:
+        for sig in sigs:
+            self._kill(sig)
+        return 1
+
+    def signal_new(self, *sigs: int) -> int:
+        return 0  # KillUnit reached the whole unit
+
+    def kill_all(self) -> None:
+        self._kill(signal.SIGKILL)
+
+    def verify_empty(self) -> list[int]:
+        if not self._active():
+            return []
+        if not self._nudged:
+            # An emptied scope is stopped once its manager notices; ask now.
+            from ..dbus.connection import BusError
+
+            self._nudged = True
+            try:
+                self.bus.manager.stop_unit_nowait(self.unit)
+            except BusError:
+                pass
+        return [-1]
+
+    def unproven(self) -> str | None:
+        return None
+
+
+class _CgroupTarget:
+    """A ``--cgroup-parent`` run's cgroup: signalled member by member
+    through pidfds checked against its listing, killed with cgroup.kill,
+    proven empty by the kernel and removed."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._last: list[int] = []
+        self._signalled: set[int] = set()
+
+    def remaining(self) -> list[int]:
+        from ..kernel import cgroupfs
+
+        self._last = cgroupfs.procs_below(self.path) if os.path.isdir(self.path) else []
+        return self._last
+
+    def _send(self, pids: list[int], sigs) -> int:
+        from ..kernel.pidfd import signal_cgroup_members
+
+        self._signalled.update(pids)
+        return len(signal_cgroup_members(pids, sigs, self.path))
+
+    def signal_all(self, *sigs: int) -> int:
+        return self._send(self.remaining(), sigs)
+
+    def signal_new(self, *sigs: int) -> int:
+        return self._send([p for p in self._last if p not in self._signalled], sigs)
+
+    def kill_all(self) -> None:
+        from ..kernel import cgroupfs
+
+        if os.path.isdir(self.path) and not cgroupfs.kill(self.path):
+            self._send(self.remaining(), (signal.SIGKILL,))  # no cgroup.kill (Linux < 5.14)
+
+    def verify_empty(self) -> list[int]:
+        from ..kernel import cgroupfs
+
+        if not os.path.isdir(self.path):
+            return []
+        if cgroupfs.populated(self.path):
+            return cgroupfs.procs_below(self.path) or [-1]
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return cgroupfs.procs_below(self.path) or [-1]
+        return []
+
+    def unproven(self) -> str | None:
+        return None
+
+
+class _SessionsTarget:
+    """A fallback run's processes once its corral is gone: those in the
+    sessions its log names that carry its mark (``_session_members``), each
+    signalled through a pidfd re-checked against that session and mark."""
+
+    def __init__(self, entry: dict, events: list):
+        self.entry, self.events = entry, events
+        self._last: dict = {}
+        self._signalled: set[int] = set()
+
+    def remaining(self) -> list[int]:
+        from ..kernel import procfs
+
+        self._last = {p.pid: p for p in _session_members(self.entry, self.events, procfs.scan())}
+        return list(self._last)
+
+    def _send(self, infos, sigs) -> int:
+        sent = 0
+        for info in infos:
+            self._signalled.add(info.pid)
+            sent += all([_signal_checked(info, sig, self.entry) for sig in sigs])
+        return sent
+
+    def signal_all(self, *sigs: int) -> int:
+        self.remaining()
+        return self._send(list(self._last.values()), sigs)
+
+    def signal_new(self, *sigs: int) -> int:
+        return self._send([p for pid, p in self._last.items() if pid not in self._signalled], sigs)
+
+    def kill_all(self) -> None:
+        self.remaining()
+        self._send(list(self._last.values()), (signal.SIGKILL,))
+
+    def verify_empty(self) -> list[int]:
+        return self.remaining()
+
+    def unproven(self) -> str | None:
+        return None
 
 
 def _not_corrals_cgroup(cg, run_id: str) -> str | None:
@@ -137,10 +266,39 @@ def _signal_checked(info, sig, entry: dict) -> bool:
     return signal_process(info, sig, lambda current: current.sid == info.sid and REG.carries_mark(info.pid, entry))
 
 
-def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:
-    """Stop (TERM, grace, KILL, verify) what a run whose corral is gone left behind."""
-    from ..kernel import cgroupfs, procfs
+def stop_target(target, *, grace: float, verify: float, label: str | None, actions: list[str]):
+    """Stop ``target`` with the supervisor's own sequence (``stopping``:
+    TERM and CONT, the grace period, KILL, verification), listing what was
+    sent in ``actions`` ("SIGTERM <label or pids>", "SIGKILL ...")."""
+    from ..stopping import stop_and_verify
 
+    def step(name: str, pids=(), **_):
+        if name in ("term_sent", "kill_sent"):
+            sig = "SIGTERM" if name == "term_sent" else "SIGKILL"
+            actions.append(f"{sig} {label or ' '.join(str(p) for p in pids)}")
+
+    def wait(seconds: float) -> bool:
+        time.sleep(seconds)
+        return False
+
+    return stop_and_verify(target, grace=grace, verify_timeout=verify, wait=wait, step=step)
+
+
+def stop_unit(bus: _Bus, unit: str, *, grace: float = 2.0, verify: float = 3.0, actions: list[str] | None = None):
+    """Stop a unit proven corral's (``_Bus.not_corrals``) as ``reclaim`` does."""
+    return stop_target(_UnitTarget(bus, unit), grace=grace, verify=verify, label=unit, actions=actions or [])
+
+
+def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:
+    """Stop what a run whose corral is gone left behind, then remove its
+    credentials directory.
+
+    The run's unit, its ``--cgroup-parent`` cgroup, or (fallback) the marked
+    processes of the sessions its log names: each first proven the run's
+    against the manager or the kernel (the entry is a file the run's uid can
+    write), then stopped and verified by the supervisor's own sequence
+    (``stop_target``). ``dry_run`` lists what would be done, and does none of it.
+    """
     events = REG.read_events(directory, entry["run_id"])
     grace = _seconds(entry.get("grace"), 2.0)
     verify = _seconds(entry.get("verify_timeout"), 2.0) + 1.0
@@ -153,69 +311,18 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
         "remaining": [],
         "notes": [],
     }
-    actions = report["actions"]
-    # The unit: the manager stops it (TERM, TimeoutStopSec=grace, KILL) and waits for its cgroup.
-    # Only a unit proven corral's for this run (name, tether, description): the entry may be forged.
-    if entry.get("unit"):
-        if bus is None or bus.manager is None:
-            report["verified"] = False
-            report["notes"].append(bus.why if bus else "no systemd manager")
-        elif bus.active_state(entry["unit"]) in ("inactive", "failed", "gone"):
-            pass  # nothing left to stop (asking is harmless, whatever unit the entry names)
-        elif (why := bus.not_corrals(entry["unit"], entry["run_id"])) is not None:
-            report["verified"] = False
-            report["notes"].append(f"{_cell(entry['unit'])} left alone: {why}")
+    target, label = _target(entry, events, bus, report)
+    if target is not None:
+        if dry_run:
+            if left := target.remaining():
+                report["actions"].append(f"SIGTERM {label or ' '.join(str(p) for p in left)}")
         else:
-            state = bus.active_state(entry["unit"])
-            if state not in ("inactive", "failed", "gone"):
-                actions.append(f"StopUnit {entry['unit']}")
-                if not dry_run and not bus.stop_verified(entry["unit"], grace + verify + 5):
-                    report["verified"] = False
-                    report["notes"].append(f"{entry['unit']} still {bus.active_state(entry['unit'])}")
-    elif entry.get("mode") == "cgroup" and entry.get("control_group"):
-        cg = entry["control_group"]
-        why = _not_corrals_cgroup(cg, entry["run_id"])
-        if why is not None:
-            report["verified"] = False
-            report["notes"].append(f"control group {_cell(cg)} left alone: {why}")
-        elif os.path.isdir(cg):
-            actions.append(f"cgroup.kill {cg}")
-            if not dry_run:
-                cgroupfs.kill(cg)
-                end = time.monotonic() + verify
-                while cgroupfs.populated(cg) and time.monotonic() < end:
-                    time.sleep(0.01)
-                try:
-                    os.rmdir(cg)
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    report["verified"] = False
-                    report["remaining"] = cgroupfs.procs_below(cg) or [-1]
-    elif entry.get("mode") == "fallback":
-        members = _session_members(entry, events, procfs.scan())
-        if members:
-            actions.append("SIGTERM " + " ".join(str(p.pid) for p in members))
-        if members and not dry_run:
-            for p in members:
-                _signal_checked(p, signal.SIGTERM, entry)
-                _signal_checked(p, signal.SIGCONT, entry)
-            end = time.monotonic() + grace
-            while time.monotonic() < end and _session_members(entry, events, procfs.scan()):
-                time.sleep(0.02)
-            end = time.monotonic() + verify
-            while True:
-                left = _session_members(entry, events, procfs.scan())
-                if not left or time.monotonic() >= end:
-                    break
-                if "SIGKILL" not in " ".join(actions):
-                    actions.append("SIGKILL " + " ".join(str(p.pid) for p in left))
-                for p in left:
-                    _signal_checked(p, signal.SIGKILL, entry)
-                time.sleep(0.01)
-            if left:
-                report["verified"] = False
-                report["remaining"] = [p.pid for p in left]
+            outcome = stop_target(target, grace=grace, verify=verify, label=label, actions=report["actions"])
+            report["verified"] = outcome.verified
+            report["remaining"] = outcome.remaining
+            if outcome.unproven:
+                report["notes"].append(outcome.unproven)
+    if entry.get("mode") == "fallback":
         report["notes"].append(
             "fallback: only processes still in the command's session, or in the session of a "
             "detached process the log recorded, can be found once corral is gone"
@@ -228,12 +335,41 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
         if why is not None:
             report["notes"].append(f"{_cell(creds)} left alone: {why}")
         else:
-            actions.append(f"remove {creds}")
+            report["actions"].append(f"remove {creds}")
             if not dry_run:
                 remove_tree(creds)
     if not dry_run:
         _record_reclaim(directory, entry, report, by)
     return report
+
+
+def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
+    """(what to stop, how to name it in actions) for a run's leftovers, or
+    (None, None) when there is nothing to stop or it is not proven the
+    run's (then the report says why, and is unverified)."""
+    unit = entry.get("unit")
+    if unit:
+        if bus is None or bus.manager is None:
+            report["verified"] = False
+            report["notes"].append(bus.why if bus else "no systemd manager")
+        elif bus.active_state(unit) in ("inactive", "failed", "gone"):
+            pass  # nothing left to stop (asking is harmless, whatever unit the entry names)
+        elif (why := bus.not_corrals(unit, entry["run_id"])) is not None:
+            report["verified"] = False
+            report["notes"].append(f"{_cell(unit)} left alone: {why}")
+        else:
+            return _UnitTarget(bus, unit), unit
+    elif entry.get("mode") == "cgroup" and entry.get("control_group"):
+        cg = entry["control_group"]
+        why = _not_corrals_cgroup(cg, entry["run_id"])
+        if why is not None:
+            report["verified"] = False
+            report["notes"].append(f"control group {_cell(cg)} left alone: {why}")
+        elif os.path.isdir(cg):
+            return _CgroupTarget(cg), cg
+    elif entry.get("mode") == "fallback":
+        return _SessionsTarget(entry, events), None
+    return None, None
 
 
 def _record_reclaim(directory: str, entry: dict, report: dict, by: str) -> None:

@@ -5,7 +5,7 @@ import time
 
 from .. import registry as REG
 from .ps import _cell
-from .reclaim import _Bus, _leftovers, _seconds, _signal_owner, reclaim
+from .reclaim import _Bus, _leftovers, _seconds, _signal_owner, reclaim, stop_unit
 from .status import STATUS_EXIT
 
 
@@ -89,7 +89,12 @@ def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
     if (why := bus.not_corrals(entry["unit"], run_id)) is not None:
         print(f"corralctl: {run_id}: {_cell(entry['unit'])} left alone: {why}", file=sys.stderr)
         return 1
-    bus.stop_verified(entry["unit"], wait)
+    stop_unit(
+        bus,
+        entry["unit"],
+        grace=_seconds(entry.get("grace"), 2.0),
+        verify=min(wait, _seconds(entry.get("verify_timeout"), 2.0) + 1.0),
+    )
     code = _await_finished(
         directory, entry, wait, f"unit {entry['unit']} stopped; its supervisor reports", "its supervisor"
     )

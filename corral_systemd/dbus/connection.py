@@ -258,16 +258,28 @@ class Connection:
 
     # -- receiving -----------------------------------------------------
     def read_pending(self) -> None:
-        """Read whatever the socket holds; queue signals, file replies."""
+        """Read whatever the socket holds; queue signals, file replies.
+
+        The end of the connection is reported (``BusDisconnected``) by the
+        first read that gets nothing before it: messages that arrived just
+        before the end (a reply the peer sent before a daemon-reexec closed
+        it) are delivered first, and the socket, which polls readable at its
+        end for ever, makes the next read report it."""
+        delivered = False
         while True:
             try:
                 msg = self._unmarshaller.unmarshall()
             except EOFError:
+                if delivered:
+                    return
                 raise BusDisconnected("the bus closed the connection") from None
             except OSError as exc:
+                if delivered:
+                    return
                 raise BusDisconnected(f"bus connection lost: {exc}") from None
             if msg is None:
                 return
+            delivered = True
             if msg.message_type == MessageType.SIGNAL:
                 self.signals.append(msg)
             elif msg.message_type in (MessageType.METHOD_RETURN, MessageType.ERROR):

@@ -197,7 +197,8 @@ class CgroupEngine(CgroupLimits, Engine):
             return escaped
         if self._removed:
             return []
-        self._sample()
+        self.group.sample_final()
+        self.group.read_watches()
         return [] if self._rmdir() else [-1]
 
     def _sample(self):
@@ -230,7 +231,12 @@ class CgroupEngine(CgroupLimits, Engine):
             self._child.pidfd = -1
 
     def describe(self):
-        info = {"control_group": self.path, **usage_facts(self.group.usage.figures), **self.tracker.facts()}
+        info = {
+            "control_group": self.path,
+            **usage_facts(self.group.usage.figures),
+            "accounting_final": self.group.final,
+            **self.tracker.facts(),
+        }
         if (events := self.group.memory_events()) is not None:
             info["memory_events"] = events
         return info

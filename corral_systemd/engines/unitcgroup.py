@@ -56,6 +56,9 @@ class UnitCgroup:
         self.mounts = mounts
         #: The kernel's resource figures, largest readings kept.
         self.usage = cgroupfs.Usage()
+        #: The figures were read after the group emptied: they are the run's
+        #: totals, not the last sample before the group went (lower bounds).
+        self.final = False
         #: cgroup v2 memory.events and cgroup.events, kept open (see ``arm``).
         self._watches: dict[str, cgroupfs.KeyedWatch] = {}
         self._oom_eventfd: int | None = None
@@ -214,11 +217,17 @@ class UnitCgroup:
         if events is not None and events.alive:
             was = events.values.get("populated")
             if events.read() and events.values.get("populated") == 0 and was != 0:
-                self.sample()
+                self.sample_final()
 
-    def sample(self) -> None:
-        """Read the kernel's resource figures while the group exists."""
-        self.usage.sample(self.dir("unified"), self.dir("memory"), self.dir("pids"))
+    def sample(self) -> bool:
+        """Read the kernel's resource figures while the group exists (True if it did)."""
+        return self.usage.sample(self.dir("unified"), self.dir("memory"), self.dir("pids"))
+
+    def sample_final(self) -> None:
+        """Read the figures of a group known to be empty: if it is still
+        there to read, they are the totals (``final``)."""
+        if self.sample():
+            self.final = True
 
     def oom_event(self, main_sigkilled_unprompted: bool) -> bool:
         """cgroup v1: has the OOM eventfd fired for an OOM?

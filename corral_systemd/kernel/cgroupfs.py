@@ -245,9 +245,13 @@ class Usage:
         if value is not None and value >= self.figures.get(name, 0):
             self.figures[name] = value
 
-    def sample(self, unified: str | None, memory_v1: str | None = None, pids_v1: str | None = None) -> None:
-        """Read the figures now; files that are missing (or a group that is gone) add nothing."""
+    def sample(self, unified: str | None, memory_v1: str | None = None, pids_v1: str | None = None) -> bool:
+        """Read the figures now; files that are missing (or a group that is
+        gone) add nothing. True when the group was there to read (its cgroup
+        v2 ``cpu.stat``, or without a v2 group a v1 figure)."""
         j = os.path.join
+        before = len(self.figures)
+        cpu: dict = {}
         if unified:
             cpu = _read_keyed_or_empty(j(unified, "cpu.stat"))
             for key, name in (
@@ -278,6 +282,7 @@ class Usage:
             if io is not None:
                 self._keep("io_read_bytes", io[0])
                 self._keep("io_write_bytes", io[1])
+        return bool(cpu) if unified else len(self.figures) > before
 
 
 def _io_bytes(path: str) -> tuple[int, int] | None:

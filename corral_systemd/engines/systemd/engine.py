@@ -110,6 +110,8 @@ class SystemdEngine(CgroupLimits, Engine):
         self._unit_gone = False
         self._active_state: str | None = None  # from PropertiesChanged
         self._inactive_checks = 0
+        #: The manager's figures were read once the unit was inactive.
+        self._final_sampled = False
         self._started = False
         self._stopped_count = 0
         self._signalled: set[int] = set()
@@ -159,13 +161,13 @@ class SystemdEngine(CgroupLimits, Engine):
         try:
             command_props, fds = strategy.launch(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
             job = self._start_transient_unit(props + command_props, aux, fds)
-            result = wait_job(self.conn, job, self._handle_signal, what=self.unit) if job is not None else "done"
-            if job is not None:
+            result = self._wait_start_job(job) if job is not None else None  # None: adopted
+            if result is not None:
                 # The start job is over: the manager has exec'd the command
                 # (or given up), and read the environment file for good.
                 self.strategy.remove_env_file()
-            if result != "done":
-                strategy.start_failed(result)  # SetupError or ExecError, unless the command did run
+                if result != "done":
+                    strategy.start_failed(result)  # SetupError or ExecError, unless the command did run
         except BusError as exc:
             self._abandon()
             raise SetupError(f"StartTransientUnit failed: {_why(exc)}") from None
@@ -230,6 +232,29 @@ class SystemdEngine(CgroupLimits, Engine):
             self.warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
             return job
         self.strategy.request_taken_reply_lost(first, taken, unknown)
+        return None
+
+    def _wait_start_job(self, job: str) -> str | None:
+        """The start job's result; None when the connection ended while it ran.
+
+        The manager had taken the request (its reply named the job), so the
+        unit exists: on a new connection the strategy decides as after a
+        lost reply (a scope's command is still held at its gate, never ran:
+        125; a service is adopted and watched). A Runner's shared connection
+        is not replaced here (see ``_start_transient_unit``)."""
+        try:
+            return wait_job(self.conn, job, self._handle_signal, what=self.unit)
+        except BusDisconnected as exc:
+            if self.session is not None:
+                raise
+            first = f"the manager connection ended while {self.unit} was starting ({exc})"
+        self.conn.close()
+        try:
+            self._open_own_connection()
+        except SetupError as exc:
+            raise SetupError(f"{first}, and a new one failed: {exc}{self.strategy.may_have_run}") from None
+        self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
+        self.strategy.request_taken_reply_lost(first, True, "")
         return None
 
     def _adopt_service(self, why: str) -> None:
@@ -556,11 +581,17 @@ class SystemdEngine(CgroupLimits, Engine):
             return [p for p in left if p != -1] or left
         # The kernel says empty: the figures are final, and the manager may
         # remove the group any moment now. The unit must also be inactive or gone.
-        self._sample_cgroup()
+        if self.cgroup is not None:
+            self.cgroup.sample_final()
         if not self._unit_inactive():
             self.poll_events()
             if not self._unit_inactive():
                 return [-1]
+        if not self._final_sampled and not self._unit_gone and self.manager.lost is None:
+            # Still referenced (AddRef): the manager's figures are final too,
+            # its CPU total included where the group went between samples.
+            self._final_sampled = True
+            self._sample_unit()
         # Whatever of the run still lives is outside the group: find and kill it.
         if self.tracker is not None and (escaped := self.tracker.sweep(self._pinned_sessions())):
             self._stopped_count = max(self._stopped_count, len(self.tracker.escaped))
@@ -655,6 +686,7 @@ class SystemdEngine(CgroupLimits, Engine):
         info = dict(self.facts)
         figures = self.cgroup.usage.figures if self.cgroup is not None else {}
         info.update(usage_facts(figures, self._manager_figures))
+        info["accounting_final"] = self.cgroup.final if self.cgroup is not None else None
         if self.tracker is not None:
             info.update(self.tracker.facts())
         events = self.cgroup.memory_events() if self.cgroup is not None else None

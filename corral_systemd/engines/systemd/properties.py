@@ -37,6 +37,11 @@ def unit_properties(spec, argv, *, tether_unit: str, add_ref: bool, keep_failed:
         prop("After", "as", [tether_unit]),
         prop("TasksAccounting", "b", True),
         prop("MemoryAccounting", "b", True),
+        # The manager caches a unit's last CPU figure before it removes the
+        # group (252: unit_prune_cgroup), but only with CPUAccounting: a
+        # service that ends between two of corral's samples keeps its total.
+        # Cheap on cgroup v2 (cpu.stat needs no controller).
+        prop("CPUAccounting", "b", True),
     ]
     if add_ref:
         props.append(prop("AddRef", "b", True))
