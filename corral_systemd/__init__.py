@@ -28,7 +28,7 @@ def __getattr__(name):
 
         return getattr(api, name)
     if name in _ERRORS:
-        from . import errors
+        from .common import errors
 
         return getattr(errors, name)
     raise AttributeError(f"module 'corral_systemd' has no attribute {name!r}")

@@ -21,11 +21,11 @@ from dataclasses import asdict
 
 
 def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
-    from .assemble import assemble_and_run
+    from .common.errors import CorralError
+    from .core.assemble import assemble_and_run
+    from .core.spec import RunSpec
+    from .core.supervisor import SignalWatch
     from .engines.fallback import FallbackEngine
-    from .errors import CorralError
-    from .spec import RunSpec
-    from .supervisor import SignalWatch
 
     # Any signal that would kill us must instead stop the run: an orphaned
     # run is the one outcome we exist to prevent.

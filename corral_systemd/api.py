@@ -40,12 +40,12 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from . import result as R
-from .errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
-from .execution import _NO_SYSTEMD, Execution
-from .record import RunRecord, from_result
-from .spec import RunSpec
-from .units import parse_duration, parse_size
+from .common.errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
+from .common.units import parse_duration, parse_size
+from .core import result as R
+from .core.execution import _NO_SYSTEMD, Execution
+from .core.record import RunRecord, from_result
+from .core.spec import RunSpec
 
 Duration = float | int | str | None
 Size = int | str | None
@@ -94,7 +94,7 @@ def _seconds(value: Duration, what: str) -> float | None:
 def _limit_values(given: dict) -> dict:
     """The library's limit keywords as RunSpec values: a number as it is
     (seconds, bytes, a count), a string parsed as the CLI parses it."""
-    from .limits import BY_FIELD
+    from .common.limits import BY_FIELD
 
     out = {}
     for name, value in given.items():
@@ -189,7 +189,7 @@ def make_spec(
         raise UsageError("env must be a mapping of names to values")
     requests = []
     if credentials:
-        from .credentials import check_unique, parse_credential
+        from .state.credentials import check_unique, parse_credential
 
         # {NAME: PATH}, as --credential NAME=PATH: the run sees a copy of PATH
         # as $CREDENTIALS_DIRECTORY/NAME, gone when the run ends.
@@ -549,8 +549,8 @@ def _in_thread(loop, fn, *, name: str) -> asyncio.Future:
 
 
 def _writer(fd: int) -> Callable[[bytes], None]:
-    from . import baton
-    from .output import write_all
+    from .common import baton
+    from .core.output import write_all
 
     def write(data: bytes) -> None:
         with baton.released():  # our stdout's reader may be slow: not the other runs' problem

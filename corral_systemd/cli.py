@@ -14,8 +14,8 @@ import click
 import typer
 
 from . import __version__
-from .errors import CorralError, UsageError
-from .limits import CPU_TIME, CPUS, MAX_OUTPUT, MEM, PIDS, WALL
+from .common.errors import CorralError, UsageError
+from .common.limits import CPU_TIME, CPUS, MAX_OUTPUT, MEM, PIDS, WALL
 
 
 class CgroupMode(str, enum.Enum):
@@ -115,9 +115,9 @@ def corral(
     ),
 ):
     """Run COMMAND under limits; when corral returns, every process it started is gone."""
-    from .limits import BY_FIELD
-    from .spec import RunSpec
-    from .units import parse_duration
+    from .common.limits import BY_FIELD
+    from .common.units import parse_duration
+    from .core.spec import RunSpec
 
     given = {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output, "cpu_time": cpu_time, "cpus": cpus}
     try:
@@ -150,13 +150,13 @@ def corral(
     if env_clear or env_keep or env_drop:
         if env_keep and not env_clear:
             raise UsageError("--env-keep needs --env-clear (without it every variable is kept)")
-        from .envfilter import filter_environment
+        from .common.envfilter import filter_environment
 
         spec.env, environment = filter_environment(
             os.environ, clear=env_clear, keep=env_keep or (), drop=env_drop or ()
         )
     if credential:
-        from .credentials import parse_credential
+        from .state.credentials import parse_credential
 
         credentials = [parse_credential(text) for text in credential]
     raise typer.Exit(
@@ -174,8 +174,8 @@ def _is_stdout(path: str) -> bool:
 
 def _print_record(result) -> None:
     """The record as JSON on standard output, after everything the command wrote there."""
-    from .output import write_all
-    from .record_json import record_bytes
+    from .core.output import write_all
+    from .core.record_json import record_bytes
 
     sys.stdout.flush()
     write_all(1, record_bytes(result), raise_broken=True)
@@ -202,9 +202,9 @@ def _check_json_path(path: str) -> None:
 
 def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credentials=(), registry=True) -> int:
     from . import dbus
-    from .assemble import assemble_and_run
+    from .core.assemble import assemble_and_run
+    from .core.supervisor import SignalWatch
     from .engines import open_engine
-    from .supervisor import SignalWatch
 
     dbus.light_import = True  # this process is corral's own: see dbus/_dbus_fast.py
 
@@ -219,7 +219,7 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)
     if json_path is not None:
-        from .record_json import write_record
+        from .core.record_json import write_record
 
         try:
             _print_record(result) if _is_stdout(json_path) else write_record(result, json_path)
@@ -231,9 +231,9 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
 
 
 def summary_line(result) -> str:
-    from .limits import BY_REASON
-    from .result import usage_summary
-    from .units import format_duration
+    from .common.limits import BY_REASON
+    from .common.units import format_duration
+    from .core.result import usage_summary
 
     mode = result.mode
     unit = result.engine.get("unit")

@@ -32,7 +32,7 @@ import time
 from collections.abc import Hashable, Sequence
 
 from .api import RunHandle, Runner
-from .errors import CorralError
+from .common.errors import CorralError
 
 
 class PoolFull(CorralError):

@@ -92,7 +92,7 @@ def corral(tmp_path):
         data = json.loads(json_path.read_text()) if record and json_path.exists() else None
         if data is not None:
             # Every record the suite reads is the schema's (corral writes it without pydantic).
-            from corral_systemd.record import RunRecord
+            from corral_systemd.core.record import RunRecord
 
             RunRecord.model_validate(data)
         return Run(proc, elapsed, marker, data)

@@ -269,8 +269,8 @@ def _fake_unit_cgroup(tmp_path, unit):
 def _engine_on_fake_cgroup(tmp_path, unit="corral-accounting-test.scope"):
     """A SystemdEngine whose unit's cgroup is a fake tree (no manager), its
     main process a real child of ours that has exited."""
+    from corral_systemd.core.spec import RunSpec
     from corral_systemd.engines.systemd import SystemdEngine
-    from corral_systemd.spec import RunSpec
 
     engine = SystemdEngine(RunSpec(argv=["hog"], mem=64 * MiB, unit_type="scope"), _FakeSession())
     engine.unit = unit
@@ -360,9 +360,9 @@ def test_supervisor_wakes_for_a_priority_fd():
     """An engine's priority_fds() are polled for POLLPRI: the loop wakes and
     calls poll_events() when one is marked (a TCP socket's urgent byte
     stands in for a cgroup file's change: POLLPRI, no POLLIN)."""
+    from corral_systemd.core.spec import RunSpec
+    from corral_systemd.core.supervisor import Supervisor
     from corral_systemd.engines.base import Engine
-    from corral_systemd.spec import RunSpec
-    from corral_systemd.supervisor import Supervisor
 
     server = socket.create_server(("127.0.0.1", 0))
     sender = socket.create_connection(server.getsockname())

@@ -298,7 +298,7 @@ def test_library_credentials_exist_only_while_the_run_does(mode, unit_type, deli
     assert not os.path.exists(directory), "the credential outlived the run"
     assert result.credentials_delivery == delivery
     assert "s3cret-library" not in result.model_dump_json(exclude={"stdout", "stderr"})
-    from corral_systemd.registry import state_dir
+    from corral_systemd.state.registry import state_dir
 
     for path, data in _files_below(state_dir()):  # the registry entry and audit log
         assert b"s3cret-library" not in data, path

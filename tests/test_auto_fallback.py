@@ -4,8 +4,8 @@ import os
 
 import pytest
 
+from corral_systemd.core.spec import RunSpec
 from corral_systemd.engines import _system_manager_possible
-from corral_systemd.spec import RunSpec
 
 
 def _env(**extra):

@@ -1,4 +1,4 @@
-"""The Runner's baton (corral_systemd/baton.py): turns are fair and bounded.
+"""The Runner's baton (corral_systemd/common/baton.py): turns are fair and bounded.
 
 What a run sees is tested in test_api.py (a waiting run lets the others
 through); here, the two properties a systemd run cannot show reliably: a
@@ -11,7 +11,7 @@ import select
 import threading
 import time
 
-from corral_systemd import baton
+from corral_systemd.common import baton
 
 
 def _always_ready():

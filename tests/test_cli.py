@@ -256,7 +256,7 @@ def test_existing_children_of_corral_are_not_touched(tmp_path):
 
 
 def test_record_is_atomic_0600_and_ordered(corral, tmp_path):
-    from corral_systemd.record import RunRecord
+    from corral_systemd.core.record import RunRecord
 
     run = corral(FB + ["--wall", "1s", "--", str(FAULTS / "F05-daemon-stays")])
     record = RunRecord.model_validate(run.record)

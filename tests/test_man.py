@@ -19,7 +19,7 @@ import pytest
 
 import corral_systemd
 from corral_systemd import ctl
-from corral_systemd.limits import ENDS_RUN, LIMITS
+from corral_systemd.common.limits import ENDS_RUN, LIMITS
 
 ROOT = Path(__file__).resolve().parent.parent
 MAN = ROOT / "man"

@@ -4,9 +4,9 @@ import shlex
 
 import pytest
 
-from corral_systemd.errors import UsageError
-from corral_systemd.spec import RunSpec
-from corral_systemd.unitprops import parse_property
+from corral_systemd.common.errors import UsageError
+from corral_systemd.common.unitprops import parse_property
+from corral_systemd.core.spec import RunSpec
 from modes import mode_flags, scope_flag
 
 

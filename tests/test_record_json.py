@@ -15,9 +15,9 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral_systemd import record_json
-from corral_systemd.record import EngineInfo, EnvironmentNames, Limits, RunRecord, Steps, from_result
-from corral_systemd.result import RunOutcome
+from corral_systemd.core import record_json
+from corral_systemd.core.record import EngineInfo, EnvironmentNames, Limits, RunRecord, Steps, from_result
+from corral_systemd.core.result import RunOutcome
 
 
 def test_field_lists_are_the_models():

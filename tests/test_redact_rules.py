@@ -1,4 +1,4 @@
-"""Each redaction rule (``corral_systemd/redact.py``) has an input that only it catches.
+"""Each redaction rule (``corral_systemd/common/redact.py``) has an input that only it catches.
 
 Issue 15, "Test strength": the bearer rule's only test input was an
 ``Authorization: Bearer`` header, which the header rule catches first, so
@@ -8,7 +8,7 @@ below is redacted by exactly one rule: remove that rule and its case goes red.
 
 import pytest
 
-from corral_systemd.redact import REDACTED, redact_argv
+from corral_systemd.common.redact import REDACTED, redact_argv
 
 R = REDACTED
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import corral_systemd as corral
-from corral_systemd.redact import REDACTED, redact_argv
+from corral_systemd.common.redact import REDACTED, redact_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "corral_systemd"
@@ -27,7 +27,7 @@ ARGV = [
 
 
 def test_cli_record_redacts_like_the_registry(corral):
-    from corral_systemd.registry import redact_argv as registry_redact
+    from corral_systemd.state.registry import redact_argv as registry_redact
 
     run = corral(FB + ["--", *ARGV])
     assert run.returncode == 0, run.stderr

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import CORRAL, TIME_SCALE
-from corral_systemd import registry as REG
-from corral_systemd.spec import new_run_id
+from corral_systemd.core.spec import new_run_id
+from corral_systemd.state import registry as REG
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
@@ -211,7 +211,7 @@ def test_status_expires_on_the_clock_even_if_corral_is_stuck(state, markers):
 
 
 def test_redaction_of_secret_looking_arguments(state):
-    from corral_systemd.registry import redact_argv
+    from corral_systemd.state.registry import redact_argv
 
     argv = [
         "curl",
@@ -729,7 +729,7 @@ def test_credential_removed_when_corral_is_sigkilled(state, tmp_path, markers):
 
 def test_service_credential_check_script(tmp_path):
     """The ExecStartPre= check a systemd service runs before its command (see credentials.py)."""
-    from corral_systemd.credentials import CHECK_FAILED, CHECK_SCRIPT
+    from corral_systemd.state.credentials import CHECK_FAILED, CHECK_SCRIPT
 
     assert "${" not in CHECK_SCRIPT and "$$" not in CHECK_SCRIPT  # systemd would expand those
     (tmp_path / "api").write_text("x")

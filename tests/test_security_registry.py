@@ -23,9 +23,9 @@ from test_registry import SECRET, _secret_file, ctl, env_for, events, markers, r
 
 from conftest import CORRAL
 from corral_systemd import ctl as CTL
-from corral_systemd import journal as J
-from corral_systemd import registry as REG
-from corral_systemd.spec import new_run_id
+from corral_systemd.core.spec import new_run_id
+from corral_systemd.state import journal as J
+from corral_systemd.state import registry as REG
 from procscan import marked_pids
 
 FB = ["--cgroup-mode", "fallback"]
@@ -511,7 +511,7 @@ def test_stop_waits_for_the_entry_when_the_owners_token_is_ahead(tmp_path, monke
     verified": seen once in the VM lane)."""
     import importlib
 
-    from corral_systemd import registry as REG
+    from corral_systemd.state import registry as REG
 
     ctl_stop = importlib.import_module("corral_systemd.ctl.stop")  # the package re-exports the function
 

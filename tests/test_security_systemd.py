@@ -11,7 +11,7 @@ import pytest
 from test_registry import ctl, state  # noqa: F401
 from test_security_registry import forge_entry
 
-from corral_systemd.spec import new_run_id
+from corral_systemd.core.spec import new_run_id
 from modes import unit_property
 
 pytestmark = pytest.mark.systemd

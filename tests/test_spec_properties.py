@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from conftest import CORRAL
 from corral_systemd import cli
 from corral_systemd.api import make_spec
-from corral_systemd.errors import UsageError
-from corral_systemd.spec import MAX_DURATION, MAX_PIDS, MAX_SIZE, RunSpec
+from corral_systemd.common.errors import UsageError
+from corral_systemd.core.spec import MAX_DURATION, MAX_PIDS, MAX_SIZE, RunSpec
 
 UINT64_MAX = 2**64 - 1
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,9 +9,9 @@ import threading
 import time
 
 from conftest import CORRAL
+from corral_systemd.core.spec import RunSpec
+from corral_systemd.core.supervisor import RunObserver, Supervisor
 from corral_systemd.engines.fallback import FallbackEngine
-from corral_systemd.spec import RunSpec
-from corral_systemd.supervisor import RunObserver, Supervisor
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 

@@ -11,8 +11,8 @@ import signal
 
 from fake_engine import DIES_ON_TERM, IGNORES_TERM, UNKILLABLE, FakeEngine
 
-from corral_systemd.spec import RunSpec
-from corral_systemd.supervisor import Supervisor
+from corral_systemd.core.spec import RunSpec
+from corral_systemd.core.supervisor import Supervisor
 
 
 def _run(engine, **spec):

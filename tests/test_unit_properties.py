@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corral_systemd.common.limits import MAX_DURATION, MAX_PIDS, MAX_SIZE
+from corral_systemd.core.spec import RunSpec
 from corral_systemd.dbus._dbus_fast import Message
 from corral_systemd.engines.systemd import properties as P
-from corral_systemd.limits import MAX_DURATION, MAX_PIDS, MAX_SIZE
-from corral_systemd.spec import RunSpec
 
 TETHER = "corral-0123456789ab-tether.scope"
 

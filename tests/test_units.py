@@ -1,6 +1,6 @@
 import pytest
 
-from corral_systemd.units import parse_count, parse_duration, parse_size
+from corral_systemd.common.units import parse_count, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import sys
 
-from .. import registry as REG
+from ..state import registry as REG
 from .audit import audit_verify
 from .gc import gc, parse_keep
 from .ps import ps

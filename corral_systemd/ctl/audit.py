@@ -3,7 +3,7 @@
 import os
 import sys
 
-from .. import registry as REG
+from ..state import registry as REG
 from .status import STATUS_EXIT
 
 
@@ -24,7 +24,7 @@ def audit_verify(run: str, directory: str | None = None) -> int:
         return 1
     # The chain shows the file is consistent, not who wrote it: the run's uid
     # can rewrite it, chain and anchor included. The journal's copy it cannot.
-    from .. import journal
+    from ..state import journal
 
     if not journal.available():
         print(

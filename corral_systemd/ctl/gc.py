@@ -3,7 +3,7 @@
 import json
 import os
 
-from .. import registry as REG
+from ..state import registry as REG
 from .ps import _age
 from .reclaim import _Bus, reclaim, stop_unit
 from .status import CtlError
@@ -12,7 +12,7 @@ from .stop import _print_report
 
 def parse_keep(text: str) -> float:
     """``--keep-finished``: a DURATION (``0s`` allowed); bad input is a CtlError (exit 125)."""
-    from ..units import parse_duration
+    from ..common.units import parse_duration
 
     try:
         return parse_duration(text, what="--keep-finished")
@@ -88,7 +88,7 @@ def gc(
     # Credential directories without a live run (a watcher killed by hand):
     # only in corral's own bases, and never one a live run holds locked,
     # registered here or not (--no-registry, another state directory).
-    from ..credentials import candidate_bases, removable, remove_tree
+    from ..state.credentials import candidate_bases, removable, remove_tree
 
     for base in candidate_bases(directory):
         try:

@@ -3,7 +3,7 @@
 import os
 import time
 
-from .. import registry as REG
+from ..state import registry as REG
 
 
 # -- the run's processes --------------------------------------------------------

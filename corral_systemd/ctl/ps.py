@@ -3,7 +3,7 @@
 import json
 import time
 
-from .. import registry as REG
+from ..state import registry as REG
 from .processes import run_memory, run_processes
 
 

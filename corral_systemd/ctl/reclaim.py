@@ -1,11 +1,16 @@
 """Reclaiming what a dead corral left: its unit, its cgroup, its marked processes, each
-cross-checked against the manager or the kernel before anything is signalled or removed."""
+cross-checked against the manager or the kernel before anything is signalled or removed.
+
+About 450 lines, kept together: what proves a unit, a cgroup or a process the run's
+(``_Bus.not_corrals``, ``_not_corrals_cgroup``, the run mark) sits beside the three stop
+targets that act on that proof, so no action can be reached without it. The stop
+sequence itself is the supervisor's (``core.stopping``)."""
 
 import os
 import signal
 import time
 
-from .. import registry as REG
+from ..state import registry as REG
 from .processes import _session_members
 from .ps import _cell
 
@@ -19,9 +24,9 @@ class _Bus:
         self.why = None
         try:
             from .. import dbus
+            from ..common.errors import SetupError
             from ..dbus.discovery import connect_manager
             from ..dbus.systemd1 import Manager
-            from ..errors import SetupError
 
             dbus.light_import = True
             try:
@@ -270,7 +275,7 @@ def stop_target(target, *, grace: float, verify: float, label: str | None, actio
     """Stop ``target`` with the supervisor's own sequence (``stopping``:
     TERM and CONT, the grace period, KILL, verification), listing what was
     sent in ``actions`` ("SIGTERM <label or pids>", "SIGKILL ...")."""
-    from ..stopping import stop_and_verify
+    from ..core.stopping import stop_and_verify
 
     def step(name: str, pids=(), **_):
         if name in ("term_sent", "kill_sent"):
@@ -329,7 +334,7 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
         )
     creds = entry.get("credentials_directory")
     if creds and isinstance(creds, str) and os.path.lexists(creds):
-        from ..credentials import removable, remove_tree
+        from ..state.credentials import removable, remove_tree
 
         why = removable(creds, entry["run_id"], directory)
         if why is not None:

@@ -1,6 +1,6 @@
 """The fast path: ``corralctl status`` without typer, for action gateways."""
 
-from .. import registry as REG
+from ..state import registry as REG
 
 STATUS_EXIT = {"active": 0, "expired": 10, "finished": 11, "unknown": 12}
 

@@ -3,7 +3,7 @@
 import sys
 import time
 
-from .. import registry as REG
+from ..state import registry as REG
 from .ps import _cell
 from .reclaim import _Bus, _leftovers, _seconds, _signal_owner, reclaim, stop_unit
 from .status import STATUS_EXIT

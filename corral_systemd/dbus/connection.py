@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 
-from .. import baton
+from ..common import baton
 from ._dbus_fast import Message, MessageFlag, MessageType, Unmarshaller
 
 _BUS = "org.freedesktop.DBus"

@@ -10,7 +10,7 @@ loaded only when one is made.
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import SetupError
+from ..common.errors import SetupError
 
 if TYPE_CHECKING:
     from .connection import BusError, Connection

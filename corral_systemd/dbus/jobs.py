@@ -9,7 +9,7 @@ synchronous connection (``connection.py``) or a Runner's channel
 
 import time
 
-from ..errors import SetupError
+from ..common.errors import SetupError
 from .connection import Connection, wait_fd
 from .systemd1 import MANAGER, PROPS, Manager
 

@@ -24,7 +24,7 @@ import select
 import threading
 from collections import deque
 
-from .. import baton
+from ..common import baton
 from ._dbus_fast import Message, MessageType
 from .connection import BusDisconnected, BusError, Connection
 

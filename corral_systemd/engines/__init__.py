@@ -7,8 +7,8 @@ fallback path never loads dbus-fast.
 
 import os
 
+from ..common.errors import SetupError, UsageError
 from ..dbus.discovery import session_bus_candidates
-from ..errors import SetupError, UsageError
 
 
 def open_engine(spec, session=None):

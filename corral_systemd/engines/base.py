@@ -12,8 +12,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import SetupError  # noqa: F401  (re-exported for engines)
-from ..limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
+from ..common.errors import SetupError  # noqa: F401  (re-exported for engines)
+from ..common.limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
 
 if TYPE_CHECKING:
     from ..kernel.pidfd import RunTracker

@@ -19,7 +19,7 @@ import errno
 import os
 import signal
 
-from ..errors import SetupError
+from ..common.errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from ..kernel.spawn import fork_command

@@ -22,11 +22,11 @@ import os
 import signal
 import time
 
+from ..common.limits import CPU_TIME_INTERVAL, MEM
 from ..kernel import procfs
 from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
 from ..kernel.spawn import fork_command
-from ..limits import CPU_TIME_INTERVAL, MEM
 from .base import Engine, cpu_time_reached
 
 MEMORY_WATCH_INTERVAL = 0.025

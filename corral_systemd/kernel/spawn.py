@@ -15,7 +15,7 @@ import errno
 import os
 import signal
 
-from .. import baton
+from ..common import baton
 from .signals import CHILD_DEFAULTS
 
 #: Reset before the command runs (the gate waits in corral's code, with its handlers).

@@ -40,12 +40,12 @@ import os
 import signal
 import time
 
+from ...common.errors import SetupError
 from ...dbus.connection import BusDisconnected, BusError
 from ...dbus.discovery import connect_manager
 from ...dbus.discovery import describe_error as _why
 from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
 from ...dbus.systemd1 import NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, unit_path
-from ...errors import SetupError
 from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
 from ..base import CgroupLimits, Engine, usage_facts

@@ -9,8 +9,8 @@ manager or touches the machine: given the same inputs, the same list of
 
 import os
 
+from ...common.redact import redact_argv
 from ...dbus.systemd1 import prop
-from ...redact import redact_argv
 
 _USEC = 1_000_000
 #: The longest Description corral writes (the argv, redacted, is cut there).
@@ -53,7 +53,7 @@ def user_properties(spec) -> list:
     (only properties corral knows, none of its own, none the unit type refuses)."""
     if not spec.properties:
         return []
-    from ...unitprops import parse_property
+    from ...common.unitprops import parse_property
 
     return [prop(*parse_property(text, spec.unit_type)) for text in spec.properties]
 

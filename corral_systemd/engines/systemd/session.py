@@ -2,12 +2,12 @@
 
 import os
 
+from ...common.errors import SetupError
 from ...dbus.connection import BusError
 from ...dbus.discovery import connect_manager
 from ...dbus.discovery import describe_error as _why
 from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
 from ...dbus.systemd1 import Manager, unit_path
-from ...errors import SetupError
 from ..tether import Tether
 from ..unitcgroup import cgroup_of
 from .properties import tether_properties
@@ -24,7 +24,7 @@ class SystemdSession:
     """
 
     def __init__(self, manager: str = "auto", slice_: str = "corral.slice"):
-        from ...baton import Baton
+        from ...common.baton import Baton
         from ...dbus.mux import Multiplexer
 
         self.slice = slice_

@@ -20,10 +20,10 @@ and nowhere else.
 import os
 import signal
 
+from ...common.errors import SetupError
 from ...dbus.connection import BusError
 from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
-from ...errors import SetupError
 from ...kernel.spawn import ExecError, fork_command, spawn_gated_by_shell
 from ..unitcgroup import cgroup_of
 from . import properties as P

@@ -3,7 +3,7 @@
 import os
 import time
 
-from ..redact import redact_argv
+from ...common.redact import redact_argv
 from .files import VERSION, EventLog, _canonical, _write_atomic, entry_path, log_path
 from .identity import OwnerToken, boot_id, mark_hash, own_starttime, proc_stat
 from .paths import ensure_private_dir, ensure_state_dir, valid_run_id
@@ -222,7 +222,7 @@ class RegistryObserver:
             ref = min(live, key=lambda p: p.starttime).sid
         if ref is None:
             return
-        from ..kernel.procfs import cmdline
+        from ...kernel.procfs import cmdline
 
         for p in live:
             if (p.sid != ref or p.pgid != ref) and (p.pid, p.starttime) not in self._seen_detached:

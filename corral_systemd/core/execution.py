@@ -27,8 +27,8 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict
 
+from ..common.errors import SetupError
 from . import result as R
-from .errors import SetupError
 from .output import OutputPump
 from .spec import RunSpec
 
@@ -150,8 +150,8 @@ class Execution:
         return bool(select.select([self._cancel_r], [], [], 0)[0])
 
     def _in_process(self) -> R.RunOutcome:
+        from ..engines import open_engine
         from .assemble import assemble_and_run
-        from .engines import open_engine
 
         spec, session = self.spec, self._session
         # A shared session's runs take turns (baton.py): one of them runs
@@ -177,7 +177,7 @@ class Execution:
     def pids(self) -> list[int]:
         """The run's live processes right now (read-only; any thread)."""
         if self._child is not None:
-            from .kernel import procfs
+            from ..kernel import procfs
 
             # The child supervisor is the run's subreaper: the run is its subtree.
             return [p.pid for p in procfs.descendants(procfs.scan(), self._child.pid) if p.alive]

@@ -57,7 +57,7 @@ implementation and ``redact`` (the redaction the run record shares).
 """
 
 # The package's interface: what the rest of corral and corralctl's callers use.
-from ..redact import REDACTED, redact_argv  # noqa: F401  (shared with the run record)
+from ...common.redact import REDACTED, redact_argv  # noqa: F401  (shared with the run record)
 from .audit import verify_log  # noqa: F401
 from .files import (  # noqa: F401
     VERSION,

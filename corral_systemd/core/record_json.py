@@ -22,8 +22,8 @@ import os
 import tempfile
 from typing import Final
 
-from .limits import LIMITS, TIMINGS
-from .redact import redact_argv
+from ..common.limits import LIMITS, TIMINGS
+from ..common.redact import redact_argv
 
 RECORD_VERSION: Final = 1
 #: ``Limits``' fields, in order: the wall, the stop timings, then every other

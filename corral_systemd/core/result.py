@@ -6,7 +6,7 @@ record (``record.py``) is built from it only when someone asks for JSON.
 
 from dataclasses import dataclass, field
 
-from .limits import BY_REASON, MAX_OUTPUT, MEM, WALL
+from ..common.limits import BY_REASON, MAX_OUTPUT, MEM, WALL
 
 # Why the run ended, in the order the supervisor may decide it.
 EXITED = "exited"  # the command's main process exited (or died of a signal) on its own

@@ -21,8 +21,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .errors import UsageError
-from .limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
+from ..common.errors import UsageError
+from ..common.limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
 STDIN_MODES = ("null", "inherit")
@@ -111,7 +111,7 @@ class RunSpec:
                 raise UsageError(f"invalid {name} {value!r}: must be a path without NUL bytes")
 
     def _check_properties(self) -> None:
-        from .unitprops import parse_property
+        from ..common.unitprops import parse_property
 
         if not isinstance(self.properties, list) or not all(_text(p) for p in self.properties):
             raise UsageError("invalid properties: expected NAME=VALUE strings")

@@ -18,7 +18,7 @@ import select
 import stat
 import time
 
-from . import baton
+from ..common import baton
 
 _READ_CHUNK = 65536
 #: Most bytes handed to one non-blocking write.

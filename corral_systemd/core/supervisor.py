@@ -20,8 +20,10 @@ asyncio; engines that talk to systemd hand their bus socket to the loop
 through ``wait_fds()`` (polled for input) and open cgroup notification
 files through ``priority_fds()`` (polled for POLLPRI only).
 
-A little over 400 lines: the run loop, the stop-and-verify sequence and the
-observer protocol belong together (each step's timing is in the record).
+A little over 400 lines: the run loop, its poll round (output, signals,
+cancellation, the engine's descriptors) and the observer protocol belong
+together (each step's timing is in the record); the stop sequence itself is
+``stopping.py``.
 """
 
 import os
@@ -29,12 +31,12 @@ import select
 import signal
 import time
 
-from . import baton
+from ..common import baton
+from ..common.errors import SetupError
+from ..common.limits import ENDS_RUN, MAX_OUTPUT
+from ..kernel.signals import stop_signals
+from ..kernel.spawn import ExecError
 from . import result as R
-from .errors import SetupError
-from .kernel.signals import stop_signals
-from .kernel.spawn import ExecError
-from .limits import ENDS_RUN, MAX_OUTPUT
 from .output import OutputPump
 from .stopping import stop_and_verify
 

@@ -42,7 +42,7 @@ def own_starttime() -> int | None:
 
 def proc_stat(pid: int):
     """(ppid, pgid, sid, state, starttime) of ``pid``, or None."""
-    from ..kernel.procfs import read_stat
+    from ...kernel.procfs import read_stat
 
     info = read_stat(pid)
     return None if info is None else (info.ppid, info.pgid, info.sid, info.state, info.starttime)
@@ -166,7 +166,7 @@ def looks_like_corral(pid: int) -> bool:
     Weak on its own (a process may exec anything with any argv); together
     with the token it keeps a forged entry from naming an arbitrary process.
     """
-    from ..kernel.procfs import cmdline
+    from ...kernel.procfs import cmdline
 
     argv = cmdline(pid)
     if not argv:

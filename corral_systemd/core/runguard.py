@@ -14,11 +14,11 @@ Kept out of cli.py so the CLI stays thin and the pieces stay testable.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .credentials import PrivateCredentials
+    from ..state.credentials import PrivateCredentials
 
 import os
 
-from .errors import SetupError
+from ..common.errors import SetupError
 
 
 class RunGuard:
@@ -43,7 +43,7 @@ class RunGuard:
 
     def __enter__(self):
         if self.credential_pairs:
-            from .credentials import check_unique
+            from ..state.credentials import check_unique
 
             check_unique(self.credential_pairs)
             if not _may_be_systemd_service(self.spec):
@@ -51,8 +51,8 @@ class RunGuard:
         return self
 
     def _private_credentials(self):
-        from .credentials import PrivateCredentials
-        from .registry import state_dir
+        from ..state.credentials import PrivateCredentials
+        from ..state.registry import state_dir
 
         self.creds = PrivateCredentials(self.credential_pairs, self.spec.run_id, state_dir())
         self.creds.create()  # forks the watcher
@@ -85,7 +85,7 @@ class RunGuard:
             self._credentials_for(engine)
         if not self.use_registry:
             return None
-        from .registry import MARK_ENV, RegistryObserver, new_mark, register
+        from ..state.registry import MARK_ENV, RegistryObserver, new_mark, register
 
         facts = engine.describe() if engine.mode != "systemd" else {}
         mark = None
