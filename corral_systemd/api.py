@@ -151,6 +151,9 @@ def make_spec(
     cwd: str | None = None,
     credentials: dict | None = None,
     properties: dict | None = None,
+    output_limit: Size = None,
+    output_file: str | os.PathLike | None = None,
+    network: str = "host",
 ) -> RunSpec:
     """Validate the library's keyword arguments into a RunSpec (UsageError if bad).
 
@@ -168,6 +171,18 @@ def make_spec(
     ``properties`` maps unit property names to values, as ``-p NAME=VALUE``
     (``{"IOWeight": 50}``): systemd runs only; properties corral sets itself,
     or that the unit type does not take, are a UsageError.
+
+    ``output_limit`` (bytes, or "128K"), as ``--output-limit``: the captured
+    stdout and stderr hold the first and the last half of that many bytes of
+    the two together, with one marker line where the middle was left out;
+    the result's ``output_omitted_bytes`` says how much (0: nothing). The run
+    is not stopped (``max_output`` stops it). ``output_file``, as
+    ``--output-file``: the whole stream is also written there (0600).
+
+    ``network="none"``, as ``--network none``: the command has only a
+    loopback interface, checked before it runs (SetupError if that cannot
+    be had). A Runner's scope runs cannot do this (the host must not fork):
+    use services, the library's default.
     """
     try:
         argv = [os.fspath(a) for a in argv]
@@ -212,6 +227,9 @@ def make_spec(
         cwd=None if cwd is None else os.path.abspath(cwd),
         credential_requests=requests,
         properties=[f"{name}={value}" for name, value in (properties or {}).items()],
+        output_limit=None if output_limit is None else _bytes(output_limit, "output_limit"),
+        output_file=None if output_file is None else os.path.abspath(os.fspath(output_file)),
+        network=network,
     )
 
 

@@ -40,6 +40,11 @@ class UnitType(str, enum.Enum):
     service = "service"
 
 
+class Network(str, enum.Enum):
+    host = "host"
+    none = "none"
+
+
 def _version(value: bool):
     if value:
         print(f"corral {__version__}")
@@ -69,6 +74,16 @@ def corral(
     max_output: str | None = typer.Option(None, MAX_OUTPUT.option, metavar=MAX_OUTPUT.metavar, help=MAX_OUTPUT.help),
     cpu_time: str | None = typer.Option(None, CPU_TIME.option, metavar=CPU_TIME.metavar, help=CPU_TIME.help),
     cpus: str | None = typer.Option(None, CPUS.option, metavar=CPUS.metavar, help=CPUS.help),
+    output_limit: str | None = typer.Option(
+        None,
+        "--output-limit",
+        metavar="SIZE",
+        help="Show at most SIZE bytes of stdout+stderr: the first and the last half, one marker line "
+        "between (the run is not stopped).",
+    ),
+    output_file: str | None = typer.Option(
+        None, "--output-file", metavar="PATH", help="Also keep the whole stdout+stderr stream here (mode 0600)."
+    ),
     property_: list[str] | None = typer.Option(
         None,
         "--property",
@@ -81,6 +96,11 @@ def corral(
         None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."
     ),
     stdin: StdinMode = typer.Option(StdinMode.null, help="The command's stdin: /dev/null or corral's own."),
+    network: Network = typer.Option(
+        Network.host,
+        help="none: the command gets a network namespace of its own with only lo (checked before it runs; "
+        "if it cannot be had, the command never runs, 125).",
+    ),
     manager: Manager = typer.Option(Manager.auto, help="Which systemd manager to use in enforced mode."),
     unit_type: UnitType = typer.Option(UnitType.scope, help="Transient unit type in enforced mode."),
     slice_: str = typer.Option("corral.slice", "--slice", metavar="SLICE", help="Slice for the run's unit."),
@@ -116,7 +136,7 @@ def corral(
 ):
     """Run COMMAND under limits; when corral returns, every process it started is gone."""
     from .common.limits import BY_FIELD
-    from .common.units import parse_duration
+    from .common.units import parse_duration, parse_size
     from .core.spec import RunSpec
 
     given = {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output, "cpu_time": cpu_time, "cpus": cpus}
@@ -136,6 +156,9 @@ def corral(
             unit_type=unit_type.value,
             slice=slice_,
             properties=list(property_ or []),
+            network=network.value,
+            output_limit=None if output_limit is None else parse_size(output_limit, what="--output-limit"),
+            output_file=None if output_file is None else os.path.abspath(output_file),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -144,7 +167,9 @@ def corral(
     if not spec.slice.endswith(".slice"):
         raise UsageError(f"invalid --slice {spec.slice!r}: must end in .slice")
     if json_path is not None and not _is_stdout(json_path):
-        _check_json_path(json_path)
+        _check_output_path(json_path)
+    if spec.output_file is not None:
+        _check_output_path(spec.output_file, option="--output-file")
     # -- issue 5: environment, credentials, registry (see runguard.py) --
     environment = credentials = None
     if env_clear or env_keep or env_drop:
@@ -181,7 +206,8 @@ def _print_record(result) -> None:
     write_all(1, record_bytes(result), raise_broken=True)
 
 
-def _check_json_path(path: str) -> None:
+def _check_output_path(path: str, option: str = "--json") -> None:
+    """A file corral will write: a regular file or none yet, in a writable directory."""
     import stat
 
     try:
@@ -192,12 +218,12 @@ def _check_json_path(path: str) -> None:
     # (a directory, a symlink such as /dev/stdout, a device, a fifo) would
     # be destroyed, so refuse it.
     if mode is not None and not stat.S_ISREG(mode):
-        raise UsageError(f"--json {path!r} exists and is not a regular file")
+        raise UsageError(f"{option} {path!r} exists and is not a regular file")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise UsageError(f"--json {path!r}: directory {parent!r} does not exist")
+        raise UsageError(f"{option} {path!r}: directory {parent!r} does not exist")
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"--json {path!r}: directory {parent!r} is not writable")
+        raise UsageError(f"{option} {path!r}: directory {parent!r} is not writable")
 
 
 def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credentials=(), registry=True) -> int:
@@ -260,6 +286,10 @@ def summary_line(result) -> str:
     )
     if usage := usage_summary(result):
         line += f"; {usage}"
+    if result.output_omitted_bytes:
+        line += f"; {result.output_omitted_bytes} bytes of output left out"
+        if result.output_file:
+            line += f" (all in {result.output_file})"
     if reason := result.engine.get("auto_fallback_reason"):
         # --cgroup-mode auto found no manager to use: say why, once (the record
         # has it too), so a run without systemd is never silently unconfined by one.

@@ -130,6 +130,65 @@ def _sink_key(fd: int):
     return ("file", st.st_dev, st.st_ino, st.st_rdev)
 
 
+def omission_marker(omitted: int, after_newline: bool) -> bytes:
+    """The line that stands for the middle ``--output-limit`` left out (on a
+    line of its own: a newline first unless the head ended with one)."""
+    return (b"" if after_newline else b"\n") + f"[corral: {omitted} bytes of output left out]\n".encode()
+
+
+class HeadTail:
+    """``--output-limit``: the first ``head`` bytes of the stream pass at
+    once; after them, only the last ``tail`` bytes are kept (each chunk with
+    its sink, so stdout and stderr keep their order), and ``finish`` delivers
+    them after one marker line that says how many bytes were left out --
+    none when the stream fit. Byte-exact: the head and tail are the stream's
+    own bytes; only the marker is corral's."""
+
+    def __init__(self, limit: int):
+        self.head = limit - limit // 2
+        self.tail = limit // 2
+        self.held: list[tuple[object, bytes]] = []
+        self.held_bytes = 0
+        #: Bytes left out of the middle; the sink of the first one gets the marker.
+        self.omitted = 0
+        self.cut_sink: object = None
+        self.last_byte = b"\n"
+
+    def take(self, sink, data: bytes, deliver) -> None:
+        passing = min(len(data), self.head)
+        if passing:
+            self.head -= passing
+            self.last_byte = data[passing - 1 : passing]
+            deliver(sink, data[:passing])
+        rest = data[passing:]
+        if not rest:
+            return
+        self.held.append((sink, rest))
+        self.held_bytes += len(rest)
+        while self.held_bytes > self.tail:
+            first_sink, first = self.held[0]
+            excess = self.held_bytes - self.tail
+            if self.cut_sink is None:
+                self.cut_sink = first_sink
+            if len(first) <= excess:
+                self.held.pop(0)
+                dropped = len(first)
+            else:
+                self.held[0] = (first_sink, first[excess:])
+                dropped = excess
+            self.held_bytes -= dropped
+            self.omitted += dropped
+
+    def finish(self, deliver) -> None:
+        """Deliver the marker (if anything was left out) and the kept tail."""
+        if self.omitted:
+            deliver(self.cut_sink, omission_marker(self.omitted, self.last_byte == b"\n"))
+        for sink, data in self.held:
+            deliver(sink, data)
+        self.held.clear()
+        self.held_bytes = 0
+
+
 class OutputPump:
     """Copies the command's stdout/stderr pipes to their sinks, under a byte cap.
 
@@ -137,13 +196,19 @@ class OutputPump:
     blocking) or a callable taking each chunk (the library's capture and
     streaming). Output beyond the cap is read and dropped (so writers never
     block on a full pipe) and ``exceeded`` is set. ``total`` counts every
-    byte read, kept or not.
+    byte read, kept or not. With ``keep`` (``--output-limit``) what is shown
+    is the stream's head and tail (``HeadTail``; ``finish`` delivers the
+    tail); with ``copy_fd`` (``--output-file``) every byte read is also
+    written there, in the order read, whatever the cap or ``keep`` show.
     """
 
-    def __init__(self, routes: dict, cap: int | None):
+    def __init__(self, routes: dict, cap: int | None, *, keep: int | None = None, copy_fd: int | None = None):
         self.cap = cap
         self.total = 0
         self.exceeded = False
+        self.head_tail = HeadTail(keep) if keep is not None else None
+        self.copy_fd = copy_fd
+        self.copy_error: str | None = None
         self.sinks: list[FdSink] = []
         by_key = {}
         self.routes = {}  # read fd -> callable or FdSink
@@ -182,17 +247,32 @@ class OutputPump:
             os.close(fd)
             del self.routes[fd]
             return
+        if self.copy_fd is not None:
+            try:
+                write_all(self.copy_fd, data)  # a regular file: never waits on a reader
+            except OSError as exc:  # ENOSPC, EIO: the copy is incomplete, and says so
+                self.copy_error = f"--output-file: {exc.strerror or exc}; the file holds the first {self.total} bytes"
+                self.copy_fd = None
         allowed = len(data)
         if self.cap is not None and self.total + len(data) > self.cap:
             allowed = max(0, self.cap - self.total)
             self.exceeded = True
         self.total += len(data)
         if allowed:
-            sink = self.routes[fd]
-            if isinstance(sink, FdSink):
-                sink.write(data[:allowed])
+            if self.head_tail is not None:
+                self.head_tail.take(self.routes[fd], data[:allowed], _deliver)
             else:
-                sink(data[:allowed])
+                _deliver(self.routes[fd], data[:allowed])
+
+    def finish(self) -> None:
+        """Every pipe is read: deliver the kept tail of ``--output-limit``."""
+        if self.head_tail is not None:
+            self.head_tail.finish(_deliver)
+
+    @property
+    def omitted(self) -> int | None:
+        """Bytes ``--output-limit`` left out (None: no limit)."""
+        return self.head_tail.omitted if self.head_tail is not None else None
 
     def drain(self, limit: float | None) -> None:
         """Read every pipe to EOF, or for ``limit`` seconds (None: no limit); then close them.
@@ -254,6 +334,13 @@ class OutputPump:
         for sink in self.sinks:
             sink.close()
         self.sinks.clear()
+
+
+def _deliver(sink, data: bytes) -> None:
+    if isinstance(sink, FdSink):
+        sink.write(data)
+    else:
+        sink(data)
 
 
 def write_all(fd: int, data: bytes, raise_broken: bool = False) -> None:

@@ -98,6 +98,11 @@ class EngineInfo(BaseModel):
     #: figure the manager kept (``accounting_source`` names "manager").
     #: None: no group (the fallback).
     accounting_final: bool | None = None
+    #: How --network none was put in place (None: the host's network):
+    #: "netns" (a new network namespace), "userns+netns" (a user namespace
+    #: first: not root), "PrivateNetwork" / "PrivateNetwork+PrivateUsers"
+    #: (a service; the unit checked it before the command).
+    network: str | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: dict[str, int] | None = None
     auto_fallback_reason: str | None = None
@@ -157,6 +162,12 @@ class RunRecord(_Strict):
     remaining_pids: list[int]
     verified: bool
     output_bytes: int | None = None
+    #: --output-limit: at most this many bytes shown, the first and the last
+    #: half; ``output_omitted_bytes`` were left out between them (0: none).
+    output_limit: int | None = None
+    output_omitted_bytes: int | None = None
+    #: --output-file: the whole stream, as read.
+    output_file: str | None = None
     engine: EngineInfo
     warnings: list[str] = []
     environment: EnvironmentNames | None = None

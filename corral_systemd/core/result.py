@@ -44,6 +44,11 @@ class RunOutcome:
     remaining_pids: list[int] = field(default_factory=list)
     verified: bool = False
     output_bytes: int | None = None  # counted only when output passes through corral
+    #: --output-limit (bytes shown at most: head and tail) and what it left
+    #: out of the middle (None: no --output-limit); --output-file's path.
+    output_limit: int | None = None
+    output_omitted_bytes: int | None = None
+    output_file: str | None = None
     engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
     warnings: list[str] = field(default_factory=list)
     observer_error: str | None = None  # the observer (the registry) failed: see supervisor.RunObserver

@@ -28,7 +28,12 @@ CGROUP_MODES = ("auto", "enforced", "fallback")
 STDIN_MODES = ("null", "inherit")
 MANAGERS = ("auto", "user", "system")
 UNIT_TYPES = ("scope", "service")
+#: --network: "host" (the command shares corral's) or "none" (a namespace of
+#: its own with only lo, verified before the command runs).
+NETWORKS = ("host", "none")
 
+#: --output-limit keeps a head and a tail: at least one byte of each.
+MIN_OUTPUT_LIMIT = 2
 _BOUNDS = {"size": f"{MAX_SIZE} bytes (8 EiB)", "count": f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)"}
 
 
@@ -66,6 +71,12 @@ class RunSpec:
     run_id: str = field(default_factory=new_run_id)
     #: -p/--property NAME=VALUE: unit properties passed through (see unitprops.py).
     properties: list = field(default_factory=list)
+    #: --output-limit: show the first and last half of this many bytes of
+    #: stdout+stderr, one marker line between; the run goes on (bytes).
+    output_limit: int | None = None
+    #: --output-file: the whole stream as well, in the order read (0600; an absolute path).
+    output_file: str | None = None
+    network: str = "host"
 
     def __post_init__(self):
         self.validate()
@@ -85,6 +96,7 @@ class RunSpec:
         _check_choice("cgroup_mode", self.cgroup_mode, CGROUP_MODES)
         _check_choice("manager", self.manager, MANAGERS)
         _check_choice("unit_type", self.unit_type, UNIT_TYPES)
+        _check_choice("network", self.network, NETWORKS)
         if not isinstance(self.stdin, bytes):
             _check_choice("stdin", self.stdin, (*STDIN_MODES, "pipe"))
         if (
@@ -105,6 +117,13 @@ class RunSpec:
             )
         if self.properties:
             self._check_properties()
+        _check_int("output_limit", self.output_limit, MAX_SIZE, _BOUNDS["size"])
+        if self.output_limit is not None and self.output_limit < MIN_OUTPUT_LIMIT:
+            raise UsageError(
+                f"invalid output_limit {self.output_limit}: at least {MIN_OUTPUT_LIMIT} bytes (a head and a tail)"
+            )
+        if self.output_file is not None and (not _text(self.output_file) or not os.path.isabs(self.output_file)):
+            raise UsageError(f"invalid output_file {self.output_file!r}: must be an absolute path without NUL bytes")
         for name in ("cwd", "cgroup_parent"):
             value = getattr(self, name)
             if value is not None and (not _text(value) or not value):

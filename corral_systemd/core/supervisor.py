@@ -29,6 +29,7 @@ together (each step's timing is in the record); the stop sequence itself is
 import os
 import select
 import signal
+import stat
 import time
 
 from ..common import baton
@@ -149,6 +150,7 @@ class Supervisor:
         self._stdout = stdout
         self._stderr = stderr
         self._stdin_fd = stdin_fd
+        self._output_file_fd: int | None = None  # --output-file, closed when the run ends
         self._t0 = 0.0
         self.result = R.RunOutcome(
             run_id=spec.run_id,
@@ -156,6 +158,8 @@ class Supervisor:
             argv=list(spec.argv),
             cwd=spec.cwd or os.getcwd(),
             limits=spec.limits(),
+            output_limit=spec.output_limit,
+            output_file=spec.output_file,
         )
 
     # -- helpers -------------------------------------------------------
@@ -224,6 +228,8 @@ class Supervisor:
         finally:
             if pump is not None:
                 pump.close()
+            if self._output_file_fd is not None:
+                os.close(self._output_file_fd)
             self.engine.close()
 
     def _drain(self, pump: OutputPump) -> None:
@@ -235,7 +241,11 @@ class Supervisor:
         """
         res = self.result
         pump.drain(_DRAIN_LIMIT)
+        pump.finish()
         res.output_bytes = pump.total
+        res.output_omitted_bytes = pump.omitted
+        if pump.copy_error is not None:
+            res.warnings.append(pump.copy_error)
         if pump.exceeded and res.reason == R.EXITED:
             self._step("limit_exceeded", limit="max_output")
             res.reason = R.OUTPUT
@@ -265,12 +275,19 @@ class Supervisor:
         out_w = err_w = None
         pump = None
         try:
-            if spec.max_output is not None or callable(self._stdout) or callable(self._stderr):
+            shaped = spec.max_output is not None or spec.output_limit is not None or spec.output_file is not None
+            if shaped or callable(self._stdout) or callable(self._stderr):
+                copy_fd = self._open_output_file()
                 out_r, out_w = os.pipe2(os.O_CLOEXEC)
                 err_r, err_w = os.pipe2(os.O_CLOEXEC)
                 os.set_blocking(out_r, False)
                 os.set_blocking(err_r, False)
-                pump = OutputPump({out_r: self._stdout, err_r: self._stderr}, spec.max_output)
+                pump = OutputPump(
+                    {out_r: self._stdout, err_r: self._stderr},
+                    spec.max_output,
+                    keep=spec.output_limit,
+                    copy_fd=copy_fd,
+                )
             self.engine.start(
                 spec.argv,
                 stdin=stdin,
@@ -295,6 +312,29 @@ class Supervisor:
             **{k: v for k, v in self.engine.describe().items() if k in ("unit", "control_group")},
         )
         return pump
+
+    def _open_output_file(self) -> int | None:
+        """--output-file, created 0600 (replacing a regular file; never
+        following a symlink or writing into anything else): SetupError, 125."""
+        path = self.spec.output_file
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            raise SetupError(f"--output-file {path!r}: {exc.strerror or exc}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SetupError(f"--output-file {path!r} exists and is not a regular file")
+            os.set_blocking(fd, True)
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._output_file_fd = fd
+        return fd
 
     def _watch(self, pump: OutputPump | None) -> None:
         """Wait until something ends the run; record why."""

@@ -252,6 +252,26 @@ def wait_status(info) -> int:
     return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)
 
 
+def network_to_leave(spec) -> str | None:
+    """corral's own network namespace when the command must leave it
+    (``--network none``: ``kernel.netns``), else None."""
+    if spec.network != "none":
+        return None
+    from ..kernel import netns
+
+    return netns.current()
+
+
+def network_fact(spec) -> dict:
+    """The record's ``network``: how ``--network none`` was put in place by
+    a forked child (``kernel.netns.how``); nothing for the host's network."""
+    if spec.network != "none":
+        return {}
+    from ..kernel import netns
+
+    return {"network": netns.how()}
+
+
 def usage_facts(cgroup: dict, manager: dict | None = None) -> dict:
     """The record's resource figures (``cgroupfs.Usage`` names): read from
     the run's cgroup, or reported by the manager (which reads the same

@@ -23,7 +23,7 @@ from ..common.errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from ..kernel.spawn import fork_command
-from .base import CgroupLimits, Engine, usage_facts
+from .base import CgroupLimits, Engine, network_fact, network_to_leave, usage_facts
 from .unitcgroup import UnitCgroup
 
 
@@ -107,7 +107,16 @@ class CgroupEngine(CgroupLimits, Engine):
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
-        child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True)
+        child = fork_command(
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            gated=True,
+            isolate_network_from=network_to_leave(self.spec),
+        )
         try:
             self._write("cgroup.procs", str(child.pid))
         except BaseException:
@@ -125,7 +134,11 @@ class CgroupEngine(CgroupLimits, Engine):
                 f"cannot tell {self.path} in /proc/{child.pid}/cgroup ({path!r}): "
                 "processes that leave the group are not tracked"
             )
-        child.release()
+        try:
+            child.release()
+        except SetupError:
+            self._child = None  # it never ran and is reaped (--network none not in place)
+            raise
 
     # -- limits --------------------------------------------------------
     def _has_group(self) -> bool:
@@ -235,6 +248,7 @@ class CgroupEngine(CgroupLimits, Engine):
             "control_group": self.path,
             **usage_facts(self.group.usage.figures),
             "accounting_final": self.group.final,
+            **network_fact(self.spec),
             **self.tracker.facts(),
         }
         if (events := self.group.memory_events()) is not None:

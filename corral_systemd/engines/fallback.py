@@ -27,7 +27,7 @@ from ..kernel import procfs
 from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
 from ..kernel.spawn import fork_command
-from .base import Engine, cpu_time_reached
+from .base import Engine, cpu_time_reached, network_fact, network_to_leave
 
 MEMORY_WATCH_INTERVAL = 0.025
 
@@ -39,6 +39,7 @@ class FallbackEngine(Engine):
 
     def __init__(self, spec):
         super().__init__()
+        self.spec = spec
         self._self_pid = os.getpid()
         self._mem_limit = spec.mem
         if spec.mem is not None:
@@ -69,7 +70,16 @@ class FallbackEngine(Engine):
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
-        child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=False)
+        child = fork_command(
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            gated=False,
+            isolate_network_from=network_to_leave(self.spec),
+        )
         child.release()  # raises ExecError (after reaping) if exec failed
         self._child = child
         self.seen.add(child.pid)
@@ -226,7 +236,7 @@ class FallbackEngine(Engine):
             self._child.pidfd = -1
 
     def describe(self):
-        info = {"processes_signalled": len(self._signalled)}
+        info = {"processes_signalled": len(self._signalled), **network_fact(self.spec)}
         self.cpu_time_nsec()
         info["cpu_usage_nsec"] = sum(self._cpu)
         info["cpu_user_nsec"], info["cpu_system_nsec"] = self._cpu

@@ -16,7 +16,12 @@ import os
 import signal
 
 from ..common import baton
+from ..common.errors import SetupError
+from . import netns
 from .signals import CHILD_DEFAULTS
+
+#: A child's report that starts with this is a failed setup, not an errno.
+_SETUP_FAILED = b"setup:"
 
 #: Reset before the command runs (the gate waits in corral's code, with its handlers).
 _DEFAULT_IN_CHILD = CHILD_DEFAULTS
@@ -46,9 +51,13 @@ class Child:
         self._argv0 = argv0
 
     def release(self) -> None:
-        """Open the gate and wait for exec. Raises ExecError if exec failed."""
+        """Open the gate and wait for exec. Raises ExecError if exec failed,
+        SetupError if the child could not be set up (``--network none``)."""
         if self._gate_w is not None:
-            os.write(self._gate_w, b"x")
+            try:
+                os.write(self._gate_w, b"x")
+            except BrokenPipeError:
+                pass  # the child gave up before the gate: its report says why
             os.close(self._gate_w)
             self._gate_w = None
         err_r, self._err_r = self._err_r, None
@@ -61,11 +70,13 @@ class Child:
         finally:
             os.close(err_r)
         if data:
-            # The child reported an errno and exited 127; reap it here so the
-            # caller sees a clean failure and no zombie.
+            # The child reported an errno (or a failed setup) and exited;
+            # reap it here so the caller sees a clean failure and no zombie.
             os.waitpid(self.pid, 0)
             os.close(self.pidfd)
             self.pidfd = -1
+            if data.startswith(_SETUP_FAILED):
+                raise SetupError(data[len(_SETUP_FAILED) :].decode(errors="replace"))
             raise ExecError(int(data), self._argv0)
 
     def abandon(self) -> None:
@@ -91,12 +102,18 @@ def fork_command(
     env: dict[str, str] | None,
     cwd: str | None,
     gated: bool,
+    isolate_network_from: str | None = None,
 ) -> Child:
     """Fork the command in a new session; exec at once unless ``gated``.
 
     For an ungated child, call ``release()`` right away: it returns when the
-    exec has happened (or raises ExecError).
+    exec has happened (or raises ExecError). With ``isolate_network_from``
+    (corral's own network namespace, ``netns.current()``) the child first
+    moves to a network namespace of its own and checks it (``netns.isolate``);
+    if that fails, it never execs and ``release()`` raises SetupError.
     """
+    if isolate_network_from is not None:
+        netns.prepare()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     gate_r = gate_w = None
     if gated:
@@ -110,6 +127,15 @@ def fork_command(
             for sig in _DEFAULT_IN_CHILD:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            if isolate_network_from is not None:
+                try:
+                    netns.isolate(isolate_network_from)
+                except (OSError, RuntimeError) as exc:
+                    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                    os.write(
+                        err_w, _SETUP_FAILED + f"--network none: not in place ({why}); the command never ran".encode()
+                    )
+                    os._exit(125)
             if gate_r is not None and gate_w is not None:
                 os.close(gate_w)
                 if os.read(gate_r, 1) != b"x":

@@ -687,6 +687,7 @@ class SystemdEngine(CgroupLimits, Engine):
         figures = self.cgroup.usage.figures if self.cgroup is not None else {}
         info.update(usage_facts(figures, self._manager_figures))
         info["accounting_final"] = self.cgroup.final if self.cgroup is not None else None
+        info.update(self.strategy.network_fact())
         if self.tracker is not None:
             info.update(self.tracker.facts())
         events = self.cgroup.memory_events() if self.cgroup is not None else None

@@ -126,6 +126,28 @@ def credential_properties(pairs, check_script: str) -> list:
     ]
 
 
+def network_properties(network: str, manager_kind: str, host_netns: str, check_script: str) -> list:
+    """--network none for a service: PrivateNetwork= (with PrivateUsers= in
+    a user manager, where systemd 252 needs a user namespace to make one),
+    and an ExecStartPre= that checks, inside the unit and before the
+    command, that the namespace is not ``host_netns`` and holds only lo."""
+    if network != "none":
+        return []
+    return [
+        prop("PrivateNetwork", "b", True),
+        *([prop("PrivateUsers", "b", True)] if manager_kind == "user" else []),
+        prop(
+            "ExecStartPre",
+            "a(sasb)",
+            [("/bin/sh", ["/bin/sh", "-c", check_script, NETWORK_CHECK, host_netns], False)],
+        ),
+    ]
+
+
+#: The network check's $0, by which its ExecStartPre= entry is found again.
+NETWORK_CHECK = "corral-network"
+
+
 def environment_properties(environment: dict, env_file: str | None) -> list:
     """The service's environment: the path of a private file holding it
     (EnvironmentFiles=), or, only when no such file could be made, the

@@ -25,6 +25,7 @@ from ...dbus.connection import BusError
 from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
 from ...kernel.spawn import ExecError, fork_command, spawn_gated_by_shell
+from ..base import network_fact, network_to_leave
 from ..unitcgroup import cgroup_of
 from . import properties as P
 from .envfile import EnvFile, resolve_for_service, valid_env
@@ -69,14 +70,31 @@ class ScopeStrategy:
     def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
         """(properties, descriptors) for StartTransientUnit: the command forked, held."""
         engine = self.engine
+        isolate = network_to_leave(engine.spec)
         if engine.session is None:
-            engine._child = fork_command(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True)
+            engine._child = fork_command(
+                argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                cwd=cwd,
+                gated=True,
+                isolate_network_from=isolate,
+            )
+        elif isolate is not None:
+            # The child would have to leave the network namespace between
+            # fork and exec, and a library host, multi-threaded, must not fork.
+            raise SetupError("--network none: a Runner's scope cannot have it; use unit_type='service' (the default)")
         else:
             engine._child = spawn_gated_by_shell(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
         return P.scope_properties(engine._child.pid), []
 
     def start_failed(self, result: str) -> None:
         raise SetupError(f"systemd could not start {self.engine.unit}: job {result}")
+
+    def network_fact(self) -> dict:
+        return network_fact(self.engine.spec)
 
     def request_taken_reply_lost(self, first: str, taken: bool | None, unknown: str) -> None:
         """The start request may have reached the manager: the command is still at its gate, never ran."""
@@ -91,7 +109,11 @@ class ScopeStrategy:
         """Open the gate (ExecError propagates; the scope empties and stops)."""
         engine = self.engine
         engine.seen.add(engine._child.pid)
-        engine._child.release()
+        try:
+            engine._child.release()
+        except SetupError:
+            engine._child = None  # it never ran and is reaped (--network none not in place)
+            raise
 
     def cgroup_hint(self) -> str:
         """The scope's cgroup as the kernel shows it for its held main process."""
@@ -140,7 +162,8 @@ class ServiceStrategy:
         CollectMode=inactive keeps a failed unit loaded for that (it is reset
         in the engine's close()). The credentials are known once the run
         guard has seen the engine, before start()."""
-        return self.engine.direct and bool(self.engine.spec.credentials)
+        spec = self.engine.spec
+        return self.engine.direct and (bool(spec.credentials) or spec.network == "none")
 
     def prepare(self, argv, env, cwd) -> None:
         """Resolve the executable as a scope's exec would (ExecError 127/126
@@ -172,11 +195,15 @@ class ServiceStrategy:
         return sorted(names - set(env))
 
     def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
+        from ...kernel import netns
         from ..credential_check import CHECK_SCRIPT
 
+        engine = self.engine
+        host_netns = netns.current() if engine.spec.network == "none" else ""
         props = [
             *self._service_props,
-            *P.credential_properties(self.engine.spec.credentials, CHECK_SCRIPT),
+            *P.credential_properties(engine.spec.credentials, CHECK_SCRIPT),
+            *P.network_properties(engine.spec.network, engine.manager_kind, host_netns, netns.CHECK_SCRIPT),
             *P.stdio_properties(),
             *self._environment_properties(),
         ]
@@ -220,6 +247,7 @@ class ServiceStrategy:
         it. Returns when the command did run (systemd 252 can fail a Type=exec
         start job of a command that exits at once): the run is real."""
         self._check_credentials_delivered()
+        self._check_network_isolated()
         if not self._service_ran():
             raise SetupError(f"systemd could not start {self.engine.unit}: job {result}")
         self._check_exec_failed()
@@ -311,6 +339,34 @@ class ServiceStrategy:
                 f"systemd did not deliver the credentials to {engine.unit} (the check could not run: "
                 f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager"
             )
+
+    def _check_network_isolated(self) -> None:
+        """After a failed start job: SetupError if --network none is why (the
+        unit's check found the host's namespace, or more than lo)."""
+        from ...kernel import netns
+
+        engine = self.engine
+        if engine.spec.network != "none":
+            return
+        try:
+            pre = engine.manager.get(engine.unit, interface_for(engine.unit), "ExecStartPre")
+        except BusError:
+            return
+        for entry in pre:
+            if len(entry[1]) > 3 and entry[1][3] == P.NETWORK_CHECK and entry[8]:
+                code, status = entry[8], entry[9]
+                if (code, status) == (1, 0):
+                    return
+                why = {
+                    netns.CHECK_SHARED: "it shares corral's network namespace",
+                    netns.CHECK_INTERFACES: "its network namespace holds more than lo",
+                }.get(status if code == 1 else -1, f"the check ended with code {code}, status {status}")
+                raise SetupError(f"--network none: not in place in {engine.unit} ({why}); the command never ran")
+
+    def network_fact(self) -> dict:
+        if self.engine.spec.network != "none":
+            return {}
+        return {"network": "PrivateNetwork+PrivateUsers" if self.engine.manager_kind == "user" else "PrivateNetwork"}
 
     def request_taken_reply_lost(self, first: str, taken: bool | None, unknown: str) -> None:
         """The manager may have taken the start request whose reply was lost:
