@@ -96,6 +96,12 @@ def corral(
         None, metavar="PATH", help="Delegated cgroup v2 directory to run in (no systemd needed)."
     ),
     stdin: StdinMode = typer.Option(StdinMode.null, help="The command's stdin: /dev/null or corral's own."),
+    pty: bool = typer.Option(
+        False,
+        "--pty",
+        help="Run the command on a pseudo-terminal of its own, relayed to corral's stdin and stdout "
+        "(a terminal stdin in raw mode, restored after).",
+    ),
     network: Network = typer.Option(
         Network.host,
         help="none: the command gets a network namespace of its own with only lo (checked before it runs; "
@@ -157,6 +163,7 @@ def corral(
             slice=slice_,
             properties=list(property_ or []),
             network=network.value,
+            pty=pty,
             output_limit=None if output_limit is None else parse_size(output_limit, what="--output-limit"),
             output_file=None if output_file is None else os.path.abspath(output_file),
         )
@@ -214,6 +221,8 @@ def _check_output_path(path: str, option: str = "--json") -> None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         mode = None
+    except OSError as exc:  # EACCES on the way there, ENAMETOOLONG...
+        raise UsageError(f"{option} {path!r}: {exc.strerror or exc}") from None
     # The record replaces the file by rename: anything but a regular file
     # (a directory, a symlink such as /dev/stdout, a device, a fifo) would
     # be destroyed, so refuse it.

@@ -13,14 +13,21 @@ import pytest
 from conftest import CORRAL
 from modes import all_modes, mode_flags, scope_flag
 
-#: Prints its network namespace, its interfaces, and whether lo carries a connection.
+#: Prints its network namespace, its interfaces and uid (after a connection
+#: over its own lo), and, given a port, what connecting to 127.0.0.1:PORT did.
 PROBE = (
-    "import json, os, socket\n"
+    "import json, os, socket, sys\n"
     "with open('/proc/self/net/dev') as f:\n"
     "    ifaces = [line.split(':')[0].strip() for line in f if ':' in line]\n"
     "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
     "c = socket.create_connection(s.getsockname(), timeout=5)\n"
-    "print(json.dumps([os.readlink('/proc/self/ns/net'), ifaces, os.getuid()]))\n"
+    "out = [os.readlink('/proc/self/ns/net'), ifaces, os.getuid()]\n"
+    "if len(sys.argv) > 1:\n"
+    "    try:\n"
+    "        socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close(); out.append('connected')\n"
+    "    except OSError as e:\n"
+    "        out.append(type(e).__name__)\n"
+    "print(json.dumps(out))\n"
 )
 
 HOW = {
@@ -31,22 +38,36 @@ HOW = {
 }
 
 
+@pytest.fixture
+def host_server():
+    """A server on the host's 127.0.0.1 (the test's network namespace): its port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
 @pytest.mark.parametrize("mode", all_modes())
-def test_network_none_leaves_only_loopback(corral, mode):
-    run = corral(mode_flags(mode) + ["--network", "none", "--", "python3", "-c", PROBE])
+def test_network_none_leaves_only_loopback(corral, host_server, mode):
+    """Its own lo works; the host's 127.0.0.1 server is out of reach (refused)."""
+    run = corral(mode_flags(mode) + ["--network", "none", "--", "python3", "-c", PROBE, str(host_server)])
     assert run.returncode == 0, run.stderr
-    netns, ifaces, uid = json.loads(run.stdout)
+    netns, ifaces, uid, outside = json.loads(run.stdout)
     assert netns != os.readlink("/proc/self/ns/net")
     assert ifaces == ["lo"] and uid == os.getuid()
+    assert outside == "ConnectionRefusedError"
     assert run.record["engine"]["network"] in HOW[mode], run.record["engine"]
     assert run.survivors == []
 
 
 @pytest.mark.parametrize("mode", all_modes())
-def test_without_network_none_the_command_shares_corrals_network(corral, mode):
-    run = corral(mode_flags(mode) + ["--", "python3", "-c", PROBE])
+def test_without_network_none_the_command_shares_corrals_network(corral, host_server, mode):
+    run = corral(mode_flags(mode) + ["--", "python3", "-c", PROBE, str(host_server)])
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)[0] == os.readlink("/proc/self/ns/net")
+    netns, _, _, outside = json.loads(run.stdout)
+    assert netns == os.readlink("/proc/self/ns/net") and outside == "connected"
     assert run.record["engine"]["network"] is None
 
 
@@ -108,3 +129,61 @@ def test_a_runner_scope_refuses_network_none_and_runs_nothing(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("SetupError") and "--network none" in out.stdout, out.stdout
     assert not witness.exists()
+
+
+def test_a_user_who_is_not_root_gets_a_user_namespace_first(tmp_path):
+    """Not root: the child makes a user namespace (its own uid and gid mapped
+    to themselves) to own the new network namespace; the command is still
+    that user, and has only lo."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as another user")
+    import tempfile
+
+    uid = 55000 + os.getpid() % 1000
+    top = tempfile.mkdtemp(prefix="corral-test-home-", dir="/tmp")  # pytest's tmp_path is root's, 0700
+    os.chmod(top, 0o755)
+    home = os.path.join(top, "home")
+    os.mkdir(home, 0o700)
+    os.chown(home, uid, uid)
+    record = os.path.join(home, "r.json")
+    try:
+        _run_as(uid, home, record)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _run_as(uid: int, home: str, record: str) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": home}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    proc = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            *CORRAL,
+            "--no-registry",
+            "--cgroup-mode",
+            "fallback",
+            "--network",
+            "none",
+            "--json",
+            str(record),
+            "--",
+            "python3",
+            "-c",
+            PROBE,
+        ],
+        env=env,
+        cwd=str(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    netns, ifaces, seen_uid = json.loads(proc.stdout)
+    assert netns != os.readlink("/proc/self/ns/net") and ifaces == ["lo"] and seen_uid == uid
+    with open(record) as f:
+        assert json.load(f)["engine"]["network"] == "userns+netns"

@@ -42,9 +42,9 @@ def _expected(data: bytes, limit: int) -> bytes:
 
 @pytest.mark.parametrize("mode", all_modes())
 def test_binary_output_keeps_head_and_tail_byte_exact(corral, tmp_path, mode):
-    """1 MiB of random bytes under --output-limit 64K: the first 32 KiB, the
+    """10 MiB of random bytes under --output-limit 64K: the first 32 KiB, the
     marker, the last 32 KiB, exactly; the whole stream in --output-file."""
-    size, limit = 1 << 20, 64 * 1024
+    size, limit = 10 << 20, 64 * 1024
     data = _data(size, 7)
     whole = tmp_path / "whole.bin"
     run = corral(

@@ -541,8 +541,10 @@ def test_env_clear_keep_path_only(state, tmp_path):
         timeout=30,
     )
     assert proc.returncode == 0, proc.stderr
-    # and the fallback run's mark, corral's proof of membership once it is gone (registry.MARK_ENV)
-    assert sorted(line.split("=", 1)[0] for line in proc.stdout.splitlines()) == ["CORRAL_RUN_MARK", "PATH"]
+    # and the fallback run's mark, corral's proof of membership once it is gone (registry.MARK_ENV),
+    # and the run's id, by which a corral inside knows it is nested (common/nesting.py)
+    names = sorted(line.split("=", 1)[0] for line in proc.stdout.splitlines())
+    assert names == ["CORRAL_RUN_ID", "CORRAL_RUN_MARK", "PATH"]
     record = json.loads(rec.read_text())
     assert record["environment"]["kept"] == ["PATH"] and "SOME_TOKEN" in record["environment"]["dropped"]
     [run_id] = run_ids(state)

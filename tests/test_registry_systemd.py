@@ -298,11 +298,12 @@ def test_env_clear_keep_path(state, unit_type):
     )
     assert proc.returncode == 0, proc.stderr
     names = sorted(line.split("=", 1)[0] for line in proc.stdout.splitlines())
-    # services: systemd sets SYSTEMD_EXEC_PID, and a user manager MANAGERPID (documented)
+    # services: systemd sets SYSTEMD_EXEC_PID, and a user manager MANAGERPID (documented);
+    # corral sets CORRAL_RUN_ID (a corral inside knows it is nested: common/nesting.py)
     expected = (
-        ["PATH"]
+        ["CORRAL_RUN_ID", "PATH"]
         if unit_type == "scope"
-        else sorted(["PATH", "SYSTEMD_EXEC_PID"] + (["MANAGERPID"] if MANAGER == "user" else []))
+        else sorted(["CORRAL_RUN_ID", "PATH", "SYSTEMD_EXEC_PID"] + (["MANAGERPID"] if MANAGER == "user" else []))
     )
     assert names == expected
 

@@ -522,3 +522,21 @@ def test_stop_waits_for_the_entry_when_the_owners_token_is_ahead(tmp_path, monke
     monkeypatch.setattr(REG, "effective_state", lambda entry, **kw: ("finished", "its owner says so"))
     assert ctl_stop._await_finished(str(tmp_path), active, 5.0, "stopped by its corral", "its corral") == 0
     assert "exit 143, verified" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--json", "--output-file"])
+def test_an_output_path_the_user_cannot_reach_is_125_one_line(other_uid, user_home, option):
+    """A path under a directory the user cannot search (EACCES from lstat):
+    one line and 125, not a traceback; nothing runs."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(user_home)}
+    witness = user_home / "ran"
+    r = _as_user(
+        other_uid,
+        [*CORRAL, *FB, "--no-registry", option, "/root/corral-out", "--", "touch", str(witness)],
+        env,
+        cwd=str(user_home),
+    )
+    assert r.returncode == 125, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Permission denied" in lines[0], lines
+    assert not witness.exists()

@@ -33,7 +33,8 @@ def _manager_environment() -> dict:
 
 
 def _caller(run, env=None) -> dict:
-    return dict(os.environ if env is None else env, **{MARKER_ENV: run.marker})
+    """What the command is given: the caller's environment, and the run's id (common/nesting.py)."""
+    return dict(os.environ if env is None else env, **{MARKER_ENV: run.marker, "CORRAL_RUN_ID": run.record["run_id"]})
 
 
 def test_what_a_service_adds(corral):
@@ -54,7 +55,7 @@ def test_what_a_service_adds(corral):
 
 def test_an_explicit_environment_gets_only_what_cannot_be_removed(corral):
     run = corral(mode_flags("service") + ["--env-clear", "--", "/usr/bin/env", "-0"])
-    assert set(_env_of(run)) == NOT_REMOVABLE
+    assert set(_env_of(run)) == NOT_REMOVABLE | {"CORRAL_RUN_ID"}
     run = corral(mode_flags("service") + ["--env-drop", "CORRAL_NO_SUCH_VARIABLE", "--", "env", "-0"])
     got, caller = _env_of(run), _caller(run)
     assert set(got) - set(caller) == NOT_REMOVABLE

@@ -13,6 +13,7 @@ Guarantees (``--max-output``, the library's capture):
   reader is gone (EPIPE).
 """
 
+import errno
 import os
 import select
 import stat
@@ -243,6 +244,10 @@ class OutputPump:
             data = os.read(fd, _READ_CHUNK)
         except BlockingIOError:
             return
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            data = b""  # a pty's master once no process holds its terminal side: the end
         if not data:
             os.close(fd)
             del self.routes[fd]

@@ -168,6 +168,11 @@ class RunRecord(_Strict):
     output_omitted_bytes: int | None = None
     #: --output-file: the whole stream, as read.
     output_file: str | None = None
+    #: The run this one ran inside (its command's CORRAL_RUN_ID): then auto
+    #: mode kept it in that run's cgroup (the fallback engine).
+    nested_in: str | None = None
+    #: --pty: the command's stdio was a pseudo-terminal of its own.
+    pty: bool = False
     engine: EngineInfo
     warnings: list[str] = []
     environment: EnvironmentNames | None = None

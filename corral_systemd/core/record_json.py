@@ -119,6 +119,8 @@ def record_data(result) -> dict:
         "output_limit": result.output_limit,
         "output_omitted_bytes": result.output_omitted_bytes,
         "output_file": result.output_file,
+        "nested_in": result.nested_in,
+        "pty": result.pty,
         "engine": engine,
         "warnings": list(result.warnings),
         "environment": environment,

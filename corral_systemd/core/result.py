@@ -49,6 +49,10 @@ class RunOutcome:
     output_limit: int | None = None
     output_omitted_bytes: int | None = None
     output_file: str | None = None
+    #: The corral run this one ran inside (``common.nesting``), or None.
+    nested_in: str | None = None
+    #: --pty: the command ran on a pseudo-terminal of its own.
+    pty: bool = False
     engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
     warnings: list[str] = field(default_factory=list)
     observer_error: str | None = None  # the observer (the registry) failed: see supervisor.RunObserver

@@ -77,6 +77,8 @@ class RunSpec:
     #: --output-file: the whole stream as well, in the order read (0600; an absolute path).
     output_file: str | None = None
     network: str = "host"
+    #: --pty: the command on a pseudo-terminal of its own (core/pty.py).
+    pty: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -97,6 +99,8 @@ class RunSpec:
         _check_choice("manager", self.manager, MANAGERS)
         _check_choice("unit_type", self.unit_type, UNIT_TYPES)
         _check_choice("network", self.network, NETWORKS)
+        if not isinstance(self.pty, bool):
+            raise UsageError(f"invalid pty {self.pty!r}: expected True or False")
         if not isinstance(self.stdin, bytes):
             _check_choice("stdin", self.stdin, (*STDIN_MODES, "pipe"))
         if (

@@ -35,10 +35,12 @@ import time
 from ..common import baton
 from ..common.errors import SetupError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
+from ..common.nesting import command_env, outer_run
 from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError
 from . import result as R
 from .output import OutputPump
+from .pty import Pty
 from .stopping import stop_and_verify
 
 _STOP_SIGNALS = stop_signals()
@@ -65,7 +67,9 @@ class SignalWatch:
     def __enter__(self):
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        self._old = {sig: signal.signal(sig, _ignore) for sig in (*self.stop_signals, signal.SIGCHLD)}
+        # SIGWINCH: a --pty run's terminal changed size (its default is to ignore).
+        watched = (*self.stop_signals, signal.SIGCHLD, signal.SIGWINCH)
+        self._old = {sig: signal.signal(sig, _ignore) for sig in watched}
         return self
 
     def __exit__(self, *exc):
@@ -151,6 +155,7 @@ class Supervisor:
         self._stderr = stderr
         self._stdin_fd = stdin_fd
         self._output_file_fd: int | None = None  # --output-file, closed when the run ends
+        self._pty: Pty | None = None  # --pty, closed (terminal restored) when the run ends
         self._t0 = 0.0
         self.result = R.RunOutcome(
             run_id=spec.run_id,
@@ -160,6 +165,8 @@ class Supervisor:
             limits=spec.limits(),
             output_limit=spec.output_limit,
             output_file=spec.output_file,
+            nested_in=outer_run(),
+            pty=spec.pty,
         )
 
     # -- helpers -------------------------------------------------------
@@ -230,6 +237,8 @@ class Supervisor:
                 pump.close()
             if self._output_file_fd is not None:
                 os.close(self._output_file_fd)
+            if self._pty is not None:
+                self._pty.close()  # corral's terminal back as it was
             self.engine.close()
 
     def _drain(self, pump: OutputPump) -> None:
@@ -261,22 +270,39 @@ class Supervisor:
             fd for fd in (self.signals.read_fd if self.signals is not None else None, self.cancel_fd) if fd is not None
         )
 
-    def _start(self) -> OutputPump | None:
+    def _command_stdin(self) -> int:
+        """The command's stdin: /dev/null, corral's own, or the library's bytes."""
         spec = self.spec
         if spec.stdin == "null":
-            stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        elif isinstance(spec.stdin, bytes):
+            return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        if isinstance(spec.stdin, bytes):
             # Bytes for stdin: a sealed-size memory file the command reads to EOF.
             stdin = os.memfd_create("corral-stdin", os.MFD_CLOEXEC)
             os.write(stdin, spec.stdin)
             os.lseek(stdin, 0, os.SEEK_SET)
-        else:
-            stdin = self._stdin_fd
+            return stdin
+        return self._stdin_fd
+
+    def _start(self) -> OutputPump | None:
+        spec = self.spec
+        stdin = None
         out_w = err_w = None
         pump = None
         try:
             shaped = spec.max_output is not None or spec.output_limit is not None or spec.output_file is not None
-            if shaped or callable(self._stdout) or callable(self._stderr):
+            if spec.pty:
+                # The command's stdio is the pty's terminal side; its output
+                # comes back through the master (core/pty.py).
+                self._pty = Pty(stdin_fd=self._stdin_fd)
+                pump = OutputPump(
+                    {self._pty.master: self._stdout},
+                    spec.max_output,
+                    keep=spec.output_limit,
+                    copy_fd=self._open_output_file(),
+                )
+                stdio = (self._pty.slave,) * 3
+            elif shaped or callable(self._stdout) or callable(self._stderr):
+                stdin = self._command_stdin()
                 copy_fd = self._open_output_file()
                 out_r, out_w = os.pipe2(os.O_CLOEXEC)
                 err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -288,12 +314,16 @@ class Supervisor:
                     keep=spec.output_limit,
                     copy_fd=copy_fd,
                 )
+                stdio = (stdin, out_w, err_w)
+            else:
+                stdin = self._command_stdin()
+                stdio = (stdin, self._stdout, self._stderr)
             self.engine.start(
                 spec.argv,
-                stdin=stdin,
-                stdout=out_w if out_w is not None else self._stdout,
-                stderr=err_w if err_w is not None else self._stderr,
-                env=spec.env,
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                env=command_env(spec.env, spec.run_id),  # CORRAL_RUN_ID: a corral inside knows (nesting.py)
                 cwd=spec.cwd,
             )
         except BaseException:
@@ -301,11 +331,15 @@ class Supervisor:
                 pump.close()
             raise
         finally:
-            if stdin != self._stdin_fd:
+            if stdin is not None and stdin != self._stdin_fd:
                 os.close(stdin)
             for fd in (out_w, err_w):
                 if fd is not None:
                     os.close(fd)
+            if self._pty is not None:
+                self._pty.close_slave()  # the command has its own
+        if self._pty is not None:
+            self._pty.raw()
         self._step(
             "spawned",
             pid=self.engine.main_pid,
@@ -395,6 +429,12 @@ class Supervisor:
                 poller.register(fd, select.POLLIN)
             for fd in pump.write_fds():  # output the caller has not read yet: never waited for
                 poller.register(fd, select.POLLOUT)
+        pty_in = self._pty.input_fds() if self._pty is not None else []
+        pty_out = self._pty.write_fds() if self._pty is not None else []
+        for fd in pty_in:
+            poller.register(fd, select.POLLIN)
+        for fd in pty_out:
+            poller.register(fd, select.POLLOUT)
         if self.signals is not None:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
@@ -412,6 +452,12 @@ class Supervisor:
                 for num in self.signals.drain():
                     if num in self.signals.stop_signals and stop_sig is None:
                         stop_sig = num
+                    elif num == signal.SIGWINCH and self._pty is not None:
+                        self._pty.resize()
+            elif self._pty is not None and fd in pty_in:
+                self._pty.on_input()
+            elif self._pty is not None and fd in pty_out:
+                self._pty.push()
             elif self.cancel_fd is not None and fd == self.cancel_fd:
                 # One byte per request (a second one skips the grace period);
                 # EOF (the writer died) is one request, then stop watching.

@@ -8,6 +8,7 @@ fallback path never loads dbus-fast.
 import os
 
 from ..common.errors import SetupError, UsageError
+from ..common.nesting import outer_run
 from ..dbus.discovery import session_bus_candidates
 
 
@@ -28,12 +29,20 @@ def open_engine(spec, session=None):
         from .fallback import FallbackEngine
 
         return FallbackEngine(spec)
+    outer = outer_run()
     if spec.cgroup_mode == "enforced":
+        if outer is not None:
+            raise SetupError(
+                f"inside corral run {outer}: a unit of this run's own would leave that run's cgroup and "
+                "its limits; use --cgroup-mode auto or fallback (they stay inside), or --cgroup-parent"
+            )
         from .systemd import SystemdEngine
 
         return SystemdEngine(spec, session)
     # auto
-    if spec.manager != "system" and session_bus_candidates() is None and not _system_manager_possible(spec):
+    if outer is not None:
+        reason = f"nested in corral run {outer}: its processes stay in that run's cgroup, under its limits"
+    elif spec.manager != "system" and session_bus_candidates() is None and not _system_manager_possible(spec):
         reason = "no user bus (DBUS_SESSION_BUS_ADDRESS unset, no $XDG_RUNTIME_DIR/bus)"
     else:
         from .systemd import SystemdEngine

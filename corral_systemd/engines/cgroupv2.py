@@ -116,6 +116,7 @@ class CgroupEngine(CgroupLimits, Engine):
             cwd=cwd,
             gated=True,
             isolate_network_from=network_to_leave(self.spec),
+            controlling_tty=self.spec.pty,
         )
         try:
             self._write("cgroup.procs", str(child.pid))

@@ -79,6 +79,7 @@ class FallbackEngine(Engine):
             cwd=cwd,
             gated=False,
             isolate_network_from=network_to_leave(self.spec),
+            controlling_tty=self.spec.pty,
         )
         child.release()  # raises ExecError (after reaping) if exec failed
         self._child = child

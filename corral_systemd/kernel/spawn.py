@@ -12,8 +12,10 @@ guessing from an exit status.
 """
 
 import errno
+import fcntl
 import os
 import signal
+import termios
 
 from ..common import baton
 from ..common.errors import SetupError
@@ -103,6 +105,7 @@ def fork_command(
     cwd: str | None,
     gated: bool,
     isolate_network_from: str | None = None,
+    controlling_tty: bool = False,
 ) -> Child:
     """Fork the command in a new session; exec at once unless ``gated``.
 
@@ -110,7 +113,9 @@ def fork_command(
     exec has happened (or raises ExecError). With ``isolate_network_from``
     (corral's own network namespace, ``netns.current()``) the child first
     moves to a network namespace of its own and checks it (``netns.isolate``);
-    if that fails, it never execs and ``release()`` raises SetupError.
+    if that fails, it never execs and ``release()`` raises SetupError. With
+    ``controlling_tty``, ``stdin`` is a terminal that becomes the controlling
+    terminal of the child's new session (``--pty``).
     """
     if isolate_network_from is not None:
         netns.prepare()
@@ -145,6 +150,8 @@ def fork_command(
                     os.dup2(fd, target)  # dup2 clears close-on-exec on the target
                 else:
                     os.set_inheritable(fd, True)
+            if controlling_tty:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             if cwd is not None:
                 os.chdir(cwd)
             if env_items is None:

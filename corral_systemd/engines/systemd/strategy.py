@@ -81,11 +81,14 @@ class ScopeStrategy:
                 cwd=cwd,
                 gated=True,
                 isolate_network_from=isolate,
+                controlling_tty=engine.spec.pty,
             )
-        elif isolate is not None:
-            # The child would have to leave the network namespace between
-            # fork and exec, and a library host, multi-threaded, must not fork.
-            raise SetupError("--network none: a Runner's scope cannot have it; use unit_type='service' (the default)")
+        elif isolate is not None or engine.spec.pty:
+            # The child would have to leave the network namespace (or take a
+            # terminal) between fork and exec, and a library host,
+            # multi-threaded, must not fork.
+            what = "--network none" if isolate is not None else "--pty"
+            raise SetupError(f"{what}: a Runner's scope cannot have it; use unit_type='service' (the default)")
         else:
             engine._child = spawn_gated_by_shell(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
         return P.scope_properties(engine._child.pid), []
@@ -171,7 +174,9 @@ class ServiceStrategy:
         engine = self.engine
         spec = engine.spec
         path = resolve_for_service(argv[0], dict(os.environ if env is None else env), cwd)
-        unset = self._unset_for_explicit_env(env) if env is not None else []
+        # An environment of the user's own (--env-*, the library's env=), not
+        # corral's with only CORRAL_RUN_ID added: then the manager adds nothing.
+        unset = self._unset_for_explicit_env(env) if spec.env is not None else []
         self._environment = {}
         for key, value in dict(os.environ if env is None else env).items():
             if spec.credentials and key == "CREDENTIALS_DIRECTORY":
