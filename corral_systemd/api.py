@@ -154,6 +154,7 @@ def make_spec(
     output_limit: Size = None,
     output_file: str | os.PathLike | None = None,
     network: str = "host",
+    pty: bool = False,
 ) -> RunSpec:
     """Validate the library's keyword arguments into a RunSpec (UsageError if bad).
 
@@ -183,6 +184,12 @@ def make_spec(
     loopback interface, checked before it runs (SetupError if that cannot
     be had). A Runner's scope runs cannot do this (the host must not fork):
     use services, the library's default.
+
+    ``pty=True``, as ``--pty``: the command's stdin, stdout and stderr are a
+    pseudo-terminal of its own (its controlling terminal); everything it
+    writes arrives as stdout (CR LF line ends), and ``stdin="pipe"`` (what
+    ``send`` writes) or ``stdin=bytes`` is typed into it. Services (the
+    default) and fallback runs; a Runner's scope cannot (SetupError).
     """
     try:
         argv = [os.fspath(a) for a in argv]
@@ -230,6 +237,7 @@ def make_spec(
         output_limit=None if output_limit is None else _bytes(output_limit, "output_limit"),
         output_file=None if output_file is None else os.path.abspath(os.fspath(output_file)),
         network=network,
+        pty=pty,
     )
 
 

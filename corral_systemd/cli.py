@@ -157,7 +157,7 @@ def corral(
             verify_timeout=parse_duration(verify_timeout, what="--verify-timeout"),
             cgroup_mode=cgroup_mode.value,
             cgroup_parent=cgroup_parent,
-            stdin=stdin.value,
+            stdin="inherit" if pty else stdin.value,  # --pty relays corral's stdin to the terminal
             manager=manager.value,
             unit_type=unit_type.value,
             slice=slice_,

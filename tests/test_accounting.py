@@ -141,9 +141,14 @@ def test_memory_hog_is_121(corral, unit_type):
         if unit_type == "scope":  # (a service's 121 may also come from the manager's Result=oom-kill)
             # The watch read the group under the limit: the kill itself, or
             # (in the VM lane, as a user, where corral's reads lag the manager
-            # removing the group) its "oom" or "max" before the group went.
+            # removing the group) its "oom" or "max" before the group went --
+            # or the group went first (accounting_final false) and the
+            # manager's own Result=oom-kill said it (252 point releases give
+            # scopes one; seen once in the lane's system manager under TCG).
             events = engine["memory_events"]
-            assert events["oom_kill"] >= 1 or events["oom"] >= 1 or events["max"] >= 1, _detail(run)
+            seen = events["oom_kill"] >= 1 or events["oom"] >= 1 or events["max"] >= 1
+            told = engine["accounting_final"] is False and engine["unit_result"] == "oom-kill"
+            assert seen or told, _detail(run)
 
 
 # -- 126/127: services as scopes ---------------------------------------------

@@ -40,9 +40,12 @@ def test_an_inner_memory_hog_is_stopped_by_the_outer_memory_limit(corral, tmp_pa
     run = corral(mode_flags(mode) + ["--mem", "64M", "--wall", "60s", "--", *inner])
     assert run.returncode == 121, run.stderr
     assert run.survivors == [] and run.record["verified"]
-    record = json.loads(inner_record.read_text())
-    assert record["nested_in"] == run.record["run_id"] and record["mode"] == "fallback"
-    assert "nested in corral run" in record["engine"]["auto_fallback_reason"]
+    # The inner corral may itself be the OOM killer's pick, or stopped by the
+    # outer stop before it writes its record; when it wrote one, it says why.
+    if inner_record.exists():
+        record = json.loads(inner_record.read_text())
+        assert record["nested_in"] == run.record["run_id"] and record["mode"] == "fallback"
+        assert "nested in corral run" in record["engine"]["auto_fallback_reason"]
 
 
 def test_enforced_mode_inside_a_run_is_refused_one_line(corral, tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import CORRAL
-from modes import all_modes, mode_flags, scope_flag
+from modes import MANAGER, all_modes, mode_flags, scope_flag
 
 #: Prints its network namespace, its interfaces and uid (after a connection
 #: over its own lo), and, given a port, what connecting to 127.0.0.1:PORT did.
@@ -34,7 +34,7 @@ HOW = {
     "fallback": ("netns", "userns+netns"),
     "scope": ("netns", "userns+netns"),
     "cgroup-parent": ("netns", "userns+netns"),
-    "service": ("PrivateNetwork", "PrivateNetwork+PrivateUsers"),
+    "service": ("PrivateNetwork",),
 }
 
 
@@ -50,8 +50,18 @@ def host_server():
 
 
 @pytest.mark.parametrize("mode", all_modes())
-def test_network_none_leaves_only_loopback(corral, host_server, mode):
-    """Its own lo works; the host's 127.0.0.1 server is out of reach (refused)."""
+def test_network_none_leaves_only_loopback(corral, host_server, mode, tmp_path):
+    """Its own lo works; the host's 127.0.0.1 server is out of reach (refused).
+    A user manager's service cannot have it (systemd 252 would run the command
+    on the host's network): 125, one line, the command never runs."""
+    if mode == "service" and MANAGER == "user":
+        witness = tmp_path / "ran"
+        run = corral(mode_flags(mode) + ["--network", "none", "--", "touch", str(witness)])
+        assert run.returncode == 125, run.stderr
+        lines = run.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and "user manager's service" in lines[0], lines
+        assert not witness.exists()
+        return
     run = corral(mode_flags(mode) + ["--network", "none", "--", "python3", "-c", PROBE, str(host_server)])
     assert run.returncode == 0, run.stderr
     netns, ifaces, uid, outside = json.loads(run.stdout)

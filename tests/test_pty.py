@@ -6,11 +6,15 @@ ssh session): the test types into it and reads what corral shows there.
 """
 
 import fcntl
+import json
 import os
 import select
+import shlex
+import shutil
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 
@@ -18,7 +22,7 @@ import pytest
 
 from conftest import CORRAL, TIME_SCALE, marker_env
 from modes import all_modes, mode_flags
-from procscan import marked_pids
+from procscan import MARKER_ENV, marked_pids
 
 
 class Terminal:
@@ -144,3 +148,73 @@ def test_dev_tty_and_input_reach_the_command_on_its_pty(corral, mode):
     out = run.stdout.replace(b"\r\n", b"\n")
     assert b"tty True True True\n" in out and b"read hello\n" in out, out
     assert run.record["pty"] is True
+
+
+PROBE_TTY = (
+    "import os, sys\n"
+    "os.close(os.open('/dev/tty', os.O_RDWR))\n"
+    "print('tty', os.isatty(0), os.isatty(1), os.isatty(2), flush=True)\n"
+    "print('read', sys.stdin.readline().strip(), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["fallback", pytest.param("enforced", marks=pytest.mark.systemd)])
+def test_library_pty_types_stdin_bytes_and_a_started_runs_sends(tmp_path, mode):
+    """``pty=True``: ``stdin=bytes`` is typed into the terminal, and so is
+    what ``send`` writes to a started run (its output: one stream)."""
+    code = (
+        "import asyncio, json, sys\n"
+        "import corral_systemd as corral\n"
+        f"probe = {PROBE_TTY!r}\n"
+        f"r = corral.run([sys.executable, '-c', probe], mode={mode!r}, pty=True, stdin=b'hello\\n')\n"
+        "async def main():\n"
+        f"    async with corral.start([sys.executable, '-c', probe], mode={mode!r}, pty=True, stdin='pipe') as run:\n"
+        "        await run.send(b'there\\n')\n"
+        "        return await run.wait()\n"
+        "s = asyncio.run(main())\n"
+        "print(json.dumps([r.exit_code, r.stdout.decode(), s.exit_code, s.stdout.decode(), r.pty]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    r_code, r_out, s_code, s_out, pty = json.loads(out.stdout)
+    assert (r_code, s_code, pty) == (0, 0, True)
+    for text, word in ((r_out, "hello"), (s_out, "there")):
+        text = text.replace("\r\n", "\n")
+        assert "tty True True True\n" in text and f"read {word}\n" in text, text
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_ctrl_c_under_tmux(tmp_path, marker, mode):
+    """corral --pty in a tmux pane (its own tmux server, on a socket of the
+    test's): C-c sent to the pane is the command's SIGINT; corral's exit is
+    the command's, and the pane's terminal is left as it was."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    sock, done = tmp_path / "tmux.sock", tmp_path / "exit"
+    script = f'trap "echo got-int; exit 7" INT; {WAIT}'
+    inner = shlex.join([*CORRAL, "--quiet", *mode_flags(mode), "--pty", "--", "sh", "-c", script])
+    # Only corral and its command carry the marker (not the pane's shell).
+    pane = (
+        f"stty -g > {tmp_path}/before; env {MARKER_ENV}={marker} {inner}; echo $? > {done}; "
+        f"stty -g > {tmp_path}/after; sleep 30"
+    )
+    tmux = ["tmux", "-S", str(sock), "-f", "/dev/null"]
+    env = dict(os.environ, TERM="xterm")
+    subprocess.run([*tmux, "new-session", "-d", "-x", "100", "-y", "40", pane], env=env, check=True, timeout=30)
+    try:
+        end = time.monotonic() + 30 * TIME_SCALE
+        screen = ""
+        while "ready" not in screen and time.monotonic() < end:
+            time.sleep(0.1)
+            screen = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+        assert "ready" in screen, screen
+        subprocess.run([*tmux, "send-keys", "C-c"], check=True, timeout=30)
+        while not done.exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert done.exists(), subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+        time.sleep(0.3)
+        assert done.read_text().strip() == "7"
+        assert (tmp_path / "before").read_text() == (tmp_path / "after").read_text()
+        assert marked_pids(marker) == []
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)  # the test's own server only

@@ -567,6 +567,12 @@ def test_env_drop_globs(state):
 
 # -- credentials ------------------------------------------------------------------------------
 CRED_PROBE = 'cmp -s "$CREDENTIALS_DIRECTORY/api" "$1" && echo match; echo "$CREDENTIALS_DIRECTORY" > "$2"; {}'
+#: The same check with shell builtins only: the command is one process, so
+#: processes_seen counts the run's processes exactly (no cmp to catch or miss).
+CRED_PROBE_ONE_PROCESS = (
+    'IFS= read -r got < "$CREDENTIALS_DIRECTORY/api"; IFS= read -r want < "$1"; '
+    '[ "$got" = "$want" ] && echo match; echo "$CREDENTIALS_DIRECTORY" > "$2"; {}'
+)
 
 
 def _secret_file(tmp_path):
@@ -638,7 +644,7 @@ def test_credential_service_without_systemd_falls_back_to_corrals_directory(stat
             "--",
             "sh",
             "-c",
-            CRED_PROBE.format("exit 0"),
+            CRED_PROBE_ONE_PROCESS.format("exit 0"),
             "probe",
             str(src),
             str(where),

@@ -33,7 +33,9 @@ _READ_CHUNK = 65536
 
 
 class Pty:
-    def __init__(self, stdin_fd: int = 0, size_from: tuple[int, ...] = (0, 1, 2)):
+    def __init__(self, stdin_fd: int | None = 0, typed: bytes = b"", size_from: tuple[int, ...] = (0, 1, 2)):
+        """``stdin_fd``: what to relay to the terminal (None: nothing);
+        ``typed``: bytes typed into it first (the library's ``stdin=bytes``)."""
         try:
             self.master, self.slave = os.openpty()
         except OSError as exc:
@@ -46,8 +48,8 @@ class Pty:
         self._write_fd = os.dup(self.master)
         os.set_inheritable(self._write_fd, False)
         self._stdin = stdin_fd
-        self._relaying = True
-        self._pending = bytearray()
+        self._relaying = stdin_fd is not None
+        self._pending = bytearray(typed)
         self._size_from = next((fd for fd in size_from if _isatty(fd)), None)
         self._saved: list | None = None
         self.resize()
@@ -55,7 +57,7 @@ class Pty:
     # -- the terminal corral runs on -------------------------------------
     def raw(self) -> None:
         """Put corral's terminal stdin in raw mode (restored by ``close``)."""
-        if self._saved is None and _isatty(self._stdin):
+        if self._saved is None and self._stdin is not None and _isatty(self._stdin):
             import tty
 
             self._saved = termios.tcgetattr(self._stdin)
@@ -74,13 +76,15 @@ class Pty:
     # -- the input relay ---------------------------------------------------
     def input_fds(self) -> list[int]:
         """corral's stdin, while there is input to relay: poll it for POLLIN."""
-        return [self._stdin] if self._relaying else []
+        return [self._stdin] if self._relaying and self._stdin is not None else []
 
     def write_fds(self) -> list[int]:
         """The pty, while input waits for the command: poll it for POLLOUT."""
         return [self._write_fd] if self._pending else []
 
     def on_input(self) -> None:
+        if self._stdin is None:
+            return
         try:
             data = os.read(self._stdin, _READ_CHUNK)
         except BlockingIOError:
@@ -116,7 +120,7 @@ class Pty:
     def close(self) -> None:
         """Restore corral's terminal and release corral's descriptors (the
         master's read side is the OutputPump's)."""
-        if self._saved is not None:
+        if self._saved is not None and self._stdin is not None:
             try:
                 termios.tcsetattr(self._stdin, termios.TCSADRAIN, self._saved)
             except termios.error:

@@ -100,7 +100,7 @@ class EngineInfo(BaseModel):
     accounting_final: bool | None = None
     #: How --network none was put in place (None: the host's network):
     #: "netns" (a new network namespace), "userns+netns" (a user namespace
-    #: first: not root), "PrivateNetwork" / "PrivateNetwork+PrivateUsers"
+    #: first: not root), "PrivateNetwork"
     #: (a service; the unit checked it before the command).
     network: str | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.

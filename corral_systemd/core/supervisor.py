@@ -293,7 +293,12 @@ class Supervisor:
             if spec.pty:
                 # The command's stdio is the pty's terminal side; its output
                 # comes back through the master (core/pty.py).
-                self._pty = Pty(stdin_fd=self._stdin_fd)
+                # What is typed into it: corral's stdin ("inherit", the CLI's
+                # --pty), the library's pipe, or its bytes; never /dev/null.
+                self._pty = Pty(
+                    stdin_fd=self._stdin_fd if spec.stdin in ("inherit", "pipe") else None,
+                    typed=spec.stdin if isinstance(spec.stdin, bytes) else b"",
+                )
                 pump = OutputPump(
                     {self._pty.master: self._stdout},
                     spec.max_output,

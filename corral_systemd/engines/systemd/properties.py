@@ -126,16 +126,15 @@ def credential_properties(pairs, check_script: str) -> list:
     ]
 
 
-def network_properties(network: str, manager_kind: str, host_netns: str, check_script: str) -> list:
-    """--network none for a service: PrivateNetwork= (with PrivateUsers= in
-    a user manager, where systemd 252 needs a user namespace to make one),
-    and an ExecStartPre= that checks, inside the unit and before the
-    command, that the namespace is not ``host_netns`` and holds only lo."""
+def network_properties(network: str, host_netns: str, check_script: str) -> list:
+    """--network none for a system manager's service: PrivateNetwork=, and
+    an ExecStartPre= that checks, inside the unit and before the command,
+    that the namespace is not ``host_netns`` and holds only lo (the manager
+    makes the namespace once per unit; the check and the command share it)."""
     if network != "none":
         return []
     return [
         prop("PrivateNetwork", "b", True),
-        *([prop("PrivateUsers", "b", True)] if manager_kind == "user" else []),
         prop(
             "ExecStartPre",
             "a(sasb)",

@@ -204,11 +204,21 @@ class ServiceStrategy:
         from ..credential_check import CHECK_SCRIPT
 
         engine = self.engine
+        if engine.spec.network == "none" and engine.manager_kind == "user":
+            # A user manager gives each of a unit's processes a user namespace
+            # of its own (PrivateUsers=); the network namespace the first one
+            # makes cannot be joined by the next, which systemd 252 then runs
+            # on the host's network with only a warning (execute.c: "network
+            # namespace setup failed, ignoring"). Seen in the VM lane as uid 1000.
+            raise SetupError(
+                "--network none: a user manager's service cannot be given a network of its own reliably "
+                "(systemd 252); use --unit-type scope, or the system manager"
+            )
         host_netns = netns.current() if engine.spec.network == "none" else ""
         props = [
             *self._service_props,
             *P.credential_properties(engine.spec.credentials, CHECK_SCRIPT),
-            *P.network_properties(engine.spec.network, engine.manager_kind, host_netns, netns.CHECK_SCRIPT),
+            *P.network_properties(engine.spec.network, host_netns, netns.CHECK_SCRIPT),
             *P.stdio_properties(),
             *self._environment_properties(),
         ]
@@ -371,7 +381,7 @@ class ServiceStrategy:
     def network_fact(self) -> dict:
         if self.engine.spec.network != "none":
             return {}
-        return {"network": "PrivateNetwork+PrivateUsers" if self.engine.manager_kind == "user" else "PrivateNetwork"}
+        return {"network": "PrivateNetwork"}
 
     def request_taken_reply_lost(self, first: str, taken: bool | None, unknown: str) -> None:
         """The manager may have taken the start request whose reply was lost:
