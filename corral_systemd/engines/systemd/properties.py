@@ -109,6 +109,15 @@ def stdio_properties() -> list:
     ]
 
 
+def tty_properties(terminal_fd: int | None) -> list:
+    """--pty: the terminal passed as the service's stdio is also its
+    TTYPath=, as systemd-run --pty sets it (the manager makes a terminal on
+    stdin the controlling terminal of the service's session)."""
+    if terminal_fd is None:
+        return []
+    return [prop("TTYPath", "s", os.ttyname(terminal_fd))]
+
+
 def credential_properties(pairs, check_script: str) -> list:
     """LoadCredential= for each (NAME, PATH) (the manager reads the file:
     only the path goes over the bus) and an ExecStartPre= that checks,

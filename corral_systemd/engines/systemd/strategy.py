@@ -220,6 +220,7 @@ class ServiceStrategy:
             *P.credential_properties(engine.spec.credentials, CHECK_SCRIPT),
             *P.network_properties(engine.spec.network, host_netns, netns.CHECK_SCRIPT),
             *P.stdio_properties(),
+            *P.tty_properties(stdin if engine.spec.pty else None),
             *self._environment_properties(),
         ]
         return props, [stdin, stdout, stderr]
