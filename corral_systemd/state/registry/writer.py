@@ -34,9 +34,11 @@ class Registration:
     def save(self, **changes) -> None:
         self.entry.update(changes)
         self.entry["log"] = {"lines": self.log.seq, "head": self.log.head}
-        _write_atomic(entry_path(self.directory, self.run_id), _canonical(self.entry) + b"\n")
+        # The token first: a reader who finds the entry finds its owner's
+        # token too (else a live run reads "expired" for a moment: seen in CI).
         if self.token is not None:
             self.token.update(self.entry)
+        _write_atomic(entry_path(self.directory, self.run_id), _canonical(self.entry) + b"\n")
 
     def close(self) -> None:
         self.log.close()
