@@ -291,7 +291,9 @@ def stop_target(target, *, grace: float, verify: float, label: str | None, actio
 
 def stop_unit(bus: _Bus, unit: str, *, grace: float = 2.0, verify: float = 3.0, actions: list[str] | None = None):
     """Stop a unit proven corral's (``_Bus.not_corrals``) as ``reclaim`` does."""
-    return stop_target(_UnitTarget(bus, unit), grace=grace, verify=verify, label=unit, actions=actions or [])
+    return stop_target(
+        _UnitTarget(bus, unit), grace=grace, verify=verify, label=unit, actions=[] if actions is None else actions
+    )
 
 
 def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, by: str) -> dict:

@@ -252,6 +252,24 @@ def wait_status(info) -> int:
     return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)
 
 
+def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool):
+    """``kernel.spawn.fork_command`` with what the spec asks of the child:
+    a network of its own (``--network none``), a terminal (``--pty``)."""
+    from ..kernel.spawn import fork_command
+
+    return fork_command(
+        argv,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        cwd=cwd,
+        gated=gated,
+        isolate_network_from=network_to_leave(spec),
+        controlling_tty=spec.pty,
+    )
+
+
 def network_to_leave(spec) -> str | None:
     """corral's own network namespace when the command must leave it
     (``--network none``: ``kernel.netns``), else None."""

@@ -22,8 +22,7 @@ import signal
 from ..common.errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
-from ..kernel.spawn import fork_command
-from .base import CgroupLimits, Engine, network_fact, network_to_leave, usage_facts
+from .base import CgroupLimits, Engine, fork_run_command, network_fact, usage_facts
 from .unitcgroup import UnitCgroup
 
 
@@ -107,16 +106,8 @@ class CgroupEngine(CgroupLimits, Engine):
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
-        child = fork_command(
-            argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            cwd=cwd,
-            gated=True,
-            isolate_network_from=network_to_leave(self.spec),
-            controlling_tty=self.spec.pty,
+        child = fork_run_command(
+            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True
         )
         try:
             self._write("cgroup.procs", str(child.pid))

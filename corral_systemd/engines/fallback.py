@@ -26,8 +26,7 @@ from ..common.limits import CPU_TIME_INTERVAL, MEM
 from ..kernel import procfs
 from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
-from ..kernel.spawn import fork_command
-from .base import Engine, cpu_time_reached, network_fact, network_to_leave
+from .base import Engine, cpu_time_reached, fork_run_command, network_fact
 
 MEMORY_WATCH_INTERVAL = 0.025
 
@@ -70,16 +69,8 @@ class FallbackEngine(Engine):
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
-        child = fork_command(
-            argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            cwd=cwd,
-            gated=False,
-            isolate_network_from=network_to_leave(self.spec),
-            controlling_tty=self.spec.pty,
+        child = fork_run_command(
+            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=False
         )
         child.release()  # raises ExecError (after reaping) if exec failed
         self._child = child

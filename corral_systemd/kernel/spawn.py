@@ -19,7 +19,6 @@ import termios
 
 from ..common import baton
 from ..common.errors import SetupError
-from . import netns
 from .signals import CHILD_DEFAULTS
 
 #: A child's report that starts with this is a failed setup, not an errno.
@@ -117,8 +116,14 @@ def fork_command(
     ``controlling_tty``, ``stdin`` is a terminal that becomes the controlling
     terminal of the child's new session (``--pty``).
     """
+    isolate = None
     if isolate_network_from is not None:
+        # Loaded here, before fork, only when asked for (socket alone costs
+        # milliseconds of every run's start-up); the child only calls it.
+        from . import netns
+
         netns.prepare()
+        isolate = netns.isolate
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     gate_r = gate_w = None
     if gated:
@@ -132,9 +137,9 @@ def fork_command(
             for sig in _DEFAULT_IN_CHILD:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
-            if isolate_network_from is not None:
+            if isolate is not None and isolate_network_from is not None:
                 try:
-                    netns.isolate(isolate_network_from)
+                    isolate(isolate_network_from)
                 except (OSError, RuntimeError) as exc:
                     why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                     os.write(

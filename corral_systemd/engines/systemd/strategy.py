@@ -24,8 +24,8 @@ from ...common.errors import SetupError
 from ...dbus.connection import BusError
 from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
-from ...kernel.spawn import ExecError, fork_command, spawn_gated_by_shell
-from ..base import network_fact, network_to_leave
+from ...kernel.spawn import ExecError, spawn_gated_by_shell
+from ..base import fork_run_command, network_fact, network_to_leave
 from ..unitcgroup import cgroup_of
 from . import properties as P
 from .envfile import EnvFile, resolve_for_service, valid_env
@@ -72,16 +72,8 @@ class ScopeStrategy:
         engine = self.engine
         isolate = network_to_leave(engine.spec)
         if engine.session is None:
-            engine._child = fork_command(
-                argv,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                env=env,
-                cwd=cwd,
-                gated=True,
-                isolate_network_from=isolate,
-                controlling_tty=engine.spec.pty,
+            engine._child = fork_run_command(
+                engine.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True
             )
         elif isolate is not None or engine.spec.pty:
             # The child would have to leave the network namespace (or take a
