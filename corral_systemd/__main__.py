@@ -1,3 +1,3 @@
-from .cli import main
+from .client import main
 
 raise SystemExit(main())

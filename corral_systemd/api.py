@@ -347,6 +347,25 @@ class Runner:
             return Execution(spec, session, out.append, err.append, register=register, renew_session=self._session_for)
         return Execution(spec, session, _writer(1), _writer(2), register=register, renew_session=self._session_for)
 
+    def execution(
+        self, spec: RunSpec, *, stdin_fd: int, stdout: int, stderr: int, guard: dict | None = None, via: str
+    ) -> Execution:
+        """A run of ``spec`` on this Runner's session whose command gets the
+        given descriptors as its stdio, uncaptured (the corral service runs
+        its clients' command lines so). ``guard``: what else the RunGuard is
+        told (a command line's environment report and credentials).
+        SetupError if the session cannot be had (enforced mode)."""
+        return Execution(
+            spec,
+            self._session_for(spec),
+            stdout,
+            stderr,
+            stdin_fd=stdin_fd,
+            renew_session=self._session_for,
+            via=via,
+            guard=guard,
+        )
+
     def run(self, argv: Sequence[str], **kwargs) -> RunResult:
         """Run to completion in this thread. See ``make_spec`` for the options;
         ``capture=False`` passes output to this process's stdout/stderr."""

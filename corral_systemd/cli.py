@@ -8,6 +8,8 @@ summary line and the exit code. This module never touches /proc.
 import enum
 import os
 import sys
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -43,6 +45,35 @@ class UnitType(str, enum.Enum):
 class Network(str, enum.Enum):
     host = "host"
     none = "none"
+
+
+@dataclass
+class Invocation:
+    """A parsed command line: everything ``_run`` needs."""
+
+    spec: Any  # core.spec.RunSpec
+    json_path: str | None = None
+    quiet: bool = False
+    environment: dict | None = None  # what --env-clear/--env-keep/--env-drop did (the record's)
+    credentials: list = field(default_factory=list)
+    registry: bool = True
+
+
+class _ClientContext(threading.local):
+    """Set while the corral service parses a client's command line: that
+    client's environment and working directory stand in for this process's."""
+
+    environ: dict | None = None
+    cwd: str | None = None
+    parsed: Invocation | None = None
+
+
+_client = _ClientContext()
+
+
+def _absolute(path: str) -> str:
+    """``path`` made absolute against the caller's working directory."""
+    return os.path.abspath(os.path.join(_client.cwd or "", path))
 
 
 def _version(value: bool):
@@ -165,7 +196,8 @@ def corral(
             network=network.value,
             pty=pty,
             output_limit=None if output_limit is None else parse_size(output_limit, what="--output-limit"),
-            output_file=None if output_file is None else os.path.abspath(output_file),
+            output_file=None if output_file is None else _absolute(output_file),
+            cwd=_client.cwd,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -173,34 +205,43 @@ def corral(
         raise UsageError("no command given (usage: corral [OPTIONS] -- COMMAND [ARG...])")
     if not spec.slice.endswith(".slice"):
         raise UsageError(f"invalid --slice {spec.slice!r}: must end in .slice")
-    if json_path is not None and not _is_stdout(json_path):
+    if json_path is not None and not is_stdout(json_path):
+        json_path = _absolute(json_path) if _client.cwd else json_path
         _check_output_path(json_path)
     if spec.output_file is not None:
         _check_output_path(spec.output_file, option="--output-file")
     # -- issue 5: environment, credentials, registry (see runguard.py) --
-    environment = credentials = None
+    environment = None
+    if _client.environ is not None:
+        spec.env = dict(_client.environ)
     if env_clear or env_keep or env_drop:
         if env_keep and not env_clear:
             raise UsageError("--env-keep needs --env-clear (without it every variable is kept)")
         from .common.envfilter import filter_environment
 
         spec.env, environment = filter_environment(
-            os.environ, clear=env_clear, keep=env_keep or (), drop=env_drop or ()
+            os.environ if _client.environ is None else _client.environ,
+            clear=env_clear,
+            keep=env_keep or (),
+            drop=env_drop or (),
         )
+    credentials = []
     if credential:
         from .state.credentials import parse_credential
 
-        credentials = [parse_credential(text) for text in credential]
-    raise typer.Exit(
-        _run(spec, json_path, quiet, environment=environment, credentials=credentials or (), registry=not no_registry)
-    )
+        credentials = [parse_credential(text, cwd=_client.cwd) for text in credential]
+    invocation = Invocation(spec, json_path, quiet, environment, credentials, registry=not no_registry)
+    if _client.environ is not None:  # the service parses; it runs the invocation itself
+        _client.parsed = invocation
+        return
+    raise typer.Exit(_run(invocation))
 
 
 #: --json values that mean "standard output" (the record follows the command's output there).
 _STDOUT_PATHS = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
 
 
-def _is_stdout(path: str) -> bool:
+def is_stdout(path: str) -> bool:
     return path in _STDOUT_PATHS
 
 
@@ -235,7 +276,7 @@ def _check_output_path(path: str, option: str = "--json") -> None:
         raise UsageError(f"{option} {path!r}: directory {parent!r} is not writable")
 
 
-def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credentials=(), registry=True) -> int:
+def _run(invocation: Invocation) -> int:
     from . import dbus
     from .core.assemble import assemble_and_run
     from .core.supervisor import SignalWatch
@@ -243,26 +284,70 @@ def _run(spec, json_path: str | None, quiet: bool, *, environment=None, credenti
 
     dbus.light_import = True  # this process is corral's own: see dbus/_dbus_fast.py
 
+    spec, json_path = invocation.spec, invocation.json_path
     with SignalWatch() as signals:
         result = assemble_and_run(  # SetupError -> 125, nothing started
             spec,
             lambda: open_engine(spec),
-            guard={"environment": environment, "credentials": credentials, "registry": registry},
+            guard=guard_options(invocation),
             supervisor={"signals": signals},
         )
-    if not quiet:
+    if not invocation.quiet:
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)
     if json_path is not None:
         from .core.record_json import write_record
 
         try:
-            _print_record(result) if _is_stdout(json_path) else write_record(result, json_path)
+            _print_record(result) if is_stdout(json_path) else write_record(result, json_path)
         except OSError as exc:
             print(f"corral: cannot write --json record: {exc}", file=sys.stderr)
-    if not quiet:
+    if not invocation.quiet:
         print(summary_line(result), file=sys.stderr)
     return result.exit_code
+
+
+def guard_options(invocation: Invocation) -> dict:
+    """The RunGuard's keywords for a command line's run."""
+    return {
+        "environment": invocation.environment,
+        "credentials": invocation.credentials,
+        "registry": invocation.registry,
+    }
+
+
+def parse(args: list[str], *, prog: str, default_mode: str, environ: dict, cwd: str) -> Invocation:
+    """A client's command line as the corral service reads it: the same
+    options, defaults and checks as ``main``, with ``environ`` and ``cwd``
+    standing for the caller's. UsageError for anything ``main`` exits 125 on."""
+    command = _command(default_mode)
+    _client.environ, _client.cwd, _client.parsed = environ, cwd, None
+    try:
+        command.main(args=args, prog_name=prog, standalone_mode=False)
+        if _client.parsed is None:
+            raise UsageError("nothing to run")
+        return _client.parsed
+    except click.ClickException as exc:
+        raise UsageError(exc.format_message()) from None
+    except click.exceptions.Exit:  # --help, --version: printed in-process, never here (see service)
+        raise UsageError("no run") from None
+    finally:
+        _client.environ = _client.cwd = _client.parsed = None
+
+
+_COMMANDS: dict[str, click.Command] = {}
+
+
+def _command(default_mode: str) -> click.Command:
+    """The click command for one default --cgroup-mode (built once: ~10 ms)."""
+    if default_mode not in _COMMANDS:
+        command = typer.main.get_command(app)
+        if default_mode != "auto":
+            for param in command.params:
+                if param.name == "cgroup_mode":
+                    param.default = CgroupMode(default_mode)
+        _COMMANDS[default_mode] = command
+    return _COMMANDS[default_mode]
 
 
 def summary_line(result) -> str:
@@ -310,11 +395,7 @@ def summary_line(result) -> str:
 
 def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: str = "auto") -> int:
     """Entry point: maps every failure to a one-line message and exit 125."""
-    command = typer.main.get_command(app)
-    if default_mode != "auto":
-        for param in command.params:
-            if param.name == "cgroup_mode":
-                param.default = CgroupMode(default_mode)
+    command = _command(default_mode)
     try:
         rv = command.main(args=sys.argv[1:] if argv is None else argv, prog_name=prog, standalone_mode=False)
         return rv if isinstance(rv, int) else 0

@@ -164,6 +164,10 @@ def _check_deb_metadata(deb, tmp_path):
         "./usr/share/fish/vendor_completions.d/corralctl.fish",
         "./usr/lib/systemd/system/corral.slice",
         "./usr/lib/systemd/user/corral.slice",
+        "./usr/lib/systemd/system/corral.socket",
+        "./usr/lib/systemd/system/corral.service",
+        "./usr/lib/systemd/user/corral.socket",
+        "./usr/lib/systemd/user/corral.service",
     ):
         assert f" {path}" in files, f"{path} not in the package"
     # Nothing for the system Python: no dist-packages, no /usr/local.

@@ -44,8 +44,8 @@ def _cli(args: list[str]):
     """(exit code, stderr, spec or None) of ``corral ARGS -- true``, without running anything."""
     kept = []
 
-    def fake_run(spec, *rest, **kw):
-        kept.append(spec)
+    def fake_run(invocation):
+        kept.append(invocation.spec)
         return 0
 
     err = io.StringIO()
@@ -67,6 +67,22 @@ def _check_cli(args):
         assert code == 125, (args, code, err)
         assert spec is None
         assert err.count("\n") == 1 and err.startswith("corral: "), (args, err)
+    _check_service_parse(args, spec, err)
+
+
+def _check_service_parse(args, spec, err):
+    """The corral service parses a client's command line with ``cli.parse``:
+    the same spec, or the same one-line error, as ``corral`` itself."""
+    from corral_systemd.common.errors import UsageError
+
+    try:
+        parsed = cli.parse([*args, "--", "true"], prog="corral", default_mode="auto", environ={}, cwd="/")
+    except UsageError as exc:
+        assert spec is None and err == f"corral: {exc}\n", (args, err, str(exc))
+        return
+    assert spec is not None, (args, err)
+    mine = {k: v for k, v in vars(parsed.spec).items() if k not in ("run_id", "env", "cwd")}
+    assert mine == {k: v for k, v in vars(spec).items() if k not in ("run_id", "env", "cwd")}
 
 
 VALUE_OPTIONS = [

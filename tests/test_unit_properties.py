@@ -100,3 +100,12 @@ def test_service_command_and_credentials_marshal():
     assert P.credential_properties([], "exit 0") == []
     with pytest.raises(ValueError):
         _marshal([*props, P.prop("TasksMax", "t", -1)])  # a value that does not fit is refused here, not by systemd
+
+
+def test_a_system_managers_service_gets_a_mount_namespace_of_its_own():
+    """Issue 14: PrivateMounts= is what makes systemd hide other units'
+    /run/credentials from the command (the VM lane's system step shows it)."""
+    props = P.isolation_properties("system")
+    assert [(name, value.value) for name, value in props] == [("PrivateMounts", True)]
+    _marshal(props)
+    assert P.isolation_properties("user") == []

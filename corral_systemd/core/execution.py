@@ -78,14 +78,20 @@ class Execution:
         self,
         spec: RunSpec,
         session,
-        on_stdout: Callable[[bytes], None],
-        on_stderr: Callable[[bytes], None],
+        on_stdout: Callable[[bytes], None] | int,  # an int: the command's own descriptor, uncaptured
+        on_stderr: Callable[[bytes], None] | int,
         stdin_fd: int = 0,
         register: bool = True,
         renew_session: Callable[[RunSpec], object] | None = None,
+        via: str = "library",
+        guard: dict | None = None,
     ):
         self.spec = spec
         self._register = register
+        #: Who asked (the record's ``via``) and what else the RunGuard is told
+        #: (the corral service passes a command line's env report and credentials).
+        self._via = via
+        self._guard = guard or {}
         #: The Runner's way to a new session (see _start_again).
         self._renew_session = renew_session
         self._stdin_fd = stdin_fd
@@ -98,29 +104,38 @@ class Execution:
         self._lock = threading.Lock()
         self._done = False
 
-    def cancel(self) -> None:
+    def cancel(self, signum: int | None = None) -> None:
+        """Stop the run as corral stops it for signal ``signum`` (exit
+        128+N; default: a library cancel, SIGTERM's stop). A second cancel
+        skips the grace period."""
         with self._lock:
             if not self._done:
-                os.write(self._cancel_w, b"x")  # seen by the supervisor here or in the child
+                # seen by the supervisor here or in the child: one byte, the signal
+                os.write(self._cancel_w, bytes([signum]) if signum else b"x")
 
     def execute(self) -> R.RunOutcome:
         try:
-            if self._use_child():
-                return self._in_child()
-            outcome = self._in_process()
-            if self._start_again(outcome):
-                first = outcome.detail
-                outcome = self._in_process()
-                outcome.warnings.append(
-                    f"the first start failed on the Runner's manager connection, which had ended ({first}); "
-                    "the command had not run (held at its gate) and was started again on a new connection"
-                )
+            outcome = self._execute()
+            outcome.via = self._via
             return outcome
         finally:
             with self._lock:
                 self._done = True
                 os.close(self._cancel_r)
                 os.close(self._cancel_w)
+
+    def _execute(self) -> R.RunOutcome:
+        if self._use_child():
+            return self._in_child()
+        outcome = self._in_process()
+        if self._start_again(outcome):
+            first = outcome.detail
+            outcome = self._in_process()
+            outcome.warnings.append(
+                f"the first start failed on the Runner's manager connection, which had ended ({first}); "
+                "the command had not run (held at its gate) and was started again on a new connection"
+            )
+        return outcome
 
     def _start_again(self, outcome: R.RunOutcome) -> bool:
         """A Runner's shared connection can end under a start (the manager's
@@ -161,7 +176,7 @@ class Execution:
             return assemble_and_run(
                 spec,
                 lambda: open_engine(spec, session),
-                guard={"registry": self._register, "owner_kind": "library"},  # visible to corralctl
+                guard={"registry": self._register, "owner_kind": "library", **self._guard},  # visible to corralctl
                 supervisor={
                     "cancel_fd": self._cancel_r,
                     "stdout": self._on_stdout,

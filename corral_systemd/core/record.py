@@ -173,6 +173,9 @@ class RunRecord(_Strict):
     nested_in: str | None = None
     #: --pty: the command's stdio was a pseudo-terminal of its own.
     pty: bool = False
+    #: Which path ran it: "cli" (the corral process), "service" (the corral
+    #: service, for a corral client), "library" (a Runner, run()).
+    via: str = "cli"
     engine: EngineInfo
     warnings: list[str] = []
     environment: EnvironmentNames | None = None

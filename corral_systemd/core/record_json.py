@@ -121,6 +121,7 @@ def record_data(result) -> dict:
         "output_file": result.output_file,
         "nested_in": result.nested_in,
         "pty": result.pty,
+        "via": result.via,
         "engine": engine,
         "warnings": list(result.warnings),
         "environment": environment,
@@ -137,7 +138,11 @@ def record_bytes(result) -> bytes:
 def write_record(result, path: str) -> None:
     """Write the record to ``path`` atomically (0600). OSError if ``path`` is
     not a regular file (a directory, a symlink, a device: never replaced)."""
-    data = record_bytes(result)
+    write_file(record_bytes(result), path)
+
+
+def write_file(data: bytes, path: str) -> None:
+    """``data`` as the file ``path``, atomically (0600); see ``write_record``."""
     if os.path.lexists(path) and not os.path.isfile(path) or os.path.islink(path):
         raise OSError(f"{path} is not a regular file; not replacing it")
     directory = os.path.dirname(os.path.abspath(path))

@@ -53,6 +53,9 @@ class RunOutcome:
     nested_in: str | None = None
     #: --pty: the command ran on a pseudo-terminal of its own.
     pty: bool = False
+    #: Which path ran it: "cli" (the corral process itself), "service" (the
+    #: corral service, for a client), "library" (a Runner or run()).
+    via: str = "cli"
     engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
     warnings: list[str] = field(default_factory=list)
     observer_error: str | None = None  # the observer (the registry) failed: see supervisor.RunObserver

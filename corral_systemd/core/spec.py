@@ -60,6 +60,10 @@ class RunSpec:
     slice: str = "corral.slice"
     env: dict[str, str] | None = None  # None: corral's own environment
     cwd: str | None = None  # None: corral's own working directory
+    #: The umask a command corral forks starts with (None: corral's own).
+    #: The corral service sets its client's; a systemd service gets the
+    #: manager's UMask= default either way, as without the service.
+    umask: int | None = None
     #: --credential (NAME, absolute PATH) pairs the engine delivers itself: set
     #: by RunGuard for a systemd service (LoadCredential=). For every other
     #: mode it stays empty; RunGuard makes corral's private directory instead
@@ -128,6 +132,8 @@ class RunSpec:
             )
         if self.output_file is not None and (not _text(self.output_file) or not os.path.isabs(self.output_file)):
             raise UsageError(f"invalid output_file {self.output_file!r}: must be an absolute path without NUL bytes")
+        if self.umask is not None and (type(self.umask) is not int or not 0 <= self.umask <= 0o777):
+            raise UsageError(f"invalid umask {self.umask!r}: must be 0 to 0o777")
         for name in ("cwd", "cgroup_parent"):
             value = getattr(self, name)
             if value is not None and (not _text(value) or not value):

@@ -464,11 +464,15 @@ class Supervisor:
             elif self._pty is not None and fd in pty_out:
                 self._pty.push()
             elif self.cancel_fd is not None and fd == self.cancel_fd:
-                # One byte per request (a second one skips the grace period);
-                # EOF (the writer died) is one request, then stop watching.
-                if not os.read(self.cancel_fd, 64):
+                # One byte per request (a second one skips the grace period):
+                # a stop signal's number stops the run as that signal would
+                # (the corral service forwards its client's), anything else
+                # as SIGTERM. EOF (the writer died) is one request, then stop watching.
+                data = os.read(self.cancel_fd, 64)
+                if not data:
                     self.cancel_fd = None
-                stop_sig = stop_sig or signal.SIGTERM
+                asked = data[-1] if data and data[-1] in _STOP_SIGNALS else signal.SIGTERM
+                stop_sig = stop_sig or asked
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
             elif pump is not None:

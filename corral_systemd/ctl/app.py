@@ -24,6 +24,39 @@ def _app():
     )
     audit = typer.Typer(help="The runs' audit logs.", no_args_is_help=True)
     app.add_typer(audit, name="audit")
+    service = typer.Typer(
+        help="The corral service: corral hands it runs over a socket (io.corral.Run), as fast as systemd-run.",
+        no_args_is_help=True,
+    )
+    app.add_typer(service, name="service")
+    which = {
+        "user": typer.Option(False, "--user", help="The user manager's service (default for users other than root)."),
+        "system": typer.Option(False, "--system", help="The system manager's service, for root (default for root)."),
+    }
+
+    @service.command("install")
+    def _service_install(
+        user: bool = which["user"],
+        system: bool = which["system"],
+        runtime: bool = typer.Option(
+            False, "--runtime", help="Until the next reboot only (the runtime unit directory)."
+        ),
+        idle_exit: float = typer.Option(
+            60.0, "--idle-exit", metavar="SECONDS", help="The service exits after this long idle."
+        ),
+    ):
+        """Write corral.socket and corral.service for this installation, enable and start the socket."""
+        raise typer.Exit(service_command("install", user, system, runtime=runtime, idle_exit=idle_exit))
+
+    @service.command("status")
+    def _service_status(as_json: bool = typer.Option(False, "--json", help="JSON instead of a line.")):
+        """Whether corral will hand its runs to a service, and why not: 0 yes, 3 no."""
+        raise typer.Exit(service_command("status", False, False, as_json=as_json))
+
+    @service.command("uninstall")
+    def _service_uninstall(user: bool = which["user"], system: bool = which["system"]):
+        """Stop and disable the service and its socket; remove the unit files install wrote."""
+        raise typer.Exit(service_command("uninstall", user, system))
 
     @app.command("ps")
     def _ps(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")):
@@ -74,6 +107,38 @@ def _app():
         raise typer.Exit(audit_verify(run))
 
     return app
+
+
+def service_command(action: str, user: bool, system: bool, **options) -> int:
+    import os
+
+    from ..client import socket_paths
+    from ..service import units
+
+    if user and system:
+        raise CtlError("--user and --system: choose one")
+    manager = "system" if system or (not user and os.geteuid() == 0) else "user"
+    try:
+        if action == "install":
+            for written in units.install(manager, options["runtime"], options["idle_exit"]):
+                print(f"corralctl: wrote {written}")
+            print(f"corralctl: corral.socket enabled and started ({manager} manager)")
+            return 0
+        if action == "uninstall":
+            for removed in units.uninstall(manager):
+                print(f"corralctl: removed {removed}")
+            return 0
+    except (units.ServiceUnitError, OSError) as exc:
+        raise CtlError(str(exc)) from None
+    paths = socket_paths()
+    if not paths:
+        report = units.status(None, "CORRAL_SERVICE is off")
+    for path in paths:  # as corral tries them
+        report = units.status(path, None)
+        if report["in_use"] or not report.get("absent"):
+            break
+    print(units.status_json(report) if options.get("as_json") else units.status_text(report))
+    return 0 if report["in_use"] else 3
 
 
 def main(argv: list[str] | None = None) -> int:

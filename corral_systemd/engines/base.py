@@ -267,6 +267,7 @@ def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool
         gated=gated,
         isolate_network_from=network_to_leave(spec),
         controlling_tty=spec.pty,
+        umask=spec.umask,
     )
 
 

@@ -105,6 +105,7 @@ def fork_command(
     gated: bool,
     isolate_network_from: str | None = None,
     controlling_tty: bool = False,
+    umask: int | None = None,
 ) -> Child:
     """Fork the command in a new session; exec at once unless ``gated``.
 
@@ -114,7 +115,8 @@ def fork_command(
     moves to a network namespace of its own and checks it (``netns.isolate``);
     if that fails, it never execs and ``release()`` raises SetupError. With
     ``controlling_tty``, ``stdin`` is a terminal that becomes the controlling
-    terminal of the child's new session (``--pty``).
+    terminal of the child's new session (``--pty``). ``umask``: the child's
+    (None: this process's).
     """
     isolate = None
     if isolate_network_from is not None:
@@ -159,6 +161,8 @@ def fork_command(
                 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             if cwd is not None:
                 os.chdir(cwd)
+            if umask is not None:
+                os.umask(umask)
             if env_items is None:
                 os.execvp(argv[0], argv)
             else:
@@ -229,7 +233,9 @@ def resolve_in_cwd(name: str, path_env: str, cwd: str | None) -> str:
 
 #: The gate, as a shell: wait for corral's go (a line on fd 3; EOF means
 #: corral gave up), then become the command in its working directory.
-_GATE_SCRIPT = 'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; shift; exec "$@"'
+_GATE_SCRIPT = (
+    'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; [ -z "$2" ] || umask "$2"; shift 2; exec "$@"'
+)
 
 
 class ShellGatedChild(Child):
@@ -251,7 +257,14 @@ class ShellGatedChild(Child):
 
 
 def spawn_gated_by_shell(
-    argv: list[str], *, stdin: int, stdout: int, stderr: int, env: dict[str, str] | None, cwd: str | None
+    argv: list[str],
+    *,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    umask: int | None = None,
 ) -> ShellGatedChild:
     """Start the command held at a gate, without fork()ing the caller.
 
@@ -285,7 +298,16 @@ def spawn_gated_by_shell(
         with baton.released():
             pid = os.posix_spawn(
                 "/bin/sh",
-                ["sh", "-c", _GATE_SCRIPT, "corral-gate", os.path.abspath(cwd or "."), path, *argv[1:]],
+                [
+                    "sh",
+                    "-c",
+                    _GATE_SCRIPT,
+                    "corral-gate",
+                    os.path.abspath(cwd or "."),
+                    "" if umask is None else f"{umask:04o}",
+                    path,
+                    *argv[1:],
+                ],
                 env,
                 file_actions=actions,
                 setsid=True,

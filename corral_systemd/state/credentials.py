@@ -68,13 +68,14 @@ from ..engines.credential_check import (  # noqa: F401  (the mechanism, document
 _MEMORY_FS = ("tmpfs", "ramfs")
 
 
-def parse_credential(text: str) -> tuple[str, str]:
+def parse_credential(text: str, cwd: str | None = None) -> tuple[str, str]:
+    """``NAME=PATH`` as (NAME, absolute PATH: relative to ``cwd``, by default this process's)."""
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
         raise UsageError(f"invalid --credential {text!r}: expected NAME=PATH")
     if name in (".", "..") or len(name) > 255 or not all(c.isalnum() or c in "._-" for c in name) or not name.isascii():
         raise UsageError(f"invalid --credential name {name!r}: letters, digits, '.', '_' and '-' only")
-    return name, os.path.abspath(path)
+    return name, os.path.abspath(os.path.join(cwd or "", path))
 
 
 def check_unique(pairs: list[tuple[str, str]]) -> list[str]:

@@ -135,6 +135,16 @@ def credential_properties(pairs, check_script: str) -> list:
     ]
 
 
+def isolation_properties(manager_kind: str) -> list:
+    """A system manager's service gets a mount namespace of its own
+    (PrivateMounts=): systemd 252 then mounts an empty read-only tmpfs on
+    /run/credentials with only this unit's own directory bound in
+    (namespace.c), so the command cannot read another run's credentials.
+    A user manager would need PrivateUsers= for it, and keeps credentials
+    under $XDG_RUNTIME_DIR, which the namespace does not hide: nothing to gain."""
+    return [prop("PrivateMounts", "b", True)] if manager_kind == "system" else []
+
+
 def network_properties(network: str, host_netns: str, check_script: str) -> list:
     """--network none for a system manager's service: PrivateNetwork=, and
     an ExecStartPre= that checks, inside the unit and before the command,

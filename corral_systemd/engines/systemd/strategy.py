@@ -82,7 +82,9 @@ class ScopeStrategy:
             what = "--network none" if isolate is not None else "--pty"
             raise SetupError(f"{what}: a Runner's scope cannot have it; use unit_type='service' (the default)")
         else:
-            engine._child = spawn_gated_by_shell(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+            engine._child = spawn_gated_by_shell(
+                argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, umask=engine.spec.umask
+            )
         return P.scope_properties(engine._child.pid), []
 
     def start_failed(self, result: str) -> None:
@@ -210,6 +212,7 @@ class ServiceStrategy:
         props = [
             *self._service_props,
             *P.credential_properties(engine.spec.credentials, CHECK_SCRIPT),
+            *P.isolation_properties(engine.manager_kind),
             *P.network_properties(engine.spec.network, host_netns, netns.CHECK_SCRIPT),
             *P.stdio_properties(),
             *P.tty_properties(stdin if engine.spec.pty else None),

@@ -1,0 +1,176 @@
+"""The corral CLI through the corral service against systemd-run (issue 16).
+
+Same manager, same invocation, interleaved (each round times one of each, so
+a machine that slows down mid-way hits every side alike):
+
+1. per run, ``/bin/true``, one at a time:
+   ``corral-enforced --quiet -- /bin/true`` through the service, scope and
+   ``--unit-type service``, against ``systemd-run --user --wait --collect -q
+   /bin/true``; for reference the same CLI in-process (``CORRAL_SERVICE=0``)
+   and ``corral --cgroup-mode fallback`` (the service never takes those).
+   Targets: median ratio to systemd-run <= 1.0 (must: <= 1.3), both unit types.
+2. 8 in flight: ``seq N | xargs -P8 -n1 corral-enforced --quiet -- /bin/true``
+   against the same with systemd-run, in rounds: runs/s ratio >= 1.
+
+The service is started here on a private socket (``--socket``) with this
+interpreter, unless ``--installed`` (then the user's socket-activated one).
+Time with a non-editable install (see README.md): an editable one adds
+~16 ms of import machinery to every start. Needs a user manager (inside
+tests/harness/with-user-manager on a machine without one). Writes
+bench/results/service.json.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BIN = Path(sys.executable).parent
+SYSTEMD_RUN = ["systemd-run", "--user", "--wait", "--collect", "-q", "/bin/true"]
+
+
+def _cmd(name: str) -> list[str]:
+    script = BIN / name
+    return [str(script)] if script.exists() else [sys.executable, "-m", "corral_systemd"]
+
+
+def start_service(socket_path: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "corral_systemd.service",
+            "--socket",
+            socket_path,
+            "--manager",
+            "user",
+            "--idle-exit",
+            "3600",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket_path):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit("service_bench: the corral service did not start")
+        time.sleep(0.02)
+    return proc
+
+
+def deb_style_wrapper(work: str) -> list[str]:
+    """corral-enforced as the .deb's /usr/bin wrapper runs it: ``python3 -IS``,
+    the venv's site-packages put on sys.path by hand (packaging/stage)."""
+    import sysconfig
+
+    path = os.path.join(work, "corral-enforced-IS")
+    with open(path, "w") as f:
+        f.write(
+            f"#!{sys.executable} -IS\nimport sys\n\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n"
+            "from corral_systemd.client import entry_enforced\n\nentry_enforced()\n"
+        )
+    os.chmod(path, 0o755)
+    return [path]
+
+
+def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
+    enforced, corral = _cmd("corral-enforced"), _cmd("corral")
+    cases = {
+        "systemd-run": (SYSTEMD_RUN, env_plain),
+        "python -IS -c pass": ([sys.executable, "-IS", "-c", "pass"], env_plain),
+        "service-scope": ([*enforced, "--quiet", "--", "/bin/true"], env_service),
+        "service-scope, -IS wrapper": ([*deb_style_wrapper(work), "--quiet", "--", "/bin/true"], env_service),
+        "service-service": ([*enforced, "--quiet", "--unit-type", "service", "--", "/bin/true"], env_service),
+        "in-process-scope": ([*enforced, "--quiet", "--", "/bin/true"], env_plain),
+        "fallback": ([*corral, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for argv, env in cases.values():  # warm: page cache, byte-code, the service's session
+        subprocess.run(argv, env=env, check=True)
+    for _ in range(rounds):
+        for name, (argv, env) in cases.items():
+            t = time.perf_counter()
+            subprocess.run(argv, env=env, check=True)
+            times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["systemd-run"])
+    out = {}
+    for name, values in times.items():
+        values.sort()
+        out[name] = {
+            "p50_ms": round(statistics.median(values) * 1e3, 2),
+            "p95_ms": round(values[max(0, int(len(values) * 0.95) - 1)] * 1e3, 2),
+            "ratio_to_systemd_run": round(statistics.median(values) / base, 3),
+        }
+    return out
+
+
+def throughput(n: int, rounds: int, env_service: dict, env_plain: dict) -> dict:
+    enforced = " ".join(_cmd("corral-enforced"))
+    sides = {
+        "systemd-run": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {' '.join(SYSTEMD_RUN)}' x", env_plain),
+        "service-scope": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {enforced} --quiet -- /bin/true' x", env_service),
+    }
+    per_round = []
+    for _ in range(rounds):
+        rates = {}
+        for name, (script, env) in sides.items():
+            t = time.perf_counter()
+            subprocess.run(["sh", "-c", script], env=env, check=True)
+            rates[name] = n / (time.perf_counter() - t)
+        per_round.append(rates)
+    ratios = [r["service-scope"] / r["systemd-run"] for r in per_round]
+    return {
+        "runs": n,
+        "rounds": [{k: round(v, 1) for k, v in r.items()} for r in per_round],
+        "ratio_runs_per_s_median": round(statistics.median(ratios), 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--throughput-runs", type=int, default=64)
+    parser.add_argument("--throughput-rounds", type=int, default=3)
+    parser.add_argument("--installed", action="store_true", help="use the socket-activated service")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    if shutil.which("systemd-run") is None or subprocess.run(
+        ["systemctl", "--user", "is-system-running"], capture_output=True
+    ).returncode not in (0, 1):
+        print("service_bench: needs a user manager (run inside tests/harness/with-user-manager)", file=sys.stderr)
+        return 2
+    work = tempfile.mkdtemp(prefix="corral-service-bench-")
+    service = None
+    env_plain = dict(os.environ, CORRAL_SERVICE="0")
+    env_service = dict(os.environ)
+    if not args.installed:
+        socket_path = os.path.join(work, "io.corral.Run")
+        service = start_service(socket_path)
+        env_service["CORRAL_SERVICE_SOCKET"] = socket_path
+    try:
+        result = {
+            "per_run": per_run(args.rounds, env_service, env_plain, work),
+            "throughput_8_in_flight": throughput(args.throughput_runs, args.throughput_rounds, env_service, env_plain),
+            "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+        }
+    finally:
+        if service is not None:
+            service.terminate()
+            service.wait(timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "service.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

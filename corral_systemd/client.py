@@ -1,0 +1,211 @@
+"""``corral`` and ``corral-enforced``: hand the run to the corral service, or run it here.
+
+When a corral service listens (``corralctl service install``; socket
+activation), the command line goes to it exactly as typed, with this
+process's environment, working directory, umask and standard streams
+(their descriptors travel with the call), and this process waits for the
+exit code. The service has the parser, the manager connection and the
+tether already loaded and open, so a run costs what systemd-run's does.
+Without a service (no socket, nobody listening, ``CORRAL_SERVICE=0``), or
+when the service declines the run (``NotServed``: ``--pty``, the fallback
+engine, another manager, a run inside a run, ``--help``...), it runs in this
+process through ``cli.main``, exactly as before.
+
+Guarantees are the in-process CLI's:
+
+- a signal corral would stop the run for (Ctrl-C, SIGTERM, SIGHUP...) is
+  written to the run's control pipe as one byte, its number: the service
+  stops the run as corral would and the exit code is the same (128+N);
+- this process SIGKILLed: the control pipe reaches end of file and the
+  service also holds this process's pidfd: the run is stopped;
+- the service dying before it took the run: nothing ran, so the run goes
+  on here (with a warning); after it took the run: exit 120 (the run's
+  units are stopped by the service's tether, which this process cannot
+  verify);
+- ``--json PATH`` is written by this process (its uid, its cwd), the
+  summary line and warnings printed here.
+
+The hot path imports ``os``, ``sys``, ``_socket``, ``_signal`` and ``json``
+only: no typer, dbus-fast, asyncio or pydantic (see ``service/`` for the
+other side).
+"""
+
+import os
+import sys
+
+SOCKET_NAME = "io.corral.Run"
+#: The manager's runtime directory (%t in corral.socket): /run for the system
+#: manager, $XDG_RUNTIME_DIR (/run/user/UID) for a user's.
+SYSTEM_SOCKET = "/run/" + SOCKET_NAME
+
+
+def socket_paths() -> list[str]:
+    """Where a corral service may listen for this user, in the order corral
+    tries them; empty for "do not use one".
+
+    ``CORRAL_SERVICE=0`` turns the service off; ``CORRAL_SERVICE_SOCKET``
+    names the one socket to use. Else the user manager's
+    (``$XDG_RUNTIME_DIR/io.corral.Run``; without that variable, as under
+    cron, ``/run/user/UID``'s), and for root then the system manager's
+    (``/run/io.corral.Run``): the order in which auto mode picks a manager
+    (``dbus.discovery.bus_address``). The service declines a run that asks
+    for the other manager, and corral runs it itself."""
+    if os.environ.get("CORRAL_SERVICE", "1").lower() in ("0", "no", "off", "false"):
+        return []
+    if path := os.environ.get("CORRAL_SERVICE_SOCKET"):
+        return [path]
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    paths = [f"{runtime}/{SOCKET_NAME}"]
+    if os.geteuid() == 0:
+        paths.append(SYSTEM_SOCKET)
+    return paths
+
+
+class _Declined(Exception):
+    """The service will not run this (or is not there): run it here.
+    ``warn``: say so on stderr (something went wrong, not just "no service")."""
+
+    def __init__(self, why: str, warn: bool = False, absent: bool = False):
+        super().__init__(why)
+        self.warn = warn
+        #: Nobody listens there: the next socket may be tried.
+        self.absent = absent
+
+
+def run_via_service(args: list[str], prog: str, path: str) -> int:
+    """The run's exit code from the service at ``path``; _Declined when it is
+    not there or does not take the run (nothing has run then)."""
+    import _signal
+    import _socket
+
+    from .kernel.signals import stop_signals
+    from .varlink import wire
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    control_r = control_w = -1
+    saved: dict = {}  # the signal handlers to put back if the run goes on in-process
+    try:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise _Declined(f"{path}: {exc.strerror or exc}", absent=True) from None
+        try:
+            if wire.peer_credentials(sock)[1] not in (0, os.getuid()):
+                raise _Declined("the socket is not served by this user or root")
+            control_r, control_w = os.pipe2(os.O_CLOEXEC)
+            mask = os.umask(0o22)
+            os.umask(mask)
+            parameters = {
+                "program": prog,
+                "argv": args,
+                "environment": [f"{name}={value}" for name, value in os.environ.items()],
+                "cwd": os.getcwd(),
+                "umask": mask,
+                "stdin": 0,
+                "stdout": 1,
+                "stderr": 2,
+                "control": 3,
+            }
+            channel = wire.Channel(sock)
+            # From here a stop signal is the run's: forwarded as a byte.
+            forward = lambda signum, frame: os.write(control_w, bytes([signum]))  # noqa: E731
+            for signum in stop_signals():
+                saved[signum] = _signal.signal(signum, forward)
+            channel.send({"method": "io.corral.Run.Run", "parameters": parameters, "more": True}, [0, 1, 2, control_r])
+            os.close(control_r)
+            control_r = -1
+        except OSError as exc:  # no service, a closed stdio descriptor, cwd gone: all handled in-process
+            raise _Declined(str(exc)) from None
+        accepted = False
+        while True:
+            try:
+                got = channel.receive()
+            except (OSError, wire.ProtocolError) as exc:
+                got, why = None, str(exc)
+            else:
+                why = "the connection closed"
+            if got is None:
+                if not accepted:
+                    raise _Declined(f"the corral service ended before it took the run ({why})", warn=True)
+                print(
+                    f"{prog}: the corral service ended during the run ({why}): its tether stops the run, "
+                    "which this process cannot verify",
+                    file=sys.stderr,
+                )
+                return 120
+            reply, fds = got
+            wire.close_fds(fds)
+            if "error" in reply:
+                return _error_reply(reply, prog, accepted)
+            parameters = reply.get("parameters") or {}
+            if reply.get("continues"):
+                accepted = True
+                continue
+            return _finish(parameters, prog)
+    except _Declined:
+        for signum, handler in saved.items():
+            _signal.signal(signum, handler)
+        raise
+    finally:
+        sock.close()
+        for fd in (control_r, control_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _error_reply(reply: dict, prog: str, accepted: bool) -> int:
+    name = str(reply.get("error"))
+    parameters = reply.get("parameters") or {}
+    if name in ("io.corral.Run.UsageError", "io.corral.Run.SetupError"):
+        print(f"{prog}: {parameters.get('message', name)}", file=sys.stderr)
+        return 125
+    if accepted and name != "io.corral.Run.NotServed":  # NotServed: nothing ran, even after accepted
+        print(f"{prog}: the corral service failed during the run ({name} {parameters})", file=sys.stderr)
+        return 120
+    raise _Declined(f"{name} {parameters}", warn=name == "io.corral.Run.InternalError")
+
+
+def _finish(parameters: dict, prog: str) -> int:
+    """What corral prints and writes once the run is over."""
+    record, path = parameters.get("record"), parameters.get("record_path")
+    for warning in parameters.get("warnings") or ():
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+    if record is not None and path is not None:
+        try:
+            if path == "-":
+                sys.stdout.flush()
+                os.write(1, record.encode())
+            else:
+                from .core.record_json import write_file
+
+                write_file(record.encode(), path)
+        except OSError as exc:
+            print(f"{prog}: cannot write --json record: {exc}", file=sys.stderr)
+    if summary := parameters.get("summary"):
+        print(summary, file=sys.stderr)
+    return int(parameters.get("exit_code", 120))
+
+
+def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: str = "auto") -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    # Shell completion (click's _PROG_COMPLETE) is answered by the parser here.
+    completing = "_" + prog.upper().replace("-", "_") + "_COMPLETE" in os.environ
+    for path in [] if completing else socket_paths():
+        try:
+            return run_via_service(args, prog, path)
+        except _Declined as why:
+            if why.warn or os.environ.get("CORRAL_SERVICE_DEBUG"):
+                print(f"{prog}: warning: running the command here, not in the corral service: {why}", file=sys.stderr)
+            if why.warn or not why.absent:
+                break  # a service answered (or died): the run is not another one's to take
+    from .cli import main as in_process
+
+    return in_process(args, prog=prog, default_mode=default_mode)
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+def entry_enforced() -> None:
+    sys.exit(main(prog="corral-enforced", default_mode="enforced"))

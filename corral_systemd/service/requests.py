@@ -1,0 +1,217 @@
+"""One ``io.corral.Run.Run`` call, from its parameters to its reply.
+
+    validate the parameters  →  parse the command line (the CLI's own parser,
+    with the client's environment and cwd)  →  decide whether it is served
+    here  →  accepted  →  run it on the service's Runner, the client's
+    descriptors as the command's stdio, its control pipe and pidfd watched
+    →  the reply: exit code, warnings, summary line, record
+
+Failure modes, each a typed Varlink error (the service stays up):
+``org.varlink.service.InvalidParameter`` (a malformed call),
+``io.corral.Run.UsageError`` (what the CLI exits 125 on, before anything
+runs), ``io.corral.Run.NotServed`` (the client runs it itself: nothing ran
+here), ``io.corral.Run.SetupError`` (125: nothing ran), ``io.corral.Run.Busy``.
+"""
+
+import os
+import re
+
+from ..common.errors import SetupError, UsageError
+from ..varlink.wire import VarlinkError
+
+INVALID = "org.varlink.service.InvalidParameter"
+_PROGRAMS = {"corral": "auto", "corral-enforced": "enforced"}
+#: Options that print and exit: the client's own process prints them.
+_PRINTING = ("--help", "-h", "--version", "--install-completion", "--show-completion")
+#: A cgroup path inside a corral run (its unit, or a --cgroup-parent group).
+_IN_A_RUN = re.compile(r"/corral-[0-9a-f]{12}(\.scope|\.service)?(/|$)")
+
+
+class NotServed(VarlinkError):
+    def __init__(self, reason: str):
+        super().__init__("io.corral.Run.NotServed", {"reason": reason})
+
+
+def _invalid(name: str) -> VarlinkError:
+    return VarlinkError(INVALID, {"parameter": name})
+
+
+def _text(value) -> bool:
+    return isinstance(value, str) and "\0" not in value
+
+
+def check_parameters(parameters, fds: list[int]) -> dict:
+    """The call's parameters, each checked for type and range, with the
+    descriptor indexes resolved to descriptors. InvalidParameter names the first bad one."""
+    if not isinstance(parameters, dict):
+        raise _invalid("parameters")
+    checked = {}
+    if not isinstance(parameters.get("program"), str) or parameters["program"] not in _PROGRAMS:
+        raise _invalid("program")
+    checked["program"] = parameters["program"]
+    argv = parameters.get("argv")
+    if not isinstance(argv, list) or not all(_text(a) for a in argv):
+        raise _invalid("argv")
+    checked["argv"] = argv
+    env = parameters.get("environment")
+    if not isinstance(env, list) or not all(_text(e) and e.find("=") > 0 for e in env):
+        raise _invalid("environment")
+    checked["environment"] = dict(e.split("=", 1) for e in env)
+    cwd = parameters.get("cwd")
+    if not isinstance(cwd, str) or "\0" in cwd or not os.path.isabs(cwd):
+        raise _invalid("cwd")
+    checked["cwd"] = cwd
+    umask = parameters.get("umask")
+    if type(umask) is not int or not 0 <= umask <= 0o777:
+        raise _invalid("umask")
+    checked["umask"] = umask
+    for name in ("stdin", "stdout", "stderr", "control"):
+        index = parameters.get(name)
+        if index is None:  # not passed: /dev/null, captured output, the connection (see the interface)
+            checked[name] = None
+            continue
+        if type(index) is not int or not 0 <= index < len(fds):
+            raise _invalid(name)
+        checked[name] = fds[index]
+    return checked
+
+
+#: Output captured for a caller that passed no descriptor for it, per stream.
+CAPTURE_LIMIT = 1 << 20  # base64, both streams: within a client's wire.MAX_MESSAGE
+
+
+class Capture:
+    """A stream's bytes, kept up to CAPTURE_LIMIT (the rest counted, not kept)."""
+
+    def __init__(self):
+        self.chunks: list[bytes] = []
+        self.kept = self.dropped = 0
+
+    def __call__(self, data: bytes) -> None:
+        room = CAPTURE_LIMIT - self.kept
+        if room > 0:
+            self.chunks.append(data[:room])
+            self.kept += min(room, len(data))
+        self.dropped += max(0, len(data) - max(room, 0))
+
+    def text(self) -> str:
+        import base64
+
+        return base64.b64encode(b"".join(self.chunks)).decode()
+
+
+def in_a_run(pid: int) -> bool:
+    """The process (the client) is inside a corral run's cgroup, as the kernel says."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return any(_IN_A_RUN.search(line.rstrip("\n").split(":", 2)[-1]) for line in f)
+    except OSError:
+        return True  # gone or unreadable: not served (the client, if alive, runs it itself)
+
+
+def manager_for(spec_manager: str, environ: dict) -> str:
+    """Which manager the client's corral would use: its --manager, or for
+    auto what ``dbus.discovery.bus_address`` picks from the client's
+    environment (a user bus or a user manager's private socket: user)."""
+    if spec_manager != "auto":
+        return spec_manager
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if environ.get("DBUS_SESSION_BUS_ADDRESS") or (
+        runtime and (os.path.exists(f"{runtime}/bus") or os.path.exists(f"{runtime}/systemd/private"))
+    ):
+        return "user"
+    return "system"
+
+
+def parse(checked: dict, manager_kind: str, peer_pid: int):
+    """The command line as an ``Invocation`` this service runs, or NotServed /
+    UsageError (as VarlinkError)."""
+    from ..cli import parse as parse_command_line
+
+    args = checked["argv"]
+    options = args[: args.index("--")] if "--" in args else args
+    if any(a in _PRINTING or a.split("=", 1)[0] in _PRINTING for a in options):
+        raise NotServed("help, version and completion are printed by corral itself")
+    try:
+        invocation = parse_command_line(
+            args,
+            prog=checked["program"],
+            default_mode=_PROGRAMS[checked["program"]],
+            environ=checked["environment"],
+            cwd=checked["cwd"],
+        )
+    except UsageError as exc:
+        raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
+    spec = invocation.spec
+    if spec.pty:
+        raise NotServed("--pty: the terminal is the client's own")
+    if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
+        raise NotServed("the fallback and --cgroup-parent engines run in the corral process")
+    if spec.network == "none" and spec.unit_type == "scope":
+        raise NotServed("--network none for a scope: its command is forked by corral itself")
+    if "CORRAL_RUN_ID" in checked["environment"] or in_a_run(peer_pid):
+        raise NotServed("a run inside a corral run stays inside it")
+    from ..state.registry import state_dir
+
+    if invocation.registry and state_dir(checked["environment"]) != state_dir():
+        raise NotServed("the caller's registry (CORRAL_STATE_DIR, XDG_RUNTIME_DIR) is not the service's")
+    wanted = manager_for(spec.manager, checked["environment"])
+    if wanted != manager_kind:
+        raise NotServed(f"the {wanted} manager is asked for; this service uses the {manager_kind} manager")
+    return invocation
+
+
+def execute(service, invocation, checked: dict, peer_pidfd: int, connection_fd: int, accepted) -> dict:
+    """Run it; the reply's parameters. ``accepted()`` is called once the run
+    is taken (before anything starts). SetupError as a VarlinkError.
+    Without a control pipe, the connection hanging up stops the run."""
+    from ..cli import guard_options, is_stdout, summary_line
+    from ..core.record_json import record_bytes
+
+    spec = invocation.spec
+    auto = spec.cgroup_mode == "auto"
+    spec.manager = service.manager_kind
+    # Served runs are systemd runs: auto's fallback would run in this process.
+    spec.cgroup_mode = "enforced"
+    spec.umask = checked["umask"]
+    captured = {name: Capture() for name in ("stdout", "stderr") if checked[name] is None}
+    stdin = checked["stdin"]
+    if stdin is None:
+        spec.stdin = "null"
+        stdin = -1
+    control = checked["control"] if checked["control"] is not None else connection_fd
+    try:
+        execution = service.runner.execution(
+            spec,
+            stdin_fd=stdin,
+            stdout=captured.get("stdout", checked["stdout"]),
+            stderr=captured.get("stderr", checked["stderr"]),
+            guard=guard_options(invocation),
+            via="service",
+        )
+    except SetupError as exc:
+        raise NotServed(f"no manager session: {exc}") from None
+    accepted()
+    service.watcher.watch(execution, control, peer_pidfd, hangup_only=checked["control"] is None)
+    try:
+        outcome = execution.execute()
+    except SetupError as exc:
+        if auto:  # in-process auto mode may still fall back: nothing ran here
+            raise NotServed(f"setting up failed: {exc}") from None
+        raise VarlinkError("io.corral.Run.SetupError", {"message": str(exc)}) from None
+    except UsageError as exc:
+        raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
+    finally:
+        service.watcher.unwatch(execution, control, peer_pidfd)
+    reply: dict = {"exit_code": outcome.exit_code, "run_id": outcome.run_id}
+    for name, capture in captured.items():
+        reply[name] = capture.text()
+        if capture.dropped:
+            reply[f"{name}_dropped_bytes"] = capture.dropped
+    if not invocation.quiet:
+        reply["warnings"] = list(outcome.warnings)
+        reply["summary"] = summary_line(outcome)
+    if invocation.json_path is not None:
+        reply["record"] = record_bytes(outcome).decode()
+        reply["record_path"] = "-" if is_stdout(invocation.json_path) else invocation.json_path
+    return reply

@@ -1,0 +1,183 @@
+"""Varlink messages on a unix stream socket, with file descriptors.
+
+A message is one JSON object followed by a NUL byte. A call is
+``{"method": "iface.Method", "parameters": {...}}``; its reply
+``{"parameters": {...}}`` or ``{"error": "iface.Error", "parameters": {...}}``.
+File descriptors ride with a message's bytes (SCM_RIGHTS); parameters name
+them by index.
+
+Bounds (a peer is not trusted to be well-formed): a message is at most
+``MAX_MESSAGE`` bytes and carries at most ``MAX_FDS`` descriptors. Anything
+else — a longer message, more descriptors, truncated ancillary data, bytes
+that are not a JSON object, end of file inside a message — is a
+``ProtocolError``; the descriptors received with it are closed first, and
+the connection is not usable after it.
+
+Imports only ``os``, ``sys``, ``_socket`` and ``_json`` (not ``json``, see
+``_json_codec``): the CLI's client side runs this on every ``corral`` start.
+"""
+
+import _socket
+import os
+import sys
+
+MAX_MESSAGE = 4 << 20  # a call carries an argv and an environment: generous, still bounded
+MAX_FDS = 8
+_CMSG_SPACE = _socket.CMSG_SPACE(MAX_FDS * 4)
+_UCRED = 12  # struct ucred: pid, uid, gid (int32 each)
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol (or went away mid-message)."""
+
+
+class VarlinkError(Exception):
+    """A Varlink error reply: ``name`` (``iface.Error``) and its ``parameters``."""
+
+    def __init__(self, name: str, parameters: dict | None = None):
+        super().__init__(name)
+        self.name = name
+        self.parameters = parameters or {}
+
+
+def _json_codec():
+    """(encode, decode) for JSON text: CPython's C scanner and encoder
+    (``_json``) used directly, because importing ``json`` imports ``re``,
+    ~12 ms of every corral start here; ``json`` where there is no ``_json``.
+
+    ASCII output: argv and environment may hold undecodable bytes as lone
+    surrogates (os.fsdecode); escaped, they survive the trip and decode to
+    the same surrogates."""
+    try:
+        import _json
+    except ImportError:  # pragma: no cover  (not CPython)
+        import json
+
+        return (lambda obj: json.dumps(obj, separators=(",", ":")), json.loads)
+
+    def no_constant(name):  # NaN, Infinity: not JSON
+        raise ValueError(f"{name} is not JSON")
+
+    class Context:  # what _json.make_scanner reads from json.JSONDecoder
+        strict = True
+        object_hook = object_pairs_hook = None
+        parse_float, parse_int, parse_constant = float, int, no_constant
+        memo: dict = {}
+
+    scan = _json.make_scanner(Context)
+    dump = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":", ",", False, False, False)
+
+    def decode(text: str):
+        try:
+            value, end = scan(text, 0)
+        except (StopIteration, SystemError):
+            # Malformed. The C scanner reports most errors with
+            # json.decoder.JSONDecodeError, which it looks up only if json is
+            # already imported (else SystemError): let json say what is wrong.
+            import json
+
+            return json.loads(text)
+        finally:
+            Context.memo.clear()
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError("extra data after the JSON value")
+        return value
+
+    return (lambda obj: "".join(dump(obj, 0)), decode)
+
+
+_encode_json, _decode_json = _json_codec()
+
+
+def encode(message: dict) -> bytes:
+    return _encode_json(message).encode() + b"\0"
+
+
+def peer_credentials(sock) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process that connected, as the kernel recorded it."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _UCRED)
+    return tuple(int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in (0, 4, 8))  # type: ignore[return-value]
+
+
+def close_fds(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class Channel:
+    """One Varlink connection over a connected unix stream socket.
+
+    Not thread-safe: one reader and one writer at a time. Received
+    descriptors are the caller's to close (they are O_CLOEXEC).
+    """
+
+    def __init__(self, sock):
+        self.sock = sock
+        self._buffer = bytearray()
+        self._fds: list[int] = []
+
+    def send(self, message: dict, fds=()) -> None:
+        data = encode(message)
+        if fds:
+            ancillary = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+            sent = self.sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ancillary)])
+            data = data[sent:]
+        if data:
+            self.sock.sendall(data)
+
+    def receive(self) -> tuple[dict, list[int]] | None:
+        """The next message and the descriptors that came with it; None at
+        end of file between messages. ProtocolError for anything malformed."""
+        while True:
+            end = self._buffer.find(b"\0")
+            if end >= 0:
+                raw = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                fds, self._fds = self._fds, []
+                try:
+                    message = _decode_json(raw.decode().strip(" \t\n\r"))
+                except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+                    close_fds(fds)
+                    raise ProtocolError("a message that is not JSON") from None
+                if not isinstance(message, dict):
+                    close_fds(fds)
+                    raise ProtocolError("a message that is not a JSON object")
+                return message, fds
+            if len(self._buffer) > MAX_MESSAGE:
+                self._fail(f"a message longer than {MAX_MESSAGE} bytes")
+            data, ancillary, flags, _ = self.sock.recvmsg(65536, _CMSG_SPACE, _socket.MSG_CMSG_CLOEXEC)
+            for level, kind, payload in ancillary:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    self._fds.extend(
+                        int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4)
+                    )
+            if flags & _socket.MSG_CTRUNC or len(self._fds) > MAX_FDS:
+                self._fail(f"more than {MAX_FDS} file descriptors with a message")
+            if not data:
+                if self._buffer or self._fds:
+                    self._fail("end of file inside a message")
+                return None
+            self._buffer += data
+
+    def _fail(self, why: str):
+        close_fds(self._fds)
+        self._fds = []
+        self._buffer.clear()
+        raise ProtocolError(why)
+
+    def call(self, method: str, parameters: dict, fds=()) -> tuple[dict, list[int]]:
+        """Send a call and wait for its one reply: (parameters, fds), or
+        VarlinkError for an error reply, ProtocolError if none came."""
+        self.send({"method": method, "parameters": parameters}, fds)
+        got = self.receive()
+        if got is None:
+            raise ProtocolError("the service closed the connection without a reply")
+        reply, reply_fds = got
+        if "error" in reply:
+            close_fds(reply_fds)
+            raise VarlinkError(str(reply["error"]), reply.get("parameters") or {})
+        return reply.get("parameters") or {}, reply_fds
