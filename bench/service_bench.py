@@ -88,6 +88,18 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
         "service-scope, -IS wrapper": ([*deb_style_wrapper(work), "--quiet", "--", "/bin/true"], env_service),
         "service-service": ([*enforced, "--quiet", "--unit-type", "service", "--", "/bin/true"], env_service),
         "in-process-scope": ([*enforced, "--quiet", "--", "/bin/true"], env_plain),
+        # What corral-enforced ran before the client existed (pip's console-script wrapper: re, then cli)
+        "in-process-scope, before the client": (
+            [
+                sys.executable,
+                "-c",
+                "import re, sys; from corral_systemd.cli import entry_enforced; entry_enforced()",
+                "--quiet",
+                "--",
+                "/bin/true",
+            ],
+            env_plain,
+        ),
         "fallback": ([*corral, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
