@@ -169,7 +169,7 @@ def _finish(parameters: dict, prog: str) -> int:
     """What corral prints and writes once the run is over."""
     record, path = parameters.get("record"), parameters.get("record_path")
     for warning in parameters.get("warnings") or ():
-        print(f"{prog}: warning: {warning}", file=sys.stderr)
+        print(f"corral: warning: {warning}", file=sys.stderr)  # as cli._run prints them
     if record is not None and path is not None:
         try:
             if path == "-":

@@ -180,6 +180,10 @@ def execute(service, invocation, checked: dict, peer_pidfd: int, connection_fd: 
         spec.stdin = "null"
         stdin = -1
     control = checked["control"] if checked["control"] is not None else connection_fd
+    # Taken: from here the command may run (a client that is gone by now
+    # fails this send, and nothing has started). NotServed below is still
+    # "nothing ran": the client then runs it itself.
+    accepted()
     try:
         execution = service.runner.execution(
             spec,
@@ -191,7 +195,6 @@ def execute(service, invocation, checked: dict, peer_pidfd: int, connection_fd: 
         )
     except SetupError as exc:
         raise NotServed(f"no manager session: {exc}") from None
-    accepted()
     service.watcher.watch(execution, control, peer_pidfd, hangup_only=checked["control"] is None)
     try:
         outcome = execution.execute()
