@@ -3,6 +3,10 @@
 Thin by design: parsing and validation (exit 125 on anything malformed,
 before the command starts), then the supervisor does the work, then one
 summary line and the exit code. This module never touches /proc.
+
+Over 400 lines because every option is declared here, once, for both
+readers of a command line: ``main`` (this process runs it) and ``parse``
+(the corral service runs it for a client, ``service/requests.py``).
 """
 
 import enum

@@ -15,6 +15,10 @@ could not execute it, or a command that ran and exited at once).
 
 ``SystemdEngine`` asks its strategy at each point where the two differ
 and nowhere else.
+
+Over 400 lines because both strategies' whole life is here side by side
+(launch, a failed start explained, the exit status), so where a scope and a
+service differ reads in one place.
 """
 
 import os
