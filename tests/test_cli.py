@@ -348,3 +348,15 @@ def test_shell_gate_resolution_says_is_a_directory(tmp_path):
         resolve_executable(str(tmp_path), os.defpath, None)
     assert info.value.errno == errno.EISDIR and info.value.exit_code == 126
     assert str(info.value) == f"{tmp_path}: Is a directory"
+
+
+def test_fallback_memory_peak_is_recorded_with_mem_only(corral):
+    """The fallback samples resident memory only for --mem: then the record
+    has the sampled peak, else none. (A mutant that swapped the two survived
+    the suite: tests/mutate-engines, issue 15.)"""
+    code = "b = b'x' * (30 << 20); import time; time.sleep(0.5)"
+    run = corral(["--cgroup-mode", "fallback", "--mem", "512M", "--", sys.executable, "-c", code])
+    assert run.returncode == 0, run.stderr
+    assert run.record["engine"]["memory_peak"] >= 25 << 20, run.record["engine"]
+    run = corral(["--cgroup-mode", "fallback", "--", "true"])
+    assert run.returncode == 0 and run.record["engine"].get("memory_peak") is None, run.record["engine"]

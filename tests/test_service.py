@@ -52,8 +52,16 @@ class Service:
             stderr=open(self.log, "wb"),
             env=env,
         )
-        wait_for(lambda: os.path.exists(self.path) or self.proc.poll() is not None, timeout=60)
+        # Listening, not only bound: the socket file exists a moment before listen().
+        wait_for(lambda: self._answers() or self.proc.poll() is not None, timeout=60)
         assert self.proc.poll() is None, self.log.read_text()
+
+    def _answers(self) -> bool:
+        try:
+            self.channel().sock.close()
+            return True
+        except OSError:
+            return False
 
     def channel(self) -> Channel:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
