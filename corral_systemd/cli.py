@@ -69,7 +69,6 @@ class _ClientContext(threading.local):
 
     environ: dict | None = None
     cwd: str | None = None
-    parsed: Invocation | None = None
 
 
 _client = _ClientContext()
@@ -210,7 +209,7 @@ def corral(
     if not spec.slice.endswith(".slice"):
         raise UsageError(f"invalid --slice {spec.slice!r}: must end in .slice")
     if json_path is not None and not is_stdout(json_path):
-        json_path = _absolute(json_path) if _client.cwd else json_path
+        json_path = _absolute(json_path)
         _check_output_path(json_path)
     if spec.output_file is not None:
         _check_output_path(spec.output_file, option="--output-file")
@@ -236,8 +235,7 @@ def corral(
         credentials = [parse_credential(text, cwd=_client.cwd) for text in credential]
     invocation = Invocation(spec, json_path, quiet, environment, credentials, registry=not no_registry)
     if _client.environ is not None:  # the service parses; it runs the invocation itself
-        _client.parsed = invocation
-        return
+        return invocation
     raise typer.Exit(_run(invocation))
 
 
@@ -325,18 +323,18 @@ def parse(args: list[str], *, prog: str, default_mode: str, environ: dict, cwd: 
     options, defaults and checks as ``main``, with ``environ`` and ``cwd``
     standing for the caller's. UsageError for anything ``main`` exits 125 on."""
     command = _command(default_mode)
-    _client.environ, _client.cwd, _client.parsed = environ, cwd, None
+    _client.environ, _client.cwd = environ, cwd
     try:
-        command.main(args=args, prog_name=prog, standalone_mode=False)
-        if _client.parsed is None:
+        invocation = command.main(args=args, prog_name=prog, standalone_mode=False)
+        if not isinstance(invocation, Invocation):
             raise UsageError("nothing to run")
-        return _client.parsed
+        return invocation
     except click.ClickException as exc:
         raise UsageError(exc.format_message()) from None
     except click.exceptions.Exit:  # --help, --version: printed in-process, never here (see service)
         raise UsageError("no run") from None
     finally:
-        _client.environ = _client.cwd = _client.parsed = None
+        _client.environ = _client.cwd = None
 
 
 _COMMANDS: dict[str, click.Command] = {}

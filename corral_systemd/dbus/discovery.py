@@ -31,14 +31,14 @@ def session_bus_candidates(env=os.environ) -> str | None:
     return None
 
 
-def private_socket(kind: str) -> str | None:
+def private_socket(kind: str, env=os.environ) -> str | None:
     """The manager's own socket (peer-to-peer, no bus daemon in between), as
     systemctl uses it: $XDG_RUNTIME_DIR/systemd/private for the user
     manager, /run/systemd/private (root only) for the system manager."""
-    if os.environ.get("CORRAL_SYSTEMD_TRANSPORT") == "bus":
+    if env.get("CORRAL_SYSTEMD_TRANSPORT") == "bus":
         return None
     if kind == "user":
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        runtime = env.get("XDG_RUNTIME_DIR")
         path = os.path.join(runtime, "systemd", "private") if runtime else None
     else:
         path = "/run/systemd/private" if os.geteuid() == 0 else None
@@ -50,13 +50,17 @@ def private_socket(kind: str) -> str | None:
         return None
 
 
+def user_manager_reachable(env=os.environ) -> bool:
+    """Auto mode picks the user manager: a user bus, or its private socket (``env``: whose environment)."""
+    return session_bus_candidates(env) is not None or private_socket("user", env) is not None
+
+
 def bus_address(manager: str) -> tuple[str, str | None]:
     """(manager kind, bus address or None if only the private socket is
     there) or SetupError saying what is missing."""
     if manager in ("auto", "user"):
-        address = session_bus_candidates()
-        if address is not None or private_socket("user"):
-            return "user", address
+        if user_manager_reachable():
+            return "user", session_bus_candidates()
         if manager == "user":
             raise SetupError(
                 "no user manager bus: DBUS_SESSION_BUS_ADDRESS is unset and $XDG_RUNTIME_DIR/bus does not exist"

@@ -111,16 +111,12 @@ def in_a_run(pid: int) -> bool:
 
 def manager_for(spec_manager: str, environ: dict) -> str:
     """Which manager the client's corral would use: its --manager, or for
-    auto what ``dbus.discovery.bus_address`` picks from the client's
-    environment (a user bus or a user manager's private socket: user)."""
+    auto what ``dbus.discovery.bus_address`` picks, from the client's environment."""
+    from ..dbus.discovery import user_manager_reachable
+
     if spec_manager != "auto":
         return spec_manager
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if environ.get("DBUS_SESSION_BUS_ADDRESS") or (
-        runtime and (os.path.exists(f"{runtime}/bus") or os.path.exists(f"{runtime}/systemd/private"))
-    ):
-        return "user"
-    return "system"
+    return "user" if user_manager_reachable(environ) else "system"
 
 
 def parse(checked: dict, manager_kind: str, peer_pid: int):

@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 
-from .. import __version__
+from .. import __version__, varlink
 from ..varlink import INTERFACE, INTERFACE_FILE
 from ..varlink.wire import Channel, ProtocolError, VarlinkError, close_fds, peer_credentials
 
@@ -269,7 +269,7 @@ class Service:
 
 def _description(interface) -> str:
     if interface == INTERFACE:
-        with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "varlink", INTERFACE_FILE)) as f:
+        with open(os.path.join(os.path.dirname(varlink.__file__), INTERFACE_FILE)) as f:
             return f.read()
     if interface == "org.varlink.service":
         return _VARLINK_SERVICE
