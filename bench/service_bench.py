@@ -9,6 +9,8 @@ a machine that slows down mid-way hits every side alike):
    /bin/true``; for reference the same CLI in-process (``CORRAL_SERVICE=0``)
    and ``corral --cgroup-mode fallback`` (the service never takes those).
    Targets: median ratio to systemd-run <= 1.0 (must: <= 1.3), both unit types.
+   Each with both clients: the compiled one (packaging/client/corral.c, the
+   .deb's corral-enforced; built here with cc) and the Python one (pip's).
 2. 8 in flight: ``seq N | xargs -P8 -n1 corral-enforced --quiet -- /bin/true``
    against the same with systemd-run, in rounds: runs/s ratio >= 1.
 
@@ -64,30 +66,43 @@ def start_service(socket_path: str) -> subprocess.Popen:
     return proc
 
 
-def deb_style_wrapper(work: str) -> list[str]:
-    """corral-enforced as the .deb's /usr/bin wrapper runs it: ``python3 -IS``,
-    the venv's site-packages put on sys.path by hand (packaging/stage)."""
+def compiled_client(work: str) -> list[str]:
+    """packaging/client/corral.c built as packaging/stage builds it for the
+    .deb, as ``corral-enforced``; its way back in-process is this venv's
+    ``client.entry_in_process`` run as the .deb runs it (``python3 -IS``,
+    site-packages put on sys.path by hand)."""
     import sysconfig
 
-    path = os.path.join(work, "corral-enforced-IS")
-    with open(path, "w") as f:
+    in_process = os.path.join(work, "corral-inprocess")
+    with open(in_process, "w") as f:
         f.write(
             f"#!{sys.executable} -IS\nimport sys\n\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n"
-            "from corral_systemd.client import entry_enforced\n\nentry_enforced()\n"
+            "from corral_systemd.client import entry_in_process\n\nentry_in_process()\n"
         )
-    os.chmod(path, 0o755)
-    return [path]
+    os.chmod(in_process, 0o755)
+    binary = os.path.join(work, "corral-enforced")
+    source = Path(__file__).resolve().parent.parent / "packaging" / "client" / "corral.c"
+    subprocess.run(["cc", "-O2", f'-DCORRAL_INPROCESS="{in_process}"', "-o", binary, str(source)], check=True)
+    return [binary]
 
 
 def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
-    enforced, corral = _cmd("corral-enforced"), _cmd("corral")
+    python_client, corral = _cmd("corral-enforced"), _cmd("corral")
+    compiled = compiled_client(work)
     cases = {
         "systemd-run": (SYSTEMD_RUN, env_plain),
         "python -IS -c pass": ([sys.executable, "-IS", "-c", "pass"], env_plain),
-        "service-scope": ([*enforced, "--quiet", "--", "/bin/true"], env_service),
-        "service-scope, -IS wrapper": ([*deb_style_wrapper(work), "--quiet", "--", "/bin/true"], env_service),
-        "service-service": ([*enforced, "--quiet", "--unit-type", "service", "--", "/bin/true"], env_service),
-        "in-process-scope": ([*enforced, "--quiet", "--", "/bin/true"], env_plain),
+        # The .deb's corral-enforced: the compiled client.
+        "service-scope": ([*compiled, "--quiet", "--", "/bin/true"], env_service),
+        "service-service": ([*compiled, "--quiet", "--unit-type", "service", "--", "/bin/true"], env_service),
+        # A pip install's corral-enforced: the Python client.
+        "service-scope, python client": ([*python_client, "--quiet", "--", "/bin/true"], env_service),
+        "service-service, python client": (
+            [*python_client, "--quiet", "--unit-type", "service", "--", "/bin/true"],
+            env_service,
+        ),
+        "in-process-scope": ([*compiled, "--quiet", "--", "/bin/true"], env_plain),
+        "in-process-scope, python client": ([*python_client, "--quiet", "--", "/bin/true"], env_plain),
         # What corral-enforced ran before the client existed (pip's console-script wrapper: re, then cli)
         "in-process-scope, before the client": (
             [
@@ -100,7 +115,8 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
             ],
             env_plain,
         ),
-        "fallback": ([*corral, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
+        "fallback": ([*compiled, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
+        "fallback, python client": ([*corral, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
     for argv, env in cases.values():  # warm: page cache, byte-code, the service's session
@@ -122,11 +138,16 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
     return out
 
 
-def throughput(n: int, rounds: int, env_service: dict, env_plain: dict) -> dict:
-    enforced = " ".join(_cmd("corral-enforced"))
+def throughput(n: int, rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
+    python_client = " ".join(_cmd("corral-enforced"))
+    compiled = os.path.join(work, "corral-enforced")
     sides = {
         "systemd-run": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {' '.join(SYSTEMD_RUN)}' x", env_plain),
-        "service-scope": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {enforced} --quiet -- /bin/true' x", env_service),
+        "service-scope": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {compiled} --quiet -- /bin/true' x", env_service),
+        "service-scope, python client": (
+            f"seq {n} | xargs -P8 -n1 sh -c 'exec {python_client} --quiet -- /bin/true' x",
+            env_service,
+        ),
     }
     per_round = []
     for _ in range(rounds):
@@ -136,11 +157,16 @@ def throughput(n: int, rounds: int, env_service: dict, env_plain: dict) -> dict:
             subprocess.run(["sh", "-c", script], env=env, check=True)
             rates[name] = n / (time.perf_counter() - t)
         per_round.append(rates)
-    ratios = [r["service-scope"] / r["systemd-run"] for r in per_round]
     return {
         "runs": n,
         "rounds": [{k: round(v, 1) for k, v in r.items()} for r in per_round],
-        "ratio_runs_per_s_median": round(statistics.median(ratios), 3),
+        **{
+            f"ratio_runs_per_s_median, {name}": round(
+                statistics.median(r[name] / r["systemd-run"] for r in per_round), 3
+            )
+            for name in sides
+            if name != "systemd-run"
+        },
     }
 
 
@@ -168,7 +194,9 @@ def main() -> int:
     try:
         result = {
             "per_run": per_run(args.rounds, env_service, env_plain, work),
-            "throughput_8_in_flight": throughput(args.throughput_runs, args.throughput_rounds, env_service, env_plain),
+            "throughput_8_in_flight": throughput(
+                args.throughput_runs, args.throughput_rounds, env_service, env_plain, work
+            ),
             "python": sys.version.split()[0],
             "cpus": os.cpu_count(),
         }

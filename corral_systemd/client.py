@@ -207,5 +207,23 @@ def entry() -> None:
     sys.exit(main())
 
 
+#: The in-process default mode of each program name.
+_MODES = {"corral": "auto", "corral-enforced": "enforced"}
+
+
+def entry_in_process() -> None:
+    """``corral-inprocess PROG ARGS...``: the compiled client's way back
+    (packaging/client/corral.c) when no service takes the run. Runs the
+    command line in this process and never tries the service again (the
+    compiled client already did)."""
+    prog = sys.argv[1] if len(sys.argv) > 1 else ""
+    if prog not in _MODES:
+        print(f"corral-inprocess: the first argument must be corral or corral-enforced, not {prog!r}", file=sys.stderr)
+        sys.exit(125)
+    from .cli import main as in_process
+
+    sys.exit(in_process(sys.argv[2:], prog=prog, default_mode=_MODES[prog]))
+
+
 def entry_enforced() -> None:
     sys.exit(main(prog="corral-enforced", default_mode="enforced"))

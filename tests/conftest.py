@@ -69,13 +69,14 @@ def corral(tmp_path):
     """Run corral with a fresh marker; returns a Run; kills survivors after."""
     markers = []
 
-    def run(args, *, env=None, timeout=60, input=None, record=True, check_stdin=True):
+    def run(args, *, env=None, timeout=60, input=None, record=True, check_stdin=True, program=None):
+        """``program``: the argv that is corral (default: this interpreter's ``-m corral_systemd``)."""
         marker = new_marker()
         markers.append(marker)
         full_env = dict(os.environ if env is None else env)
         full_env[MARKER_ENV] = marker
         json_path = tmp_path / f"record-{marker}.json"
-        argv = list(CORRAL)
+        argv = list(program or CORRAL)
         if record:
             argv += ["--json", str(json_path)]
         argv += scale_walls(args)

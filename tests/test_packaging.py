@@ -152,6 +152,7 @@ def _check_deb_metadata(deb, tmp_path):
         "./usr/bin/corral-enforced",
         "./usr/bin/corralctl",
         "./usr/lib/corral-systemd/pyvenv.cfg",
+        "./usr/lib/corral-systemd/corral-inprocess",
         "./usr/share/man/man1/corral.1.gz",
         "./usr/share/man/man1/corral-enforced.1.gz",
         "./usr/share/man/man1/corralctl.1.gz",
@@ -259,7 +260,12 @@ def _check_installed_is_isolated_from_system_python(deb, tmp_path):
         ["/usr/bin/python3", "-I", "-c", "import corral_systemd"], capture_output=True, text=True, cwd=tmp_path
     )
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
-    # ... and PYTHONPATH cannot shadow what the wrapper runs.
+    # corral and corral-enforced are the compiled client (no interpreter
+    # until a run goes in-process through corral-inprocess) ...
+    for prog in ("corral", "corral-enforced"):
+        with open(f"/usr/bin/{prog}", "rb") as f:
+            assert f.read(4) == b"\x7fELF", prog
+    # ... and PYTHONPATH cannot shadow what the wrappers run.
     fake = tmp_path / "corral_systemd"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise SystemExit('shadowed')\n")

@@ -92,6 +92,44 @@ def service(tmp_path):
     svc.stop()
 
 
+CLIENT_SOURCE = Path(__file__).resolve().parent.parent / "packaging" / "client" / "corral.c"
+
+
+@pytest.fixture(scope="session")
+def compiled_client(tmp_path_factory) -> list[str]:
+    """packaging/client/corral.c built as the .deb builds it, its way back
+    in-process being this interpreter's ``client.entry_in_process``. Without
+    a compiler (the VM lane's guest): the one this interpreter's install
+    built (setup.py; the lane's wheel is built on the host)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        installed = Path(sys.executable).parent / "corral"
+        if installed.exists() and installed.read_bytes()[:4] == b"\x7fELF":
+            return [str(installed)]
+        pytest.skip("no C compiler (tests/run installs gcc) and no compiled corral installed")
+    work = tmp_path_factory.mktemp("client")
+    in_process = work / "corral-inprocess"
+    in_process.write_text(
+        f"#!{sys.executable} -I\nfrom corral_systemd.client import entry_in_process\n\nentry_in_process()\n"
+    )
+    in_process.chmod(0o755)
+    binary = work / "corral"
+    subprocess.run(
+        [cc, "-O2", "-Wall", "-Wextra", "-Werror", f'-DCORRAL_INPROCESS="{in_process}"', "-o", binary, CLIENT_SOURCE],
+        check=True,
+        timeout=120,
+    )
+    return [str(binary)]
+
+
+@pytest.fixture(params=["python", "compiled"])
+def client(request) -> list[str]:
+    """The argv of each corral client: the Python one (pip installs) and the compiled one (the .deb)."""
+    if request.param == "python":
+        return list(CORRAL)
+    return request.getfixturevalue("compiled_client")
+
+
 def _run_params(**overrides) -> dict:
     params = {
         "program": "corral",
@@ -340,12 +378,13 @@ class FakeService:
         self.listener.close()
 
 
-def test_corral_service_0_makes_no_connection(tmp_path, corral):
+def test_corral_service_0_makes_no_connection(tmp_path, corral, client):
     fake = FakeService(tmp_path, lambda conn: None)
     try:
         run = corral(
             ["--cgroup-mode", "fallback", "--", "sh", "-c", "exit 3"],
             env=dict(os.environ, CORRAL_SERVICE_SOCKET=fake.path, CORRAL_SERVICE="0"),
+            program=client,
         )
         assert run.returncode == 3 and fake.connections == 0
         assert run.record["via"] == "cli"
@@ -353,19 +392,24 @@ def test_corral_service_0_makes_no_connection(tmp_path, corral):
         fake.close()
 
 
-def test_no_service_listening_runs_in_process(tmp_path, corral):
+def test_no_service_listening_runs_in_process(tmp_path, corral, client):
     run = corral(
         ["--cgroup-mode", "fallback", "--", "sh", "-c", "exit 4"],
         env=dict(os.environ, CORRAL_SERVICE_SOCKET=str(tmp_path / "nothing-here")),
+        program=client,
     )
     assert run.returncode == 4 and run.record["via"] == "cli" and b"warning" not in run.stderr
 
 
-def test_a_service_dying_before_it_took_the_run_leaves_it_to_the_client(tmp_path, corral):
+def test_a_service_dying_before_it_took_the_run_leaves_it_to_the_client(tmp_path, corral, client):
     """Nothing had run, so running it here is safe: once, with a warning."""
 
+    calls = []
+
     def die_at_once(conn):
-        for fd in Channel(conn).receive()[1]:  # the call, then gone without a word
+        message, fds = Channel(conn).receive()  # the call, then gone without a word
+        calls.append((message, len(fds)))
+        for fd in fds:
             os.close(fd)
 
     fake = FakeService(tmp_path, die_at_once)
@@ -373,14 +417,20 @@ def test_a_service_dying_before_it_took_the_run_leaves_it_to_the_client(tmp_path
         run = corral(
             ["--cgroup-mode", "fallback", "--", "sh", "-c", "echo ran; exit 5"],
             env=dict(os.environ, CORRAL_SERVICE_SOCKET=fake.path),
+            program=client,
         )
         assert run.returncode == 5 and run.stdout == b"ran\n" and fake.connections == 1
+        # It had asked properly: a Run call with the argv as typed and its four descriptors.
+        (message, nfds), *_ = calls
+        assert message["method"] == RUN and message["more"] is True and nfds == 4
+        assert message["parameters"]["argv"][-4:] == ["--", "sh", "-c", "echo ran; exit 5"]
+        assert message["parameters"]["cwd"] == os.getcwd() and message["parameters"]["program"] == "corral"
         assert b"ended before it took the run" in run.stderr and run.record["via"] == "cli"
     finally:
         fake.close()
 
 
-def test_a_service_dying_after_it_took_the_run_is_120(tmp_path, corral):
+def test_a_service_dying_after_it_took_the_run_is_120(tmp_path, corral, client):
     """The command may have run: the client cannot verify, so it says so (120) and does not run it again."""
 
     def accept_then_die(conn):
@@ -396,10 +446,31 @@ def test_a_service_dying_after_it_took_the_run_is_120(tmp_path, corral):
             ["--cgroup-mode", "fallback", "--", "sh", "-c", "echo ran"],
             env=dict(os.environ, CORRAL_SERVICE_SOCKET=fake.path),
             record=False,
+            program=client,
         )
         assert run.returncode == 120 and run.stdout == b"" and b"ended during the run" in run.stderr
     finally:
         fake.close()
+
+
+def test_an_installs_corral_is_the_compiled_client_when_a_compiler_was_there(tmp_path):
+    """setup.py builds corral and corral-enforced from packaging/client/corral.c
+    (this venv was installed with tests/run's gcc there); the binary finds
+    corral-inprocess beside its own real path, also when run through a symlink."""
+    bindir = Path(sys.executable).parent
+    if not (shutil.which("cc") or shutil.which("gcc")) or not (bindir / "corral-inprocess").exists():
+        pytest.skip("installed without a C compiler, or not by pip")
+    for prog in ("corral", "corral-enforced"):
+        assert (bindir / prog).read_bytes()[:4] == b"\x7fELF", prog
+    link = tmp_path / "corral"
+    link.symlink_to(bindir / "corral")
+    proc = subprocess.run(
+        [str(link), "--json", "-", "--quiet", "--cgroup-mode", "fallback", "--", "sh", "-c", "exit 4"],
+        env=dict(os.environ, CORRAL_SERVICE="0"),
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 4 and json.loads(proc.stdout)["via"] == "cli", proc.stderr
 
 
 def test_the_client_imports_nothing_heavy():
@@ -425,21 +496,22 @@ def test_the_client_imports_nothing_heavy():
 systemd = pytest.mark.systemd
 
 
-def _corral(svc, args, *, marker=None, cwd=None, env=None, timeout=120, **kw):
+def _corral(svc, args, *, marker=None, cwd=None, env=None, timeout=120, client=CORRAL, **kw):
     full = svc.env() if env is None else env
     if marker:
         full[MARKER_ENV] = marker
-    return subprocess.run([*CORRAL, *args], env=full, cwd=cwd, capture_output=True, timeout=timeout, **kw)
+    return subprocess.run([*client, *args], env=full, cwd=cwd, capture_output=True, timeout=timeout, **kw)
 
 
 @systemd
 @pytest.mark.parametrize("unit_type", ["scope", "service"])
-def test_runs_through_the_service_keep_the_clis_results(service, tmp_path, marker, unit_type):
+def test_runs_through_the_service_keep_the_clis_results(service, tmp_path, marker, unit_type, client):
     ut = ["--unit-type", unit_type]
     # exit status, output on the client's own stdout and stderr, the record written by the client
     proc = _corral(
         service,
-        [*ut, "--json", "r.json", "--", "sh", "-c", "echo out; echo err >&2; exit 3"],
+        client=client,
+        args=[*ut, "--json", "r.json", "--", "sh", "-c", "echo out; echo err >&2; exit 3"],
         marker=marker,
         cwd=tmp_path,
     )
@@ -450,35 +522,53 @@ def test_runs_through_the_service_keep_the_clis_results(service, tmp_path, marke
     assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o600
     assert b"corral: systemd corral-" in proc.stderr.splitlines()[-1]  # the summary line, last
     # the wall limit, and nothing left
-    proc = _corral(service, [*ut, *scale_walls(["--wall", "1s"]), "--", "sleep", "60"], marker=marker)
+    proc = _corral(
+        service, client=client, args=[*ut, *scale_walls(["--wall", "1s"]), "--", "sleep", "60"], marker=marker
+    )
     assert proc.returncode == 124 and not marked_pids(marker), proc.stderr
     # 127, 125: as in-process
-    assert _corral(service, [*ut, "--", "/no/such/command"]).returncode == 127
-    proc = _corral(service, [*ut, "--mem", "bogus", "--", "true"])
+    assert _corral(service, client=client, args=[*ut, "--", "/no/such/command"]).returncode == 127
+    proc = _corral(service, client=client, args=[*ut, "--mem", "bogus", "--", "true"])
     assert proc.returncode == 125 and proc.stderr.count(b"\n") == 1, proc.stderr
     # --max-output: 122
-    proc = _corral(service, [*ut, "--max-output", "1K", "--", "sh", "-c", "head -c 100000 /dev/zero; sleep 30"])
+    proc = _corral(
+        service, client=client, args=[*ut, "--max-output", "1K", "--", "sh", "-c", "head -c 100000 /dev/zero; sleep 30"]
+    )
     assert proc.returncode == 122, proc.stderr
     # --json -: the record after the command's output on stdout
-    proc = _corral(service, [*ut, "--quiet", "--json", "-", "--", "echo", "first"])
+    proc = _corral(service, client=client, args=[*ut, "--quiet", "--json", "-", "--", "echo", "first"])
     assert proc.stdout.startswith(b"first\n") and json.loads(proc.stdout[len(b"first\n") :])["via"] == "service"
     assert service.status()["runs_served"] >= 5
 
 
 @systemd
-def test_the_commands_environment_cwd_and_umask_are_the_clients(service, tmp_path):
+def test_the_commands_environment_cwd_and_umask_are_the_clients(service, tmp_path, client):
     (tmp_path / "sub").mkdir()
     env = service.env(CORRAL_TEST_CLIENT_VAR="from-the-client", SECRET_TOKEN="s3")
-    script = 'echo "$CORRAL_TEST_CLIENT_VAR ${SECRET_TOKEN:-dropped} $(pwd) $(umask)"'
+    # Bytes that are not UTF-8 (and some that are) reach the command as they are.
+    env["CORRAL_TEST_BYTES"] = b'\xff\xfe caf\xc3\xa9 \xed\xa0\x80 \\ " \x01'
+    script = (
+        'echo "$CORRAL_TEST_CLIENT_VAR ${SECRET_TOKEN:-dropped} $(pwd) $(umask)"; printf %s "$CORRAL_TEST_BYTES|$1"'
+    )
     proc = _corral(
         service,
-        ["--env-drop", "SECRET_*", "--", "sh", "-c", script],
+        ["--env-drop", "SECRET_*", "--", "sh", "-c", script, "sh", b"arg \x80\xc3\xa9\t\n"],
         env=env,
         cwd=tmp_path / "sub",
         preexec_fn=lambda: os.umask(0o027),
+        client=client,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode().split() == ["from-the-client", "dropped", str(tmp_path / "sub"), "0027"]
+    first, rest = proc.stdout.split(b"\n", 1)
+    assert first.decode().split() == ["from-the-client", "dropped", str(tmp_path / "sub"), "0027"]
+    assert rest == env["CORRAL_TEST_BYTES"] + b"|arg \x80\xc3\xa9\t\n"
+    assert service.status()["runs_served"] == 1
+    # A service's command line goes over D-Bus (UTF-8 only): refused in one line, here and in-process.
+    for where in ({}, {"CORRAL_SERVICE": "0"}):
+        proc = _corral(
+            service, ["--unit-type", "service", "--", "printf", b"\xff"], env=service.env(**where), client=client
+        )
+        assert proc.returncode == 125 and proc.stderr.count(b"\n") == 1 and b"UTF-8" in proc.stderr, proc.stderr
 
 
 @systemd
@@ -538,9 +628,9 @@ def test_a_served_run_is_in_the_registry_while_it_runs(tmp_path, marker, corral)
         svc.stop()
 
 
-def _start_client(svc, marker, *args):
+def _start_client(svc, marker, *args, program=CORRAL):
     client = subprocess.Popen(
-        [*CORRAL, *args, "--", "sh", "-c", "trap '' TERM; echo started; exec sleep 60"],
+        [*program, *args, "--", "sh", "-c", "trap '' TERM; echo started; exec sleep 60"],
         env={**svc.env(), MARKER_ENV: marker},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -551,18 +641,18 @@ def _start_client(svc, marker, *args):
 
 @systemd
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_a_signal_to_the_client_stops_the_run_as_corral_would(service, marker, signum, code):
-    client = _start_client(service, marker, "--grace", "300ms")
+def test_a_signal_to_the_client_stops_the_run_as_corral_would(service, marker, signum, code, client):
+    client = _start_client(service, marker, "--grace", "300ms", program=client)
     client.send_signal(signum)
     assert client.wait(timeout=60) == code, client.stderr.read()
     assert not marked_pids(marker)
 
 
 @systemd
-def test_the_client_sigkilled_stops_the_run(service, marker):
+def test_the_client_sigkilled_stops_the_run(service, marker, client):
     """The service holds the client's pidfd (and its control pipe ends):
     the run is stopped within its grace period, verified."""
-    client = _start_client(service, marker, "--grace", "500ms")
+    client = _start_client(service, marker, "--grace", "500ms", program=client)
     runs_before = [p for p in marked_pids(marker) if p != client.pid]
     assert runs_before
     client.kill()
@@ -572,10 +662,10 @@ def test_the_client_sigkilled_stops_the_run(service, marker):
 
 
 @systemd
-def test_the_service_killed_mid_run_gives_120_and_the_tether_stops_the_run(tmp_path, marker):
+def test_the_service_killed_mid_run_gives_120_and_the_tether_stops_the_run(tmp_path, marker, client):
     svc = Service(tmp_path)
     try:
-        client = _start_client(svc, marker)
+        client = _start_client(svc, marker, program=client)
         svc.proc.kill()
         svc.proc.wait(timeout=60)
         assert client.wait(timeout=60) == 120
@@ -596,16 +686,17 @@ def test_the_service_stopped_mid_run_stops_the_run_and_answers(tmp_path, marker)
 
 
 @systemd
-def test_what_the_service_does_not_take_runs_in_the_client(service, tmp_path, corral):
+def test_what_the_service_does_not_take_runs_in_the_client(service, tmp_path, corral, client):
     env = service.env()
     # --pty: the client's terminal stays the client's
-    run = corral(["--pty", "--", "true"], env=env)
+    run = corral(["--pty", "--", "true"], env=env, program=client)
     assert run.returncode == 0 and run.record["via"] == "cli"
     # a run inside a run: it stays inside (auto: the fallback engine, nested_in)
     outer = corral(
-        ["--json", str(tmp_path / "inner.json"), "--", *CORRAL, "--json", str(tmp_path / "i.json"), "--", "true"],
+        ["--json", str(tmp_path / "inner.json"), "--", *client, "--json", str(tmp_path / "i.json"), "--", "true"],
         env=env,
         record=False,
+        program=client,
     )
     assert outer.returncode == 0, outer.stderr
     inner = json.loads((tmp_path / "i.json").read_text())
@@ -614,10 +705,10 @@ def test_what_the_service_does_not_take_runs_in_the_client(service, tmp_path, co
 
 
 @systemd
-def test_a_busy_service_sends_runs_back(tmp_path, corral):
+def test_a_busy_service_sends_runs_back(tmp_path, corral, client):
     svc = Service(tmp_path, "--max-runs", "0")
     try:
-        run = corral(["--", "sh", "-c", "exit 7"], env=svc.env())
+        run = corral(["--", "sh", "-c", "exit 7"], env=svc.env(), program=client)
         assert run.returncode == 7 and run.record["via"] == "cli", run.stderr
     finally:
         svc.stop()
@@ -694,8 +785,23 @@ def test_the_packaged_units(tmp_path):
             ["/usr/bin/corral", "--json", "-", "--quiet", "--", "true"], env=env, capture_output=True, timeout=120
         )
         assert proc.returncode == 0 and json.loads(proc.stdout)["via"] == "service", proc.stderr
+        proc = subprocess.run(
+            ["/usr/bin/corral-enforced", "--json", "r.json", "--", "sh", "-c", "exit 3"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=120,
+        )
+        record = json.loads((tmp_path / "r.json").read_text())
+        assert proc.returncode == 3 and record["via"] == "service" and record["mode"] == "systemd", proc.stderr
+        assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o600
     finally:
         subprocess.run([*systemctl, "disable", "--runtime", "--now", "corral.socket", "corral.service"], timeout=120)
+    # No service: the compiled client runs it in-process (corral-inprocess).
+    proc = subprocess.run(
+        ["/usr/bin/corral", "--json", "-", "--quiet", "--", "true"], env=env, capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["via"] == "cli", proc.stderr
 
 
 @systemd

@@ -28,7 +28,7 @@ def unit_properties(spec, argv, *, tether_unit: str, add_ref: bool, keep_failed:
     props = [
         # Redacted as the registry and the record redact it: the unit's
         # properties are visible to everyone who may ask its manager.
-        prop("Description", "s", "corral: " + " ".join(redact_argv(argv))[:DESCRIPTION_MAX]),
+        prop("Description", "s", description(argv)),
         prop("Slice", "s", spec.slice),
         prop("CollectMode", "s", "inactive" if keep_failed else "inactive-or-failed"),
         prop("SendSIGKILL", "b", True),
@@ -46,6 +46,14 @@ def unit_properties(spec, argv, *, tether_unit: str, add_ref: bool, keep_failed:
     if add_ref:
         props.append(prop("AddRef", "b", True))
     return props + limit_properties(spec) + user_properties(spec)
+
+
+def description(argv) -> str:
+    """The unit's Description=: the argv, redacted, cut at DESCRIPTION_MAX.
+    D-Bus strings are UTF-8: bytes that are not (os.fsdecode's lone
+    surrogates) are written as ``\\xNN``."""
+    text = "corral: " + " ".join(redact_argv(argv))[:DESCRIPTION_MAX]
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 def user_properties(spec) -> list:

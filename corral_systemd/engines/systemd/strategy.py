@@ -24,7 +24,7 @@ service differ reads in one place.
 import os
 import signal
 
-from ...common.errors import SetupError
+from ...common.errors import SetupError, UsageError
 from ...dbus.connection import BusError
 from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
@@ -171,6 +171,7 @@ class ServiceStrategy:
         before anything starts) and settle the environment the unit gets."""
         engine = self.engine
         spec = engine.spec
+        _require_utf8(argv, cwd)
         path = resolve_for_service(argv[0], dict(os.environ if env is None else env), cwd)
         # An environment of the user's own (--env-*, the library's env=), not
         # corral's with only CORRAL_RUN_ID added: then the manager adds nothing.
@@ -444,6 +445,21 @@ class ServiceStrategy:
 
     def close(self) -> None:
         self.remove_env_file()  # a service adopted after a lost reply: kept until now
+
+
+def _require_utf8(argv, cwd) -> None:
+    """A service's command line and working directory go to the manager
+    over D-Bus, which carries UTF-8 strings only: anything else (os.fsdecode's
+    lone surrogates) is refused before anything starts. A scope's command is
+    exec'd by corral and takes any bytes."""
+    for what, text in [*((f"argument {i}", arg) for i, arg in enumerate(argv)), ("the working directory", cwd or "")]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(
+                f"{what} of the command is not valid UTF-8, which a service's command line must be "
+                "(it goes to systemd over D-Bus); use --unit-type scope"
+            ) from None
 
 
 def strategy_for(engine):

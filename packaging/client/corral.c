@@ -1,0 +1,856 @@
+/*
+ * corral and corral-enforced, compiled: hand the run to the corral service
+ * (io.corral.Run over Varlink), or run it in-process through Python.
+ *
+ * The same client as corral_systemd/client.py, without the interpreter's
+ * start-up (about 15 ms of every run here, half of what systemd-run takes
+ * for a whole run). The .deb installs it as /usr/bin/corral and
+ * /usr/bin/corral-enforced; pip installs keep the Python client. Each does,
+ * in this order:
+ *
+ *   1. sockets: none with CORRAL_SERVICE=0 (no, off, false) or while shell
+ *      completion asks (_CORRAL_COMPLETE...); CORRAL_SERVICE_SOCKET alone if
+ *      set; else $XDG_RUNTIME_DIR/io.corral.Run (/run/user/UID without the
+ *      variable), then for root /run/io.corral.Run;
+ *   2. connect; the peer (SO_PEERCRED) must be this uid or root;
+ *   3. send Run: argv exactly as typed, the environment, cwd, umask, and
+ *      stdin, stdout, stderr and a control pipe's read end as descriptors;
+ *      from here every signal that would end corral is written to the
+ *      control pipe as one byte (its number): the service stops the run as
+ *      corral stops for that signal;
+ *   4. the replies: "accepted" (continues), then the result: warnings,
+ *      the --json record (written here: this uid, this cwd), the summary
+ *      line, the exit code.
+ *
+ * Failure modes, as client.py's:
+ *   - nobody listens at a socket: the next one; none left, or the service
+ *     declines the run (NotServed, Busy, a wrong peer, a descriptor that
+ *     cannot be sent): the run goes on in-process, nothing having run;
+ *   - the service ends (or breaks the protocol) before "accepted": nothing
+ *     ran; in-process, with a warning; after "accepted": exit 120 (its
+ *     tether stops the run, which this process cannot verify);
+ *   - UsageError, SetupError: the one-line message, exit 125.
+ * "In-process" is execv(CORRAL_INPROCESS, [path, prog, args...]): the
+ * Python CLI (client.entry_in_process), which does not try the service again.
+ *
+ * Build: cc -O2 -DCORRAL_INPROCESS='"/usr/lib/corral-systemd/corral-inprocess"'
+ *        -o corral corral.c   (packaging/stage for the .deb). A relative
+ *        CORRAL_INPROCESS is looked for beside the executable: setup.py
+ *        builds it so for pip installs, whose bin/ holds corral-inprocess.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#ifndef CORRAL_INPROCESS
+#error "define CORRAL_INPROCESS: the path of the in-process corral (see the header)"
+#endif
+
+#define SOCKET_NAME "io.corral.Run"
+#define MAX_MESSAGE (4 << 20) /* varlink/wire.py MAX_MESSAGE */
+#define MAX_FDS 8             /* varlink/wire.py MAX_FDS */
+#define MAX_DEPTH 64          /* JSON nesting this client follows */
+
+extern char **environ;
+
+static const char *prog = "corral";
+
+/* ---- growing byte buffers --------------------------------------------- */
+
+struct buf {
+    char *data;
+    size_t len, cap;
+};
+
+static void buf_need(struct buf *b, size_t more) {
+    if (b->len + more <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *data = realloc(b->data, cap);
+    if (!data) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        exit(125);
+    }
+    b->data = data;
+    b->cap = cap;
+}
+
+static void buf_add(struct buf *b, const void *data, size_t len) {
+    buf_need(b, len);
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+}
+
+static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+static void buf_fmt(struct buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    buf_need(b, (size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* Length of the well-formed UTF-8 sequence at s (as Python's strict decoder
+ * takes it: no overlongs, no surrogates, nothing past U+10FFFF), 0 if none. */
+static size_t utf8_sequence(const unsigned char *s, size_t left) {
+    unsigned char c = s[0];
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        if (c == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if (left < n || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+/* A JSON string of arbitrary bytes. Bytes that are not UTF-8 become lone
+ * surrogates \udcXX, as Python's os.fsdecode (surrogateescape) has them and
+ * its JSON encoder writes them: the service decodes them to the same bytes. */
+static void buf_json_string(struct buf *b, const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t left = strlen(text);
+    buf_add(b, "\"", 1);
+    while (left) {
+        size_t n = utf8_sequence(s, left);
+        if (n == 0) {
+            buf_fmt(b, "\\udc%02x", s[0]);
+            n = 1;
+        } else if (s[0] == '"' || s[0] == '\\') {
+            buf_add(b, "\\", 1);
+            buf_add(b, s, 1);
+        } else if (s[0] < 0x20) {
+            buf_fmt(b, "\\u%04x", s[0]);
+        } else {
+            buf_add(b, s, n);
+        }
+        s += n;
+        left -= n;
+    }
+    buf_add(b, "\"", 1);
+}
+
+/* ---- JSON, parsed only as far as the replies need --------------------- */
+
+enum jtype { J_NULL, J_BOOL, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
+
+struct jvalue {
+    enum jtype type;
+    int boolean;
+    double number;
+    char *string; /* J_STRING: NUL-terminated (a NUL inside is cut there) */
+    size_t count; /* J_ARRAY, J_OBJECT */
+    char **keys;  /* J_OBJECT */
+    struct jvalue *items;
+};
+
+struct parser {
+    const char *p, *end;
+    int failed;
+};
+
+static void skip_space(struct parser *ps) {
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+        ps->p++;
+}
+
+static int hex4(struct parser *ps, unsigned *out) {
+    if (ps->end - ps->p < 4)
+        return 0;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = ps->p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
+        else
+            return 0;
+    }
+    ps->p += 4;
+    *out = v;
+    return 1;
+}
+
+static void put_utf8(struct buf *b, unsigned cp) {
+    unsigned char out[4];
+    size_t n;
+    if (cp >= 0xDC80 && cp <= 0xDCFF) { /* a surrogate-escaped byte: the byte itself */
+        out[0] = (unsigned char)(cp - 0xDC00);
+        n = 1;
+    } else if (cp < 0x80) {
+        out[0] = (unsigned char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        out[0] = (unsigned char)(0xC0 | cp >> 6);
+        out[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        out[0] = (unsigned char)(0xE0 | cp >> 12);
+        out[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        out[0] = (unsigned char)(0xF0 | cp >> 18);
+        out[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+        out[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        out[3] = (unsigned char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    buf_add(b, out, n);
+}
+
+static char *parse_string(struct parser *ps) {
+    struct buf b = {0};
+    ps->p++; /* the opening quote */
+    while (ps->p < ps->end && *ps->p != '"') {
+        unsigned char c = (unsigned char)*ps->p;
+        if (c < 0x20)
+            goto bad;
+        if (c != '\\') {
+            buf_add(&b, ps->p++, 1);
+            continue;
+        }
+        if (++ps->p >= ps->end)
+            goto bad;
+        char e = *ps->p++;
+        unsigned cp;
+        switch (e) {
+        case '"': case '\\': case '/': buf_add(&b, &e, 1); break;
+        case 'b': buf_add(&b, "\b", 1); break;
+        case 'f': buf_add(&b, "\f", 1); break;
+        case 'n': buf_add(&b, "\n", 1); break;
+        case 'r': buf_add(&b, "\r", 1); break;
+        case 't': buf_add(&b, "\t", 1); break;
+        case 'u':
+            if (!hex4(ps, &cp))
+                goto bad;
+            if (cp >= 0xD800 && cp <= 0xDBFF && ps->end - ps->p >= 6 && ps->p[0] == '\\' && ps->p[1] == 'u') {
+                struct parser look = *ps;
+                unsigned low;
+                look.p += 2;
+                if (hex4(&look, &low) && low >= 0xDC00 && low <= 0xDFFF) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+                    ps->p = look.p;
+                }
+            }
+            put_utf8(&b, cp);
+            break;
+        default:
+            goto bad;
+        }
+    }
+    if (ps->p >= ps->end)
+        goto bad;
+    ps->p++; /* the closing quote */
+    buf_add(&b, "", 1);
+    return b.data;
+bad:
+    free(b.data);
+    ps->failed = 1;
+    return NULL;
+}
+
+static int parse_value(struct parser *ps, struct jvalue *v, int depth) {
+    memset(v, 0, sizeof *v);
+    skip_space(ps);
+    if (ps->p >= ps->end || depth > MAX_DEPTH)
+        return ps->failed = 1, 0;
+    char c = *ps->p;
+    if (c == '"') {
+        v->type = J_STRING;
+        v->string = parse_string(ps);
+        return !ps->failed;
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        v->type = c == '{' ? J_OBJECT : J_ARRAY;
+        ps->p++;
+        skip_space(ps);
+        if (ps->p < ps->end && *ps->p == close) {
+            ps->p++;
+            return 1;
+        }
+        for (;;) {
+            char *key = NULL;
+            if (v->type == J_OBJECT) {
+                skip_space(ps);
+                if (ps->p >= ps->end || *ps->p != '"' || !(key = parse_string(ps)))
+                    return ps->failed = 1, 0;
+                skip_space(ps);
+                if (ps->p >= ps->end || *ps->p != ':')
+                    return free(key), ps->failed = 1, 0;
+                ps->p++;
+            }
+            v->items = realloc(v->items, (v->count + 1) * sizeof *v->items);
+            v->keys = realloc(v->keys, (v->count + 1) * sizeof *v->keys);
+            if (!v->items || !v->keys) {
+                fprintf(stderr, "%s: out of memory\n", prog);
+                exit(125);
+            }
+            v->keys[v->count] = key;
+            if (!parse_value(ps, &v->items[v->count++], depth + 1))
+                return 0;
+            skip_space(ps);
+            if (ps->p < ps->end && *ps->p == ',') {
+                ps->p++;
+                continue;
+            }
+            if (ps->p < ps->end && *ps->p == close) {
+                ps->p++;
+                return 1;
+            }
+            return ps->failed = 1, 0;
+        }
+    }
+    if (ps->end - ps->p >= 4 && !memcmp(ps->p, "true", 4)) {
+        v->type = J_BOOL, v->boolean = 1, ps->p += 4;
+        return 1;
+    }
+    if (ps->end - ps->p >= 5 && !memcmp(ps->p, "false", 5)) {
+        v->type = J_BOOL, ps->p += 5;
+        return 1;
+    }
+    if (ps->end - ps->p >= 4 && !memcmp(ps->p, "null", 4)) {
+        v->type = J_NULL, ps->p += 4;
+        return 1;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        char tmp[64];
+        size_t n = 0;
+        while (ps->p + n < ps->end && n < sizeof tmp - 1 && strchr("+-0123456789.eE", ps->p[n]))
+            n++;
+        memcpy(tmp, ps->p, n);
+        tmp[n] = 0;
+        char *stop;
+        v->type = J_NUMBER;
+        v->number = strtod(tmp, &stop);
+        if (stop != tmp + n)
+            return ps->failed = 1, 0;
+        ps->p += n;
+        return 1;
+    }
+    return ps->failed = 1, 0;
+}
+
+static struct jvalue *member(const struct jvalue *object, const char *key) {
+    if (!object || object->type != J_OBJECT)
+        return NULL;
+    for (size_t i = 0; i < object->count; i++)
+        if (object->keys[i] && !strcmp(object->keys[i], key))
+            return &object->items[i];
+    return NULL;
+}
+
+static const char *member_string(const struct jvalue *object, const char *key) {
+    struct jvalue *v = member(object, key);
+    return v && v->type == J_STRING ? v->string : NULL;
+}
+
+/* ---- the connection --------------------------------------------------- */
+
+static int control_w = -1;
+
+static void forward_signal(int signum) {
+    int saved = errno;
+    unsigned char byte = (unsigned char)signum;
+    if (write(control_w, &byte, 1) < 0) {
+        /* nothing to do: the service is gone, the reply loop reports it */
+    }
+    errno = saved;
+}
+
+/* client.py's stop_signals(): every catchable signal whose default action
+ * would end this process, except the faults (SEGV, BUS, ILL, FPE, SYS) and
+ * PIPE, XFSZ (ignored here, as Python ignores them). */
+static const int stop_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGTRAP, SIGABRT, SIGUSR1, SIGUSR2, SIGALRM,
+                                   SIGTERM, SIGSTKFLT, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO, SIGPWR};
+
+static void forward_stop_signals(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = forward_signal;
+    sa.sa_flags = SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaction(stop_signals[i], &sa, NULL);
+    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+        sigaction(s, &sa, NULL);
+}
+
+static void default_stop_signals(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = SIG_DFL;
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaction(stop_signals[i], &sa, NULL);
+    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+        sigaction(s, &sa, NULL);
+}
+
+enum outcome {
+    DONE,     /* the run's exit code is in *code */
+    ABSENT,   /* nobody listens there: try the next socket */
+    DECLINED, /* run it in-process (why in reason; warn: say so) */
+};
+
+struct attempt {
+    char reason[512];
+    int warn;
+    int code;
+};
+
+static enum outcome decline(struct attempt *a, int warn, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->reason, sizeof a->reason, fmt, ap);
+    va_end(ap);
+    a->warn = warn;
+    return DECLINED;
+}
+
+static int send_all(int fd, const char *data, size_t len, const int *fds, int nfds) {
+    union {
+        char space[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+        struct cmsghdr align;
+    } control;
+    while (len) {
+        struct iovec iov = {(void *)data, len};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        if (nfds) {
+            memset(&control, 0, sizeof control);
+            msg.msg_control = control.space;
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+            memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+        }
+        ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        nfds = 0; /* the descriptors went with the first byte */
+        data += sent;
+        len -= (size_t)sent;
+    }
+    return 0;
+}
+
+/* The next NUL-terminated message into *msg (NUL replaced by the end of the
+ * string); 1, or 0 at end of file between messages, or -1 with why set. */
+static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
+    for (;;) {
+        char *nul = in->len ? memchr(in->data, 0, in->len) : NULL;
+        if (nul) {
+            size_t n = (size_t)(nul - in->data);
+            msg->len = 0;
+            buf_add(msg, in->data, n + 1);
+            memmove(in->data, nul + 1, in->len - n - 1);
+            in->len -= n + 1;
+            return 1;
+        }
+        if (in->len > MAX_MESSAGE) {
+            *why = "a message longer than the protocol's bound";
+            return -1;
+        }
+        buf_need(in, 65536);
+        union {
+            char space[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+            struct cmsghdr align;
+        } control;
+        struct iovec iov = {in->data + in->len, 65536};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control.space;
+        m.msg_controllen = sizeof control.space;
+        ssize_t got = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            *why = strerror(errno);
+            return -1;
+        }
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) /* none expected: closed */
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+                    close(((int *)CMSG_DATA(c))[i]);
+        if (got == 0) {
+            if (in->len) {
+                *why = "end of file inside a message";
+                return -1;
+            }
+            *why = "the connection closed";
+            return 0;
+        }
+        in->len += (size_t)got;
+    }
+}
+
+static void print_json(FILE *f, const struct jvalue *v);
+
+/* --json PATH written as record_json.write_file writes it: a 0600 temporary
+ * file beside it, synced, renamed over it; never over a non-regular file. */
+static int write_record(const char *record, const char *path, char *why, size_t whylen) {
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "%s is not a regular file; not replacing it", path);
+        return -1;
+    }
+    const char *slash = strrchr(path, '/');
+    size_t dirlen = slash ? (size_t)(slash - path) : 0;
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%.*s/.corral-record-XXXXXX", (int)dirlen, slash ? path : ".") >= (int)sizeof tmp) {
+        snprintf(why, whylen, "%s: path too long", path);
+        return -1;
+    }
+    int fd = mkostemp(tmp, O_CLOEXEC); /* mode 0600 */
+    if (fd < 0) {
+        snprintf(why, whylen, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    size_t len = strlen(record), done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, record + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            goto fail;
+        done += (size_t)n;
+    }
+    if (fsync(fd) < 0)
+        goto fail;
+    close(fd);
+    fd = -1;
+    if (rename(tmp, path) < 0)
+        goto fail;
+    return 0;
+fail:
+    snprintf(why, whylen, "%s: %s", path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return -1;
+}
+
+static void write_all(int fd, const char *data, size_t len) {
+    while (len) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+/* What corral prints and writes once the run is over (client.py _finish). */
+static int finish(const struct jvalue *parameters) {
+    struct jvalue *warnings = member(parameters, "warnings");
+    if (warnings && warnings->type == J_ARRAY)
+        for (size_t i = 0; i < warnings->count; i++)
+            if (warnings->items[i].type == J_STRING)
+                fprintf(stderr, "corral: warning: %s\n", warnings->items[i].string);
+    const char *record = member_string(parameters, "record"), *path = member_string(parameters, "record_path");
+    if (record && path) {
+        char why[PATH_MAX + 128];
+        if (!strcmp(path, "-"))
+            write_all(1, record, strlen(record));
+        else if (write_record(record, path, why, sizeof why) < 0)
+            fprintf(stderr, "%s: cannot write --json record: %s\n", prog, why);
+    }
+    const char *summary = member_string(parameters, "summary");
+    if (summary && *summary)
+        fprintf(stderr, "%s\n", summary);
+    struct jvalue *code = member(parameters, "exit_code");
+    return code && code->type == J_NUMBER ? (int)code->number : 120;
+}
+
+static void print_json(FILE *f, const struct jvalue *v) {
+    switch (v->type) {
+    case J_NULL: fputs("null", f); break;
+    case J_BOOL: fputs(v->boolean ? "true" : "false", f); break;
+    case J_NUMBER: fprintf(f, "%g", v->number); break;
+    case J_STRING: fprintf(f, "\"%s\"", v->string); break;
+    case J_ARRAY:
+    case J_OBJECT:
+        fputc(v->type == J_ARRAY ? '[' : '{', f);
+        for (size_t i = 0; i < v->count; i++) {
+            if (i)
+                fputs(", ", f);
+            if (v->keys[i])
+                fprintf(f, "\"%s\": ", v->keys[i]);
+            print_json(f, &v->items[i]);
+        }
+        fputc(v->type == J_ARRAY ? ']' : '}', f);
+        break;
+    }
+}
+
+static char *json_text(const struct jvalue *v) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return strdup("{}");
+    if (v)
+        print_json(f, v);
+    else
+        fputs("{}", f);
+    fclose(f);
+    return text;
+}
+
+static enum outcome run_via_service(const char *path, int argc, char **argv, struct attempt *a) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path)
+        return decline(a, 0, "%s: the socket path is too long", path), ABSENT;
+    strcpy(addr.sun_path, path);
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return decline(a, 0, "socket: %s", strerror(errno));
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        decline(a, 0, "%s: %s", path, strerror(errno));
+        close(sock);
+        return ABSENT;
+    }
+    struct ucred peer;
+    socklen_t peerlen = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peerlen) < 0 || (peer.uid != 0 && peer.uid != getuid())) {
+        close(sock);
+        return decline(a, 0, "the socket is not served by this user or root");
+    }
+    int control[2];
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) {
+        close(sock);
+        return decline(a, 0, "getcwd: %s", strerror(errno));
+    }
+    if (pipe2(control, O_CLOEXEC) < 0) {
+        close(sock);
+        return decline(a, 0, "pipe: %s", strerror(errno));
+    }
+    mode_t mask = umask(022);
+    umask(mask);
+
+    struct buf out = {0};
+    buf_str(&out, "{\"method\":\"io.corral.Run.Run\",\"parameters\":{\"program\":");
+    buf_json_string(&out, prog);
+    buf_str(&out, ",\"argv\":[");
+    for (int i = 1; i < argc; i++) {
+        if (i > 1)
+            buf_add(&out, ",", 1);
+        buf_json_string(&out, argv[i]);
+    }
+    buf_str(&out, "],\"environment\":[");
+    int first = 1;
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!eq || eq == *e) /* not NAME=VALUE: os.environ leaves it out too */
+            continue;
+        if (!first)
+            buf_add(&out, ",", 1);
+        first = 0;
+        buf_json_string(&out, *e);
+    }
+    buf_str(&out, "],\"cwd\":");
+    buf_json_string(&out, cwd);
+    buf_fmt(&out, ",\"umask\":%u,\"stdin\":0,\"stdout\":1,\"stderr\":2,\"control\":3},\"more\":true}", (unsigned)mask);
+    buf_add(&out, "", 1); /* the message's NUL */
+
+    /* From here a stop signal is the run's: forwarded as a byte. */
+    control_w = control[1];
+    forward_stop_signals();
+    int fds[4] = {0, 1, 2, control[0]};
+    int sent = send_all(sock, out.data, out.len, fds, 4);
+    int send_errno = errno;
+    free(out.data);
+    close(control[0]);
+    if (sent < 0) { /* a closed stdio descriptor, the service gone: all handled in-process */
+        default_stop_signals();
+        close(control[1]);
+        close(sock);
+        return decline(a, 0, "sending the run: %s", strerror(send_errno));
+    }
+
+    struct buf in = {0}, msg = {0};
+    int accepted = 0;
+    for (;;) {
+        const char *why = NULL;
+        int got = receive(sock, &in, &msg, &why);
+        struct jvalue reply;
+        struct parser ps = {msg.data, msg.data + (msg.len ? msg.len - 1 : 0), 0};
+        if (got == 1) {
+            if (!parse_value(&ps, &reply, 0) || (skip_space(&ps), ps.p != ps.end) || reply.type != J_OBJECT) {
+                got = -1;
+                why = "a message that is not a JSON object";
+            }
+        }
+        if (got <= 0) {
+            if (!accepted) {
+                default_stop_signals();
+                close(control[1]);
+                close(sock);
+                return decline(a, 1, "the corral service ended before it took the run (%s)", why);
+            }
+            fprintf(stderr,
+                    "%s: the corral service ended during the run (%s): its tether stops the run, "
+                    "which this process cannot verify\n",
+                    prog, why);
+            a->code = 120;
+            return DONE;
+        }
+        const struct jvalue *parameters = member(&reply, "parameters");
+        const char *error = member_string(&reply, "error");
+        if (member(&reply, "error")) {
+            const char *name = error ? error : "(no name)";
+            if (!strcmp(name, "io.corral.Run.UsageError") || !strcmp(name, "io.corral.Run.SetupError")) {
+                const char *message = member_string(parameters, "message");
+                fprintf(stderr, "%s: %s\n", prog, message ? message : name);
+                a->code = 125;
+                return DONE;
+            }
+            char *text = json_text(parameters);
+            if (accepted && strcmp(name, "io.corral.Run.NotServed")) { /* NotServed: nothing ran, even after accepted */
+                fprintf(stderr, "%s: the corral service failed during the run (%s %s)\n", prog, name, text);
+                a->code = 120;
+                return DONE;
+            }
+            default_stop_signals();
+            close(control[1]);
+            close(sock);
+            decline(a, !strcmp(name, "io.corral.Run.InternalError"), "%s %s", name, text);
+            free(text);
+            return DECLINED;
+        }
+        struct jvalue *continues = member(&reply, "continues");
+        if (continues && continues->type == J_BOOL && continues->boolean) {
+            accepted = 1;
+            continue;
+        }
+        a->code = finish(parameters);
+        return DONE;
+    }
+}
+
+static int service_off(void) {
+    const char *v = getenv("CORRAL_SERVICE");
+    return v && (!strcasecmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off") || !strcasecmp(v, "false"));
+}
+
+static int completing(void) {
+    char var[64];
+    size_t n = 0;
+    var[n++] = '_';
+    for (const char *p = prog; *p && n < sizeof var - 10; p++)
+        var[n++] = *p == '-' ? '_' : (*p >= 'a' && *p <= 'z' ? (char)(*p - 32) : *p);
+    strcpy(var + n, "_COMPLETE");
+    return getenv(var) != NULL;
+}
+
+int main(int argc, char **argv) {
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    prog = !strcmp(base, "corral-enforced") ? "corral-enforced" : "corral";
+    /* As Python: a closed stdout is EPIPE here, not death. Put back before exec. */
+    struct sigaction ignore = {0}, inherited;
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, &inherited);
+
+    char paths[2][PATH_MAX];
+    int npaths = 0;
+    if (!service_off() && !completing()) {
+        const char *only = getenv("CORRAL_SERVICE_SOCKET");
+        if (only && *only) {
+            snprintf(paths[npaths++], PATH_MAX, "%s", only);
+        } else {
+            const char *runtime = getenv("XDG_RUNTIME_DIR");
+            if (runtime && *runtime)
+                snprintf(paths[npaths++], PATH_MAX, "%s/" SOCKET_NAME, runtime);
+            else
+                snprintf(paths[npaths++], PATH_MAX, "/run/user/%u/" SOCKET_NAME, (unsigned)getuid());
+            if (geteuid() == 0)
+                snprintf(paths[npaths++], PATH_MAX, "/run/" SOCKET_NAME);
+        }
+    }
+    for (int i = 0; i < npaths; i++) {
+        struct attempt a = {{0}, 0, 0};
+        enum outcome o = run_via_service(paths[i], argc, argv, &a);
+        if (o == DONE)
+            return a.code;
+        if (a.warn || getenv("CORRAL_SERVICE_DEBUG"))
+            fprintf(stderr, "%s: warning: running the command here, not in the corral service: %s\n", prog, a.reason);
+        if (o == DECLINED)
+            break; /* a service answered (or died): the run is not another one's to take */
+    }
+
+    /* A relative CORRAL_INPROCESS (a pip install: the scripts' directory is
+     * not known when this is built) is beside this executable. */
+    char in_process[PATH_MAX] = CORRAL_INPROCESS;
+    if (in_process[0] != '/') {
+        char self[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        char *slash = n > 0 ? (self[n] = 0, strrchr(self, '/')) : NULL;
+        if (!slash || snprintf(in_process, sizeof in_process, "%.*s/%s", (int)(slash - self), self, CORRAL_INPROCESS) >=
+                          (int)sizeof in_process) {
+            fprintf(stderr, "%s: cannot find %s beside this program\n", prog, CORRAL_INPROCESS);
+            return 125;
+        }
+    }
+    char **args = calloc((size_t)argc + 2, sizeof *args);
+    if (!args)
+        return 125;
+    args[0] = in_process;
+    args[1] = (char *)prog;
+    for (int i = 1; i < argc; i++)
+        args[i + 1] = argv[i];
+    sigaction(SIGPIPE, &inherited, NULL);
+    execv(in_process, args);
+    fprintf(stderr, "%s: cannot run the in-process corral %s: %s\n", prog, in_process, strerror(errno));
+    return 125;
+}
