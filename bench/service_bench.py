@@ -34,13 +34,18 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BIN = Path(sys.executable).parent
 SYSTEMD_RUN = ["systemd-run", "--user", "--wait", "--collect", "-q", "/bin/true"]
 
 
-def _cmd(name: str) -> list[str]:
-    script = BIN / name
-    return [str(script)] if script.exists() else [sys.executable, "-m", "corral_systemd"]
+def python_client(work: str, name: str) -> list[str]:
+    """bin/NAME (the Python client) as pip installs it where no C compiler
+    was there: its ``#!python`` line pointed at this interpreter."""
+    source = Path(__file__).resolve().parent.parent / "bin" / name
+    path = os.path.join(work, f"{name}.py-client")
+    with open(path, "w") as f:
+        f.write(source.read_text().replace("#!python", f"#!{sys.executable}", 1))
+    os.chmod(path, 0o755)
+    return [path]
 
 
 def start_service(socket_path: str) -> subprocess.Popen:
@@ -87,7 +92,7 @@ def compiled_client(work: str) -> list[str]:
 
 
 def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
-    python_client, corral = _cmd("corral-enforced"), _cmd("corral")
+    python_enforced, corral = python_client(work, "corral-enforced"), python_client(work, "corral")
     compiled = compiled_client(work)
     cases = {
         "systemd-run": (SYSTEMD_RUN, env_plain),
@@ -96,13 +101,13 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
         "service-scope": ([*compiled, "--quiet", "--", "/bin/true"], env_service),
         "service-service": ([*compiled, "--quiet", "--unit-type", "service", "--", "/bin/true"], env_service),
         # A pip install's corral-enforced: the Python client.
-        "service-scope, python client": ([*python_client, "--quiet", "--", "/bin/true"], env_service),
+        "service-scope, python client": ([*python_enforced, "--quiet", "--", "/bin/true"], env_service),
         "service-service, python client": (
-            [*python_client, "--quiet", "--unit-type", "service", "--", "/bin/true"],
+            [*python_enforced, "--quiet", "--unit-type", "service", "--", "/bin/true"],
             env_service,
         ),
         "in-process-scope": ([*compiled, "--quiet", "--", "/bin/true"], env_plain),
-        "in-process-scope, python client": ([*python_client, "--quiet", "--", "/bin/true"], env_plain),
+        "in-process-scope, python client": ([*python_enforced, "--quiet", "--", "/bin/true"], env_plain),
         # What corral-enforced ran before the client existed (pip's console-script wrapper: re, then cli)
         "in-process-scope, before the client": (
             [
@@ -139,13 +144,13 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
 
 
 def throughput(n: int, rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
-    python_client = " ".join(_cmd("corral-enforced"))
+    python_enforced = os.path.join(work, "corral-enforced.py-client")
     compiled = os.path.join(work, "corral-enforced")
     sides = {
         "systemd-run": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {' '.join(SYSTEMD_RUN)}' x", env_plain),
         "service-scope": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {compiled} --quiet -- /bin/true' x", env_service),
         "service-scope, python client": (
-            f"seq {n} | xargs -P8 -n1 sh -c 'exec {python_client} --quiet -- /bin/true' x",
+            f"seq {n} | xargs -P8 -n1 sh -c 'exec {python_enforced} --quiet -- /bin/true' x",
             env_service,
         ),
     }

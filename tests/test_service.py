@@ -92,7 +92,8 @@ def service(tmp_path):
     svc.stop()
 
 
-CLIENT_SOURCE = Path(__file__).resolve().parent.parent / "packaging" / "client" / "corral.c"
+REPO = Path(__file__).resolve().parent.parent
+CLIENT_SOURCE = REPO / "packaging" / "client" / "corral.c"
 
 
 @pytest.fixture(scope="session")
@@ -471,6 +472,25 @@ def test_an_installs_corral_is_the_compiled_client_when_a_compiler_was_there(tmp
         timeout=120,
     )
     assert proc.returncode == 4 and json.loads(proc.stdout)["via"] == "cli", proc.stderr
+
+
+def test_service_status_says_which_client_corral_is(tmp_path, compiled_client):
+    """``corralctl service status``: whether the corral on PATH is the compiled client or the Python one."""
+    for kind, source in (("compiled", Path(compiled_client[0])), ("python", REPO / "bin" / "corral")):
+        bindir = tmp_path / kind
+        bindir.mkdir()
+        shutil.copy(source, bindir / "corral")
+        env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", CORRAL_SERVICE_SOCKET=str(tmp_path / "none"))
+        ctl = [sys.executable, "-m", "corral_systemd.ctl", "service", "status"]
+        report = subprocess.run([*ctl, "--json"], env=env, capture_output=True, text=True, timeout=60)
+        assert report.returncode == 3 and json.loads(report.stdout)["client"] == {
+            "path": str(bindir / "corral"),
+            "kind": kind,
+        }, report.stdout + report.stderr
+        text = subprocess.run(ctl, env=env, capture_output=True, text=True, timeout=60).stdout
+        assert (
+            f"corral client: {bindir / 'corral'}: " + ("compiled" if kind == "compiled" else "the Python one") in text
+        )
 
 
 def test_the_client_imports_nothing_heavy():

@@ -138,10 +138,34 @@ def uninstall(manager: str) -> list[str]:
     return removed
 
 
+def client_on_path() -> dict:
+    """The ``corral`` a shell here runs (PATH), and which client it is:
+    ``compiled`` (packaging/client/corral.c: no interpreter per run) or
+    ``python`` (client.py: an interpreter's start-up on every run)."""
+    import shutil
+
+    path = shutil.which("corral")
+    kind = None
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                kind = "compiled" if f.read(4) == b"\x7fELF" else "python"
+        except OSError:
+            pass
+    return {"path": path, "kind": kind}
+
+
 def status(socket_path: str | None, why_not: str | None) -> dict:
     """Whether a corral started now (this environment) hands its run to a
     service, and why not; the service's own figures when one answers."""
-    report: dict = {"socket": socket_path, "in_use": False, "reason": why_not, "service": None, "absent": False}
+    report: dict = {
+        "socket": socket_path,
+        "in_use": False,
+        "reason": why_not,
+        "service": None,
+        "absent": False,
+        "client": client_on_path(),
+    }
     if socket_path is None:
         return report
     import socket
@@ -172,15 +196,25 @@ def status(socket_path: str | None, why_not: str | None) -> dict:
 
 
 def status_text(report: dict) -> str:
+    client = report["client"]
+    if client["kind"] == "compiled":
+        said = f"\ncorral client: {client['path']}: compiled (no interpreter started per run)"
+    elif client["kind"] == "python":
+        said = (
+            f"\ncorral client: {client['path']}: the Python one (an interpreter starts on every run; "
+            "installed with a C compiler there, corral is the compiled client)"
+        )
+    else:
+        said = "\ncorral client: no corral on PATH"
     if report["in_use"]:
         svc = report["service"]
         return (
             f"corral service: in use: {report['socket']} (pid {svc['pid']}, {svc['manager']} manager, "
             f"{svc['runs_in_flight']} runs in flight, {svc['runs_served']} served, up {svc['uptime_seconds']:.0f} s, "
-            f"exits after {svc['idle_exit_seconds']:g} s idle)"
+            f"exits after {svc['idle_exit_seconds']:g} s idle)" + said
         )
     where = f" ({report['socket']})" if report["socket"] else ""
-    return f"corral service: not in use{where}: {report['reason']}; corral runs the command in its own process"
+    return f"corral service: not in use{where}: {report['reason']}; corral runs the command in its own process" + said
 
 
 def status_json(report: dict) -> str:

@@ -406,28 +406,31 @@ static void forward_signal(int signum) {
 static const int stop_signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGTRAP, SIGABRT, SIGUSR1, SIGUSR2, SIGALRM,
                                    SIGTERM, SIGSTKFLT, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO, SIGPWR};
 
+/* What each stop signal's action was before forwarding: put back (an
+ * inherited SIG_IGN, as under nohup, included) when the run goes in-process. */
+static struct sigaction saved_actions[_NSIG];
+
+static void set_stop_signals(const struct sigaction *sa, int restore) {
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++) {
+        int s = stop_signals[i];
+        sigaction(s, restore ? &saved_actions[s] : sa, restore ? NULL : &saved_actions[s]);
+    }
+    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+        sigaction(s, restore ? &saved_actions[s] : sa, restore ? NULL : &saved_actions[s]);
+}
+
 static void forward_stop_signals(void) {
     struct sigaction sa = {0};
     sa.sa_handler = forward_signal;
     sa.sa_flags = SA_RESTART;
     sigfillset(&sa.sa_mask);
-    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
-        sigaction(stop_signals[i], &sa, NULL);
-    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
-        sigaction(s, &sa, NULL);
+    set_stop_signals(&sa, 0);
 }
 
-static void default_stop_signals(void) {
-    struct sigaction sa = {0};
-    sa.sa_handler = SIG_DFL;
-    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
-        sigaction(stop_signals[i], &sa, NULL);
-    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
-        sigaction(s, &sa, NULL);
-}
+static void restore_stop_signals(void) { set_stop_signals(NULL, 1); }
 
 enum outcome {
-    DONE,     /* the run's exit code is in *code */
+    DONE,     /* the run's exit code is in attempt.code */
     ABSENT,   /* nobody listens there: try the next socket */
     DECLINED, /* run it in-process (why in reason; warn: say so) */
 };
@@ -712,7 +715,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
     free(out.data);
     close(control[0]);
     if (sent < 0) { /* a closed stdio descriptor, the service gone: all handled in-process */
-        default_stop_signals();
+        restore_stop_signals();
         close(control[1]);
         close(sock);
         return decline(a, 0, "sending the run: %s", strerror(send_errno));
@@ -733,7 +736,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
         }
         if (got <= 0) {
             if (!accepted) {
-                default_stop_signals();
+                restore_stop_signals();
                 close(control[1]);
                 close(sock);
                 return decline(a, 1, "the corral service ended before it took the run (%s)", why);
@@ -761,7 +764,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
                 a->code = 120;
                 return DONE;
             }
-            default_stop_signals();
+            restore_stop_signals();
             close(control[1]);
             close(sock);
             decline(a, !strcmp(name, "io.corral.Run.InternalError"), "%s %s", name, text);
