@@ -271,6 +271,38 @@ def _fake_unit_cgroup(tmp_path, unit):
     return UnitCgroup(cg, mounts), group
 
 
+def test_remaining_names_the_processes_only_name_systemd_still_lists(tmp_path):
+    """Hybrid layout: verification reads both trees. A process in the unit's
+    name=systemd group but no longer in its unified group (moved out in one
+    hierarchy) is left, and named as such, so it is killed by pid; one in
+    both is simply left; without a unified tree nothing is "v1 only".
+    (A mutant that swapped this check's ``and`` survived the engines mutation run.)"""
+    from corral_systemd.engines.unitcgroup import UnitCgroup
+
+    cg = "/corral.slice/corral-remaining-test.scope"
+    unified, v1 = tmp_path / "unified" / cg.lstrip("/"), tmp_path / "v1" / cg.lstrip("/")
+    for group in (unified, v1):
+        group.mkdir(parents=True)
+
+    def state(unified_pids, v1_pids):
+        (unified / "cgroup.procs").write_text("".join(f"{p}\n" for p in unified_pids))
+        (unified / "cgroup.events").write_text(f"populated {int(bool(unified_pids))}\nfrozen 0\n")
+        (v1 / "cgroup.procs").write_text("".join(f"{p}\n" for p in v1_pids))
+
+    hybrid = UnitCgroup(
+        cg, types.SimpleNamespace(unified=str(tmp_path / "unified"), v1={"name=systemd": str(tmp_path / "v1")})
+    )
+    state([], [4242])
+    assert hybrid.remaining() == ([4242], [4242])  # out of the unified group only
+    state([4242], [4242])
+    assert hybrid.remaining() == ([4242], [])  # in both: left, not "v1 only"
+    state([], [])
+    assert hybrid.remaining() == ([], [])
+    v1_only_layout = UnitCgroup(cg, types.SimpleNamespace(unified=None, v1={"name=systemd": str(tmp_path / "v1")}))
+    state([], [4242])
+    assert v1_only_layout.remaining() == ([4242], [])
+
+
 def _engine_on_fake_cgroup(tmp_path, unit="corral-accounting-test.scope"):
     """A SystemdEngine whose unit's cgroup is a fake tree (no manager), its
     main process a real child of ours that has exited."""

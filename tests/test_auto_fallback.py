@@ -63,3 +63,17 @@ def test_a_failed_start_says_why_too(corral):
     assert run.returncode == 127
     reason = run.record["engine"]["auto_fallback_reason"]
     assert run.stderr.decode().count(f"auto mode fell back: {reason}") == 1
+
+
+@pytest.mark.parametrize("args", [["--manager", "user"], []], ids=["user", "auto"])
+def test_no_user_bus_is_the_reason_given(corral, args):
+    """With no user bus and no system manager auto mode could use, that is
+    the reason given, not the failure of an attempt on another manager
+    (a mutant that let root try the system manager anyway survived the
+    engines mutation run). The skip reads the machine itself, not the
+    function under test."""
+    if os.geteuid() == 0 and os.path.isdir("/run/systemd/system"):
+        pytest.skip("root on a machine booted with systemd: auto uses the system manager")
+    run = corral(args + ["--", "true"], env=_env())
+    assert run.returncode == 0, run.stderr
+    assert run.record["engine"]["auto_fallback_reason"].startswith("no user bus"), run.record["engine"]
