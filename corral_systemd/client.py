@@ -34,6 +34,8 @@ import os
 import sys
 
 SOCKET_NAME = "io.corral.Run"
+#: Each program name and its default --cgroup-mode (the service reads it too).
+PROGRAMS = {"corral": "auto", "corral-enforced": "enforced"}
 #: The manager's runtime directory (%t in corral.socket): /run for the system
 #: manager, $XDG_RUNTIME_DIR (/run/user/UID) for a user's.
 SYSTEM_SOCKET = "/run/" + SOCKET_NAME
@@ -207,22 +209,18 @@ def entry() -> None:
     sys.exit(main())
 
 
-#: The in-process default mode of each program name.
-_MODES = {"corral": "auto", "corral-enforced": "enforced"}
-
-
 def entry_in_process() -> None:
     """``corral-inprocess PROG ARGS...``: the compiled client's way back
     (packaging/client/corral.c) when no service takes the run. Runs the
     command line in this process and never tries the service again (the
     compiled client already did)."""
     prog = sys.argv[1] if len(sys.argv) > 1 else ""
-    if prog not in _MODES:
+    if prog not in PROGRAMS:
         print(f"corral-inprocess: the first argument must be corral or corral-enforced, not {prog!r}", file=sys.stderr)
         sys.exit(125)
     from .cli import main as in_process
 
-    sys.exit(in_process(sys.argv[2:], prog=prog, default_mode=_MODES[prog]))
+    sys.exit(in_process(sys.argv[2:], prog=prog, default_mode=PROGRAMS[prog]))
 
 
 def entry_enforced() -> None:

@@ -493,6 +493,15 @@ def test_service_status_says_which_client_corral_is(tmp_path, compiled_client):
         )
 
 
+def test_corral_inprocess_refuses_another_program_name():
+    """corral-inprocess PROG ARGS: PROG picks the default mode; anything else is 125, in one line."""
+    code = "from corral_systemd.client import entry_in_process; entry_in_process()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "corralx", "--", "true"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 125 and proc.stderr.count("\n") == 1 and "corralx" in proc.stderr, proc.stderr
+
+
 def test_the_client_imports_nothing_heavy():
     """The hot path: no typer, click, dbus-fast, asyncio or pydantic (nor json's re)."""
     code = (

@@ -151,6 +151,16 @@ class Multiplexer:
         except (IndexError, TypeError):
             return None
 
+    def peer_closed(self) -> bool:
+        """The manager's end of the connection is closed, as the kernel says
+        now, whether or not the reader thread has got to it yet. After
+        ``systemctl daemon-reexec`` returns, every private connection of the
+        old manager is closed, but the reader may not have run since: a run
+        started on it then would fail."""
+        poller = select.poll()
+        poller.register(self._conn.sock, select.POLLRDHUP)  # POLLHUP and POLLERR come unasked
+        return bool(poller.poll(0))
+
     def close(self) -> None:
         """End the reader thread and the connection (idempotent)."""
         import socket

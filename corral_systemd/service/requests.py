@@ -16,11 +16,11 @@ here), ``io.corral.Run.SetupError`` (125: nothing ran), ``io.corral.Run.Busy``.
 import os
 import re
 
+from ..client import PROGRAMS as _PROGRAMS
 from ..common.errors import SetupError, UsageError
 from ..varlink.wire import VarlinkError
 
 INVALID = "org.varlink.service.InvalidParameter"
-_PROGRAMS = {"corral": "auto", "corral-enforced": "enforced"}
 #: Options that print and exit: the client's own process prints them.
 _PRINTING = ("--help", "-h", "--version", "--install-completion", "--show-completion")
 #: A cgroup path inside a corral run (its unit, or a --cgroup-parent group).

@@ -49,8 +49,10 @@ class SystemdSession:
 
     @property
     def lost(self) -> bool:
-        """The connection ended (manager gone or re-executed): make a new session."""
-        return self._mux.lost is not None
+        """The connection ended (manager gone or re-executed): make a new
+        session. Also true as soon as the manager closed its end, before the
+        reader thread has seen it (``Multiplexer.peer_closed``)."""
+        return self._mux.lost is not None or self._mux.peer_closed()
 
     def channel(self, unit: str, path: str):
         """A connection-like view for one unit's run (see ``mux.Channel``)."""
