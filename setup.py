@@ -33,15 +33,20 @@ COMPILED = ("corral", "corral-enforced")
 
 def compile_client(directory: str) -> bool:
     """The client built into ``directory`` as corral and corral-enforced; False (and why on stderr) if not."""
+    if os.environ.get("CORRAL_NO_COMPILED_CLIENT"):
+        print(
+            "corral-systemd: CORRAL_NO_COMPILED_CLIENT: corral and corral-enforced stay Python scripts", file=sys.stderr
+        )
+        return False
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or os.environ.get("CORRAL_NO_COMPILED_CLIENT"):
+    if compiler is None:
         print("corral-systemd: no C compiler: corral and corral-enforced stay Python scripts", file=sys.stderr)
         return False
     target = os.path.join(directory, "corral.compiled")
     command = [
         *compiler.split(),
         *os.environ.get("CFLAGS", "-O2").split(),
-        "-DCORRAL_INPROCESS=\"corral-inprocess\"",
+        '-DCORRAL_INPROCESS="corral-inprocess"',
         "-o",
         target,
         os.path.join(HERE, SOURCE),
