@@ -21,13 +21,16 @@ from setuptools import setup
 try:  # setuptools >= 70.1 has its own
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # pragma: no cover
-    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+    try:
+        from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+    except ImportError:  # an older setuptools building no wheel (an sdist): nothing to tag
+        bdist_wheel = None  # type: ignore[assignment,misc]
 
 # setuptools provides distutils (its own copy) on every Python it supports.
 from distutils.command.build_scripts import build_scripts  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join("packaging", "client", "corral.c")
+BUILD = os.path.join("packaging", "client", "build")
 COMPILED = ("corral", "corral-enforced")
 
 
@@ -43,16 +46,10 @@ def compile_client(directory: str) -> bool:
         print("corral-systemd: no C compiler: corral and corral-enforced stay Python scripts", file=sys.stderr)
         return False
     target = os.path.join(directory, "corral.compiled")
-    command = [
-        *compiler.split(),
-        *os.environ.get("CFLAGS", "-O2").split(),
-        '-DCORRAL_INPROCESS="corral-inprocess"',
-        "-o",
-        target,
-        os.path.join(HERE, SOURCE),
-    ]
+    # packaging/client/build: the one recipe (stage, tests and bench use it too).
+    command = ["sh", os.path.join(HERE, BUILD), target, "corral-inprocess"]
     try:
-        subprocess.run(command, check=True, timeout=300)
+        subprocess.run(command, check=True, timeout=300, env=dict(os.environ, CC=compiler))
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"corral-systemd: the compiled client did not build ({exc}): Python scripts instead", file=sys.stderr)
         return False
@@ -68,14 +65,18 @@ class BuildScripts(build_scripts):
         compile_client(self.build_dir)
 
 
-class BdistWheel(bdist_wheel):
-    def finalize_options(self):
-        super().finalize_options()
-        self.root_is_pure = False  # the compiled client is platform-specific
+cmdclass: dict = {"build_scripts": BuildScripts}
+if bdist_wheel is not None:
 
-    def get_tag(self):
-        python, abi, platform = super().get_tag()
-        return "py3", "none", platform  # any Python 3: the binary does not link libpython
+    class BdistWheel(bdist_wheel):
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = False  # the compiled client is platform-specific
 
+        def get_tag(self):
+            python, abi, platform = super().get_tag()
+            return "py3", "none", platform  # any Python 3: the binary does not link libpython
 
-setup(cmdclass={"build_scripts": BuildScripts, "bdist_wheel": BdistWheel})
+    cmdclass["bdist_wheel"] = BdistWheel
+
+setup(cmdclass=cmdclass)

@@ -33,14 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 SYSTEMD_RUN = ["systemd-run", "--user", "--wait", "--collect", "-q", "/bin/true"]
 
 
 def python_client(work: str, name: str) -> list[str]:
     """bin/NAME (the Python client) as pip installs it where no C compiler
     was there: its ``#!python`` line pointed at this interpreter."""
-    source = Path(__file__).resolve().parent.parent / "bin" / name
+    source = ROOT / "bin" / name
     path = os.path.join(work, f"{name}.py-client")
     with open(path, "w") as f:
         f.write(source.read_text().replace("#!python", f"#!{sys.executable}", 1))
@@ -72,8 +73,8 @@ def start_service(socket_path: str) -> subprocess.Popen:
 
 
 def compiled_client(work: str) -> list[str]:
-    """packaging/client/corral.c built as packaging/stage builds it for the
-    .deb, as ``corral-enforced``; its way back in-process is this venv's
+    """packaging/client/corral.c built by packaging/client/build (as for the
+    .deb), as ``corral-enforced``; its way back in-process is this venv's
     ``client.entry_in_process`` run as the .deb runs it (``python3 -IS``,
     site-packages put on sys.path by hand)."""
     import sysconfig
@@ -86,14 +87,21 @@ def compiled_client(work: str) -> list[str]:
         )
     os.chmod(in_process, 0o755)
     binary = os.path.join(work, "corral-enforced")
-    source = Path(__file__).resolve().parent.parent / "packaging" / "client" / "corral.c"
-    subprocess.run(["cc", "-O2", f'-DCORRAL_INPROCESS="{in_process}"', "-o", binary, str(source)], check=True)
+    subprocess.run(["sh", str(ROOT / "packaging" / "client" / "build"), binary, in_process], check=True)
     return [binary]
 
 
-def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
-    python_enforced, corral = python_client(work, "corral-enforced"), python_client(work, "corral")
-    compiled = compiled_client(work)
+def clients(work: str) -> dict[str, list[str]]:
+    """Each client's argv, built once for both measurements."""
+    return {
+        "compiled": compiled_client(work),
+        "python": python_client(work, "corral-enforced"),
+        "python corral": python_client(work, "corral"),
+    }
+
+
+def per_run(rounds: int, env_service: dict, env_plain: dict, argv: dict[str, list[str]]) -> dict:
+    compiled, python_enforced, corral = argv["compiled"], argv["python"], argv["python corral"]
     cases = {
         "systemd-run": (SYSTEMD_RUN, env_plain),
         "python -IS -c pass": ([sys.executable, "-IS", "-c", "pass"], env_plain),
@@ -143,9 +151,8 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
     return out
 
 
-def throughput(n: int, rounds: int, env_service: dict, env_plain: dict, work: str) -> dict:
-    python_enforced = os.path.join(work, "corral-enforced.py-client")
-    compiled = os.path.join(work, "corral-enforced")
+def throughput(n: int, rounds: int, env_service: dict, env_plain: dict, argv: dict[str, list[str]]) -> dict:
+    compiled, python_enforced = " ".join(argv["compiled"]), " ".join(argv["python"])
     sides = {
         "systemd-run": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {' '.join(SYSTEMD_RUN)}' x", env_plain),
         "service-scope": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {compiled} --quiet -- /bin/true' x", env_service),
@@ -197,10 +204,11 @@ def main() -> int:
         service = start_service(socket_path)
         env_service["CORRAL_SERVICE_SOCKET"] = socket_path
     try:
+        argv = clients(work)
         result = {
-            "per_run": per_run(args.rounds, env_service, env_plain, work),
+            "per_run": per_run(args.rounds, env_service, env_plain, argv),
             "throughput_8_in_flight": throughput(
-                args.throughput_runs, args.throughput_rounds, env_service, env_plain, work
+                args.throughput_runs, args.throughput_rounds, env_service, env_plain, argv
             ),
             "python": sys.version.split()[0],
             "cpus": os.cpu_count(),

@@ -188,7 +188,7 @@ def _finish(parameters: dict, prog: str) -> int:
     return int(parameters.get("exit_code", 120))
 
 
-def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: str = "auto") -> int:
+def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     # Shell completion (click's _PROG_COMPLETE) is answered by the parser here.
     completing = "_" + prog.upper().replace("-", "_") + "_COMPLETE" in os.environ
@@ -200,9 +200,14 @@ def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: s
                 print(f"{prog}: warning: running the command here, not in the corral service: {why}", file=sys.stderr)
             if why.warn or not why.absent:
                 break  # a service answered (or died): the run is not another one's to take
+    return _in_process(args, prog)
+
+
+def _in_process(args: list[str], prog: str) -> int:
+    """The command line run in this process, by the CLI (``cli.main``)."""
     from .cli import main as in_process
 
-    return in_process(args, prog=prog, default_mode=default_mode)
+    return in_process(args, prog=prog, default_mode=PROGRAMS[prog])
 
 
 def entry() -> None:
@@ -218,10 +223,8 @@ def entry_in_process() -> None:
     if prog not in PROGRAMS:
         print(f"corral-inprocess: the first argument must be corral or corral-enforced, not {prog!r}", file=sys.stderr)
         sys.exit(125)
-    from .cli import main as in_process
-
-    sys.exit(in_process(sys.argv[2:], prog=prog, default_mode=PROGRAMS[prog]))
+    sys.exit(_in_process(sys.argv[2:], prog))
 
 
 def entry_enforced() -> None:
-    sys.exit(main(prog="corral-enforced", default_mode="enforced"))
+    sys.exit(main(prog="corral-enforced"))

@@ -93,7 +93,7 @@ def service(tmp_path):
 
 
 REPO = Path(__file__).resolve().parent.parent
-CLIENT_SOURCE = REPO / "packaging" / "client" / "corral.c"
+CLIENT_BUILD = REPO / "packaging" / "client" / "build"
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +116,8 @@ def compiled_client(tmp_path_factory) -> list[str]:
     in_process.chmod(0o755)
     binary = work / "corral"
     subprocess.run(
-        [cc, "-O2", "-Wall", "-Wextra", "-Werror", f'-DCORRAL_INPROCESS="{in_process}"', "-o", binary, CLIENT_SOURCE],
+        ["sh", CLIENT_BUILD, binary, in_process],
+        env=dict(os.environ, CC=cc, CFLAGS="-O2 -Werror"),
         check=True,
         timeout=120,
     )

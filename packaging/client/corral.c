@@ -534,8 +534,6 @@ static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
     }
 }
 
-static void print_json(FILE *f, const struct jvalue *v);
-
 /* --json PATH written as record_json.write_file writes it: a 0600 temporary
  * file beside it, synced, renamed over it; never over a non-regular file. */
 static int write_record(const char *record, const char *path, char *why, size_t whylen) {
