@@ -348,12 +348,22 @@ class Runner:
         return Execution(spec, session, _writer(1), _writer(2), register=register, renew_session=self._session_for)
 
     def execution(
-        self, spec: RunSpec, *, stdin_fd: int, stdout: int, stderr: int, guard: dict | None = None, via: str
+        self,
+        spec: RunSpec,
+        *,
+        stdin_fd: int,
+        stdout,
+        stderr,
+        guard: dict | None = None,
+        via: str,
+        held=None,
     ) -> Execution:
         """A run of ``spec`` on this Runner's session whose command gets the
         given descriptors as its stdio, uncaptured (the corral service runs
         its clients' command lines so). ``guard``: what else the RunGuard is
         told (a command line's environment report and credentials).
+        ``held``: the command's process, forked by the caller and held at a
+        gate (``kernel.gate.HeldProcess``), which the run's scope is made of.
         SetupError if the session cannot be had (enforced mode)."""
         return Execution(
             spec,
@@ -364,6 +374,7 @@ class Runner:
             renew_session=self._session_for,
             via=via,
             guard=guard,
+            held=held,
         )
 
     def run(self, argv: Sequence[str], **kwargs) -> RunResult:

@@ -397,6 +397,9 @@ def summary_line(result) -> str:
 
 def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: str = "auto") -> int:
     """Entry point: maps every failure to a one-line message and exit 125."""
+    from .kernel import startup
+
+    startup.prepare()  # stdio open, the environment as given (kernel/startup.py)
     command = _command(default_mode)
     try:
         rv = command.main(args=sys.argv[1:] if argv is None else argv, prog_name=prog, standalone_mode=False)

@@ -76,15 +76,22 @@ class _Declined(Exception):
 
 def run_via_service(args: list[str], prog: str, path: str) -> int:
     """The run's exit code from the service at ``path``; _Declined when it is
-    not there or does not take the run (nothing has run then)."""
+    not there or does not take the run (nothing has run then).
+
+    The command's process is this process's child, forked before the call
+    and held at a gate (``kernel.gate``): the service makes the run's unit
+    around it and releases it; this process waits for it, reports its wait
+    status on the exit pipe, and reaps it once the run's reply is here."""
     import _signal
     import _socket
 
+    from .kernel.gate import fork_held
     from .kernel.signals import stop_signals
     from .varlink import wire
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
-    control_r = control_w = -1
+    pipes: list[int] = []  # control_r, control_w, exit_r, exit_w: closed on the way out
+    child = None
     saved: dict = {}  # the signal handlers to put back if the run goes on in-process
     try:
         try:
@@ -94,7 +101,11 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
         try:
             if wire.peer_credentials(sock)[1] not in (0, os.getuid()):
                 raise _Declined("the socket is not served by this user or root")
-            control_r, control_w = os.pipe2(os.O_CLOEXEC)
+            pipes += os.pipe2(os.O_CLOEXEC)
+            pipes += os.pipe2(os.O_CLOEXEC)
+            control_r, control_w, exit_r, exit_w = pipes
+            child = fork_held(close_in_child=(sock.fileno(), *pipes))
+            _not_dumpable()  # after the fork: the service reads the child's /proc files
             mask = os.umask(0o22)
             os.umask(mask)
             parameters = {
@@ -107,52 +118,97 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
                 "stdout": 1,
                 "stderr": 2,
                 "control": 3,
+                "process": 4,
+                "gate": 5,
+                "exit": 6,
             }
             channel = wire.Channel(sock)
             # From here a stop signal is the run's: forwarded as a byte.
             forward = lambda signum, frame: os.write(control_w, bytes([signum]))  # noqa: E731
             for signum in stop_signals():
                 saved[signum] = _signal.signal(signum, forward)
-            channel.send({"method": "io.corral.Run.Run", "parameters": parameters, "more": True}, [0, 1, 2, control_r])
-            os.close(control_r)
-            control_r = -1
-        except OSError as exc:  # no service, a closed stdio descriptor, cwd gone: all handled in-process
+            channel.send(
+                {"method": "io.corral.Run.Run", "parameters": parameters, "more": True},
+                [0, 1, 2, control_r, child.pidfd, child.gate, exit_r],
+            )
+            for fd in (control_r, exit_r, child.gate):
+                os.close(fd)
+            pipes[0] = pipes[2] = child.gate = -1
+        except OSError as exc:  # no service, cwd gone: all handled in-process
             raise _Declined(str(exc)) from None
-        accepted = False
-        while True:
-            try:
-                got = channel.receive()
-            except (OSError, wire.ProtocolError) as exc:
-                got, why = None, str(exc)
-            else:
-                why = "the connection closed"
-            if got is None:
-                if not accepted:
-                    raise _Declined(f"the corral service ended before it took the run ({why})", warn=True)
-                print(
-                    f"{prog}: the corral service ended during the run ({why}): its tether stops the run, "
-                    "which this process cannot verify",
-                    file=sys.stderr,
-                )
-                return 120
-            reply, fds = got
-            wire.close_fds(fds)
-            if "error" in reply:
-                return _error_reply(reply, prog, accepted)
-            parameters = reply.get("parameters") or {}
-            if reply.get("continues"):
-                accepted = True
-                continue
-            return _finish(parameters, prog)
+        return _await_run(channel, child, exit_w, prog)
     except _Declined:
         for signum, handler in saved.items():
             _signal.signal(signum, handler)
+        if child is not None:
+            child.discard()  # it never ran (held at its gate): nothing is left of it
         raise
     finally:
         sock.close()
-        for fd in (control_r, control_w):
+        for fd in pipes:
             if fd >= 0:
                 os.close(fd)
+
+
+def _await_run(channel, child, exit_w: int, prog: str) -> int:
+    """The replies, while the command's process is watched: its wait status
+    goes to the service as soon as it has exited (it stays a zombie until the
+    last reply). _Declined while nothing has run."""
+    import select
+
+    from .varlink import wire
+
+    poller = select.poll()
+    poller.register(channel.sock.fileno(), select.POLLIN)
+    poller.register(child.pidfd, select.POLLIN)
+    accepted = False
+    while True:
+        ready = [fd for fd, _ in poller.poll()] if not channel.buffered() else []
+        if child.pidfd in ready and (status := child.exited()) is not None:
+            poller.unregister(child.pidfd)
+            try:
+                os.write(exit_w, b"%d\n" % status)
+            except OSError:
+                pass  # the service is gone: the connection says so
+        if ready and channel.sock.fileno() not in ready:
+            continue
+        try:
+            got = channel.receive()
+        except (OSError, wire.ProtocolError) as exc:
+            got, why = None, str(exc)
+        else:
+            why = "the connection closed"
+        if got is None:
+            if not accepted:
+                raise _Declined(f"the corral service ended before it took the run ({why})", warn=True)
+            child.discard()
+            print(
+                f"{prog}: the corral service ended during the run ({why}): its tether stops the run, "
+                "which this process cannot verify",
+                file=sys.stderr,
+            )
+            return 120
+        reply, fds = got
+        wire.close_fds(fds)
+        if "error" in reply:
+            code = _error_reply(reply, prog, accepted)
+            child.discard()
+            return code
+        parameters = reply.get("parameters") or {}
+        if reply.get("continues"):
+            accepted = True
+            continue
+        child.discard()  # exited, or (a run that never started it) still at its gate
+        return _finish(parameters, prog)
+
+
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: the command, which runs as this uid, cannot ptrace
+    this process or open its descriptors through /proc (its exit pipe, its
+    control pipe, its connection to the service)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
 
 
 def _error_reply(reply: dict, prog: str, accepted: bool) -> int:
@@ -189,6 +245,9 @@ def _finish(parameters: dict, prog: str) -> int:
 
 
 def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
+    from .kernel import startup
+
+    startup.prepare()  # stdio open, the environment as given (kernel/startup.py)
     args = sys.argv[1:] if argv is None else list(argv)
     # Shell completion (click's _PROG_COMPLETE) is answered by the parser here.
     completing = "_" + prog.upper().replace("-", "_") + "_COMPLETE" in os.environ

@@ -317,7 +317,9 @@ def _engine_on_fake_cgroup(tmp_path, unit="corral-accounting-test.scope"):
     cgroup.arm(oom_eventfd=True)
     engine.cgroup, engine._started = cgroup, True
     pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], os.environ)
-    engine._child = types.SimpleNamespace(pid=pid, pidfd=-1)
+    from corral_systemd.kernel.spawn import Child
+
+    engine._child = Child(pid, -1, None, None, "sh")
     return engine, group
 
 

@@ -85,8 +85,11 @@ class Execution:
         renew_session: Callable[[RunSpec], object] | None = None,
         via: str = "library",
         guard: dict | None = None,
+        held=None,
     ):
         self.spec = spec
+        #: The command's process, forked by the caller (``kernel.gate.HeldProcess``): the engine's to own.
+        self._held = held
         self._register = register
         #: Who asked (the record's ``via``) and what else the RunGuard is told
         #: (the corral service passes a command line's env report and credentials).
@@ -146,6 +149,8 @@ class Execution:
         manager, and that would run the command twice."""
         if outcome.reason != R.SETUP_FAILED or self.spec.unit_type != "scope" or self._renew_session is None:
             return False
+        if self._held is not None:
+            return False  # the caller's process was the first start's: gone with it
         if not getattr(self._session, "lost", False) or self._cancelled():
             return False
         from dataclasses import replace
@@ -175,7 +180,7 @@ class Execution:
         with baton.held() if baton is not None else nullcontext():
             return assemble_and_run(
                 spec,
-                lambda: open_engine(spec, session),
+                lambda: open_engine(spec, session, held=self._held),
                 guard={"registry": self._register, "owner_kind": "library", **self._guard},  # visible to corralctl
                 supervisor={
                     "cancel_fd": self._cancel_r,

@@ -87,15 +87,34 @@ def connect_manager(manager: str, timeout: float = 10.0) -> "tuple[str, Connecti
     private = private_socket(kind)
     if private is not None:
         try:
-            return kind, Connection(f"unix:path={private}", timeout=timeout, bus=False)
+            return kind, _in_our_pid_namespace(kind, Connection(f"unix:path={private}", timeout=timeout, bus=False))
         except BusError:
             pass  # not ours to use (e.g. another user's): try the bus
     if address is None:
         raise SetupError(f"{kind} manager unreachable: its private socket did not answer and there is no bus")
     try:
-        return kind, Connection(address, timeout=timeout)
+        return kind, _in_our_pid_namespace(kind, Connection(address, timeout=timeout))
     except BusError as exc:
         raise SetupError(f"{kind} manager unreachable: {exc}") from None
+
+
+def _in_our_pid_namespace(kind: str, conn: "Connection") -> "Connection":
+    """``conn``, if its peer (the manager, or the bus daemon beside it) is in
+    this process's pid namespace; else SetupError. A peer outside it has no
+    number here (SO_PEERCRED says pid 0), and the numbers corral would name
+    to it (a scope's ``PIDs=``, as systemd-run --scope) would be other
+    processes' in its namespace: systemd 252 takes nothing else."""
+    import socket
+    import struct
+
+    pid = struct.unpack("3i", conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    if pid == 0:
+        conn.close()
+        raise SetupError(
+            f"the {kind} manager is outside this process's pid namespace (the process numbers corral would "
+            "name to it are not its own); run through the corral service, or use --cgroup-mode fallback"
+        )
+    return conn
 
 
 def describe_error(exc: "BusError") -> str:

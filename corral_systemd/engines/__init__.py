@@ -12,13 +12,36 @@ from ..common.nesting import outer_run
 from ..dbus.discovery import session_bus_candidates
 
 
-def open_engine(spec, session=None):
+def open_engine(spec, session=None, held=None):
     """The engine for this run, per --cgroup-mode / --cgroup-parent.
 
     auto: systemd when a manager answers, else the fallback engine (the
     reason is kept in the record). enforced: systemd or --cgroup-parent, or
-    SetupError naming what is missing.
+    SetupError naming what is missing. ``held``: the command's process,
+    forked by the caller (``kernel.gate.HeldProcess``); only the systemd
+    engine takes one (the corral service runs nothing else), the engine owns it.
     """
+    from ..kernel.procfs import proc_is_ours
+
+    if not proc_is_ours():
+        if held is not None:
+            held.abandon()
+        raise SetupError(
+            "this process's /proc shows another pid namespace than its own (a pid namespace without a /proc of "
+            "its own, as after `unshare -fp`): the process numbers corral reads there would be other processes'; "
+            "mount one (unshare -fp --mount-proc), or run through the corral service"
+        )
+    if held is not None:
+        if spec.cgroup_parent is not None or spec.cgroup_mode != "enforced":
+            held.abandon()
+            raise SetupError("a caller's held process is for an enforced systemd run only")
+        from .systemd import SystemdEngine
+
+        try:
+            return SystemdEngine(spec, session, held=held)
+        except BaseException:
+            held.abandon()
+            raise
     if spec.cgroup_parent is not None:
         if spec.cgroup_mode == "fallback":
             raise UsageError("--cgroup-parent cannot be combined with --cgroup-mode fallback")

@@ -8,7 +8,6 @@ left. It never prints and never decides exit codes; it raises
 to 125) and lets ``ExecError`` from spawning through (126/127).
 """
 
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -47,7 +46,8 @@ class Engine:
 
     def wait_fds(self) -> list[int]:
         """File descriptors whose readiness for input (POLLIN) means "call ``poll_events()``"."""
-        return [self._child.pidfd] if self._child is not None and self._status is None else []
+        fd = self._child.wait_fd() if self._child is not None and self._status is None else None
+        return [] if fd is None else [fd]
 
     def priority_fds(self) -> list[int]:
         """File descriptors to poll for POLLPRI only (and POLLERR, which poll
@@ -77,35 +77,24 @@ class Engine:
     #: the command, cannot be reused, so the tracker may look for that
     #: session's members at verification (see ``kernel.pidfd.RunTracker``).
     _hold_main = False
-    _main_reaped = False
     #: The run's processes as pidfds (``kernel.pidfd.RunTracker``), where the engine tracks them.
     tracker: "RunTracker | None" = None
 
     def _reap_child(self) -> None:
+        """The main process's status, once it has exited (``kernel.spawn.Child``
+        or ``kernel.gate.HeldProcess``: the same protocol)."""
         if self._child is not None and self._status is None:
-            if self._hold_main:
-                info = os.waitid(os.P_PID, self._child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                if info is not None:
-                    self._status = wait_status(info)
-                return
-            pid, status = os.waitpid(self._child.pid, os.WNOHANG)
-            if pid:
-                self._status = status
-                self._main_reaped = True
+            self._status = self._child.exited(hold=self._hold_main)
 
     def _release_main(self) -> None:
         """Reap a held main process for good (once the run is over)."""
-        if self._child is not None and self._hold_main and not self._main_reaped and self._child.pidfd >= 0:
-            try:
-                pid, _ = os.waitpid(self._child.pid, 0 if self._status is not None else os.WNOHANG)
-                self._main_reaped = bool(pid)
-            except ChildProcessError:
-                self._main_reaped = True
+        if self._child is not None and self._hold_main:
+            self._child.reap(exited=self._status is not None)
 
     def _pinned_sessions(self) -> tuple:
         """Session ids whose number cannot have been reused: the main
         process's (it called setsid), while it is held unreaped."""
-        if self._child is not None and self._hold_main and not self._main_reaped:
+        if self._child is not None and self._hold_main and self._child.session_pinned():
             return (self._child.pid,)
         return ()
 
@@ -243,13 +232,6 @@ class CgroupLimits:
 def cpu_time_reached(limit: float, used_nsec: int | None) -> str | None:
     """``"cpu_time"`` once the run's CPU time (ns) has reached ``--cpu-time`` (seconds)."""
     return CPU_TIME.field if used_nsec is not None and used_nsec >= limit * 1e9 else None
-
-
-def wait_status(info) -> int:
-    """A waitid() siginfo as the wait status waitpid() would have given."""
-    if info.si_code == os.CLD_EXITED:
-        return (info.si_status & 0xFF) << 8
-    return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)
 
 
 def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool):

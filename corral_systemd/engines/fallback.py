@@ -61,7 +61,6 @@ class FallbackEngine(Engine):
         self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
         self._signalled: set[tuple[int, int]] = set()
         self._peak_rss = 0
-        self._main_reaped = False
         self._last_infos: list[procfs.ProcInfo] = []
 
     def ignore_child(self, pid):
@@ -84,18 +83,12 @@ class FallbackEngine(Engine):
         # while it is unreaped its pid, and so its process group id, cannot
         # be reused, which makes signalling that group safe (see signal_all).
         if self._status is None and self._child is not None:
-            info = os.waitid(os.P_PID, self._child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if info is not None:
-                self._status = _wait_status(info)
+            self._status = self._child.exited(hold=True)
 
     def _release_main(self):
         """Reap the main process for good (only once the run is proven empty)."""
-        if self._child is not None and not self._main_reaped:
-            try:
-                os.waitpid(self._child.pid, 0 if self._status is not None else os.WNOHANG)
-                self._main_reaped = self._status is not None
-            except ChildProcessError:
-                self._main_reaped = True
+        if self._child is not None:
+            self._child.reap(exited=self._status is not None)
 
     # -- membership ----------------------------------------------------
     def _members(self) -> list[procfs.ProcInfo]:
@@ -163,7 +156,7 @@ class FallbackEngine(Engine):
         # processes of the command's own session can join that group.
         members = self._members()
         group = None
-        if self._child is not None and not self._main_reaped:
+        if self._child is not None and not self._child.reaped:
             try:
                 for sig in sigs:
                     os.killpg(self._child.pid, sig)
@@ -221,7 +214,7 @@ class FallbackEngine(Engine):
         return left
 
     def close(self):
-        if self._child is not None and not self._main_reaped and self._status is not None:
+        if self._child is not None and not self._child.reaped and self._status is not None:
             self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
@@ -252,10 +245,3 @@ def _reaped_cpu_nsec() -> tuple[int, int]:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return round(usage.ru_utime * 1e9), round(usage.ru_stime * 1e9)
-
-
-def _wait_status(info) -> int:
-    """A waitid() siginfo as the wait status waitpid() would have given."""
-    if info.si_code == os.CLD_EXITED:
-        return (info.si_status & 0xFF) << 8
-    return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)

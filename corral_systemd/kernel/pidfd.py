@@ -76,6 +76,17 @@ def signal_cgroup_members(pids, sigs, directory: str) -> list[int]:
     return done
 
 
+def _carries_run_id(pid: int, run_id: str) -> bool:
+    """``pid``'s environment holds ``CORRAL_RUN_ID=<run_id>`` (the run's mark on every process it started)."""
+    from ..common.nesting import RUN_ENV
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{RUN_ENV}={run_id}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def _exited(fd: int) -> bool:
     """A pidfd polls readable once its process has exited (every thread; a zombie counts)."""
     import select
@@ -110,9 +121,14 @@ class RunTracker:
     the run still alive outside it: each tracked process alive, every
     process in one of the run's sessions (the sessions of those, and
     ``pinned`` session ids whose number cannot have been reused: the main
-    process's, while corral keeps it unreaped), and every descendant of one
-    found (by parent pid, while the parent lives), from one scan of /proc.
-    Each is SIGKILLed through its pidfd, so a reused pid is never hit.
+    process's, while it is held unreaped, which ``still_pinned()`` confirms
+    after the scan), every process in a ``marked`` session (a session id
+    whose number may have been reused since, the main process being reaped:
+    a service's, whose manager reaps it) that carries the run's mark in its
+    environment (``CORRAL_RUN_ID=<run id>``, which a stranger in a reused
+    session does not), and every descendant of one found (by parent pid,
+    while the parent lives), from one scan of /proc. Each is SIGKILLed
+    through its pidfd, so a reused pid is never hit.
 
     Bounded: all trackers of a process hold at most ``_limit()`` pidfds
     together; past it new processes are not tracked and ``limit_hit`` says
@@ -201,19 +217,22 @@ class RunTracker:
                 self._unreserve()
         self.peak = max(self.peak, len(self._fds))
 
-    def sweep(self, pinned: tuple = ()) -> list[int]:
+    def sweep(self, pinned: tuple = (), still_pinned=lambda: True, marked: tuple = (), run_id: str = "") -> list[int]:
         """With the group empty: find, track and SIGKILL the run's processes
         still alive outside it; return those still alive."""
         live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
         self.escaped.update(live)
-        sids = set(pinned)
+        sids = set()
         for pid in live:
             info = read_stat(pid)
             if info is not None and not _exited(self._fds[pid]):
                 sids.add(info.sid)
-        sids.discard(os.getsid(0))
-        if sids or live:
-            self._find_members(sids, set(live))
+        own = os.getsid(0)
+        sids.discard(own)
+        pinned_sids = set(pinned) - {own} - sids
+        marked_sids = set(marked) - {own} - sids - pinned_sids if run_id else set()
+        if sids or live or pinned_sids or marked_sids:
+            self._find_members(sids, set(live), pinned_sids, still_pinned, marked_sids, run_id)
         left = []
         for pid in sorted(self.escaped):
             fd = self._fds.get(pid)
@@ -228,9 +247,19 @@ class RunTracker:
             left.append(pid)
         return left
 
-    def _find_members(self, sids: set, parents: set) -> None:
-        """Track every process (from one /proc scan) in one of ``sids`` or
-        below a live tracked process, confirmed after its pidfd is open."""
+    def _find_members(
+        self,
+        sids: set,
+        parents: set,
+        pinned: set = frozenset(),  # type: ignore[assignment]
+        still_pinned=lambda: True,
+        marked: set = frozenset(),  # type: ignore[assignment]
+        run_id: str = "",
+    ) -> None:
+        """Track every process (from one /proc scan) in one of ``sids`` (or
+        of ``pinned``, if ``still_pinned()`` holds once the scan's pidfds are
+        open; or of ``marked``, carrying the run's mark) or below a live
+        tracked process, confirmed after its pidfd is open."""
         from .procfs import scan
 
         table = scan()
@@ -239,6 +268,19 @@ class RunTracker:
             children.setdefault(info.ppid, []).append(info)
         me = os.getpid()
         found = {info.pid: info for info in table.values() if info.sid in sids and info.alive}
+        by_pin = {pid: info for pid, info in table.items() if info.sid in pinned and info.alive}
+        # Still pinned after the scan: then it was during it (reaping is for
+        # good), so every process the scan saw in that session was the run's.
+        if by_pin and still_pinned():
+            found.update(by_pin)
+            sids = sids | pinned
+        by_mark = {
+            pid: info
+            for pid, info in table.items()
+            if info.sid in marked and info.alive and pid not in found and _carries_run_id(pid, run_id)
+        }
+        found.update(by_mark)
+        sids = sids | {info.sid for info in by_mark.values()}
         stack = list(parents | set(found))
         while stack:
             for child in children.get(stack.pop(), ()):

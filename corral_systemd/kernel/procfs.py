@@ -161,3 +161,13 @@ def cmdline(pid: int) -> list[str]:
 
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def proc_is_ours() -> bool:
+    """Does /proc number processes as this process's pid namespace does?
+    (/proc/self names this process by the numbers of the namespace /proc was
+    mounted for: after ``unshare -fp`` without a /proc of its own, the parent's.)"""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False

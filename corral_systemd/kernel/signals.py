@@ -49,7 +49,11 @@ def stop_signals() -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(s) for s in found))
 
 
-#: Signals a command must start with at their default action: the ones
-#: corral catches, plus SIGPIPE/SIGXFSZ (Python ignores them, and an
-#: ignored signal stays ignored across exec) and SIGCHLD.
-CHILD_DEFAULTS = (*stop_signals(), _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD)
+#: Signals a command starts with at their default action, whatever its
+#: caller had: the ones corral catches, plus SIGPIPE/SIGXFSZ (Python ignores
+#: them, and an ignored signal stays ignored across exec), SIGCHLD and
+#: SIGWINCH (corral watches them). Every other signal's disposition is the
+#: caller's (an ignored one stays ignored, as across exec); the mask is
+#: empty. The same on every path: the in-process child (``kernel.spawn``),
+#: a client's held child (``kernel.gate``, ``packaging/client/corral.c``).
+CHILD_DEFAULTS = (*stop_signals(), _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD, _signal.SIGWINCH)

@@ -19,6 +19,7 @@ import termios
 
 from ..common import baton
 from ..common.errors import SetupError
+from .gate import wait_status
 from .signals import CHILD_DEFAULTS
 
 #: A child's report that starts with this is a failed setup, not an errno.
@@ -79,6 +80,49 @@ class Child:
             if data.startswith(_SETUP_FAILED):
                 raise SetupError(data[len(_SETUP_FAILED) :].decode(errors="replace"))
             raise ExecError(int(data), self._argv0)
+
+    #: Reaped for good (its pid, and the session id it made, may be reused).
+    reaped = False
+
+    def exited(self, hold: bool) -> int | None:
+        """Its wait status once it has exited, else None. ``hold``: leave it
+        a zombie (WNOWAIT) until ``reap()``, so its pid and session id stay its own."""
+        if hold:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return None if info is None else wait_status(info)
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if not pid:
+            return None
+        self.reaped = True
+        return status
+
+    def reap(self, exited: bool) -> None:
+        """Reap a held child for good (``exited``: it has, so wait for it)."""
+        if self.reaped or self.pidfd < 0:
+            return
+        try:
+            pid, _ = os.waitpid(self.pid, 0 if exited else os.WNOHANG)
+            self.reaped = bool(pid)
+        except ChildProcessError:
+            self.reaped = True
+
+    def wait_fd(self) -> int | None:
+        """Readable once it has exited."""
+        return self.pidfd if self.pidfd >= 0 else None
+
+    def session_pinned(self) -> bool:
+        """Its session id cannot have been reused: it is not reaped."""
+        return not self.reaped
+
+    def lost(self) -> str | None:
+        """Why its exit status cannot be known: never, for our own child."""
+        return None
+
+    def close(self) -> None:
+        """Close its pidfd (reap it first if it is to be reaped)."""
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
     def abandon(self) -> None:
         """Kill a gated child that will never be released (setup failed)."""

@@ -65,7 +65,7 @@ def check_parameters(parameters, fds: list[int]) -> dict:
     if type(umask) is not int or not 0 <= umask <= 0o777:
         raise _invalid("umask")
     checked["umask"] = umask
-    for name in ("stdin", "stdout", "stderr", "control"):
+    for name in ("stdin", "stdout", "stderr", "control", *_HELD):
         index = parameters.get(name)
         if index is None:  # not passed: /dev/null, captured output, the connection (see the interface)
             checked[name] = None
@@ -73,7 +73,80 @@ def check_parameters(parameters, fds: list[int]) -> dict:
         if type(index) is not int or not 0 <= index < len(fds):
             raise _invalid(name)
         checked[name] = fds[index]
+    if len({checked[name] is None for name in _HELD}) != 1:
+        raise _invalid("process")  # all three, or none
+    if checked["control"] is not None and not _pipe_read_end(checked["control"]):
+        raise _invalid("control")  # watched for bytes and end of file: only a pipe's read end will do
     return checked
+
+
+#: The command's process, forked and held by the caller (``kernel.gate``): its pidfd, the gate, the exit pipe.
+_HELD = ("process", "gate", "exit")
+
+
+def _pipe_read_end(fd: int) -> bool:
+    import fcntl
+    import stat
+
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    except OSError:
+        return False
+
+
+def own_control_pipe(checked: dict) -> int | None:
+    """The control pipe through an open file of the service's own (non-blocking:
+    its flags are the service's to set, never the caller's), or None."""
+    from ..kernel.gate import Refused, reopen_pipe
+
+    if checked["control"] is None:
+        return None
+    try:
+        return reopen_pipe(checked["control"])
+    except Refused as exc:
+        raise NotServed(str(exc)) from None
+
+
+def held_process(checked: dict, peer_pid: int):
+    """The caller's held child (``kernel.gate.HeldProcess``), checked to be
+    one the service may make a scope of, or None when the call has none.
+    NotServed (nothing ran: the caller runs the command itself) when it is
+    not the caller's held child, or when the caller's paths are not the
+    service's (another mount namespace or root directory: the service opens
+    --output-file, credentials and the like, the command chdirs)."""
+    from ..kernel.gate import HeldProcess, Refused
+
+    if checked["process"] is None:
+        return None
+    try:
+        pidfd, gate, exit_pipe = (os.dup(checked[name]) for name in _HELD)
+        held = HeldProcess(pidfd, gate, exit_pipe, parent=peer_pid)
+    except Refused as exc:
+        raise NotServed(f"the caller's process: {exc}") from None
+    try:
+        if in_a_run(held.pid):
+            raise NotServed("a run inside a corral run stays inside it")
+        if (why := _other_filesystem_view(held.pid)) is not None:
+            raise NotServed(why)
+    except BaseException:
+        held.abandon()
+        raise
+    return held
+
+
+def _other_filesystem_view(pid: int) -> str | None:
+    """Why paths would not name the same files for ``pid`` as for the service, or None."""
+    for what, mine, theirs in (
+        ("mount namespace", "/proc/self/ns/mnt", f"/proc/{pid}/ns/mnt"),
+        ("root directory", "/", f"/proc/{pid}/root"),
+    ):
+        try:
+            a, b = os.stat(mine), os.stat(theirs)
+        except OSError as exc:
+            return f"the caller's {what} cannot be compared with the service's ({exc.strerror})"
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            return f"the caller's {what} is not the service's: its paths would name other files"
+    return None
 
 
 #: Output captured for a caller that passed no descriptor for it, per stream.
@@ -157,51 +230,78 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
     return invocation
 
 
-def execute(service, invocation, checked: dict, peer_pidfd: int, connection_fd: int, accepted) -> dict:
+def execute(service, invocation, checked: dict, held, peer_pidfd: int, connection_fd: int, accepted) -> dict:
     """Run it; the reply's parameters. ``accepted()`` is called once the run
     is taken (before anything starts). SetupError as a VarlinkError.
-    Without a control pipe, the connection hanging up stops the run."""
+    Without a control pipe, the connection hanging up stops the run.
+    ``held``: the caller's held child (``held_process``), which a scope is
+    made of; closed here whatever happens (a child never released then exits)."""
+    import contextlib
+
     from ..cli import guard_options, is_stdout, summary_line
     from ..core.record_json import record_bytes
 
-    spec = invocation.spec
-    auto = spec.cgroup_mode == "auto"
-    spec.manager = service.manager_kind
-    # Served runs are systemd runs: auto's fallback would run in this process.
-    spec.cgroup_mode = "enforced"
-    spec.umask = checked["umask"]
-    captured = {name: Capture() for name in ("stdout", "stderr") if checked[name] is None}
-    stdin = checked["stdin"]
-    if stdin is None:
-        spec.stdin = "null"
-        stdin = -1
-    control = checked["control"] if checked["control"] is not None else connection_fd
-    # Taken: from here the command may run (a client that is gone by now
-    # fails this send, and nothing has started). NotServed below is still
-    # "nothing ran": the client then runs it itself.
-    accepted()
-    try:
-        execution = service.runner.execution(
-            spec,
-            stdin_fd=stdin,
-            stdout=captured.get("stdout", checked["stdout"]),
-            stderr=captured.get("stderr", checked["stderr"]),
-            guard=guard_options(invocation),
-            via="service",
-        )
-    except SetupError as exc:
-        raise NotServed(f"no manager session: {exc}") from None
-    service.watcher.watch(execution, control, peer_pidfd, hangup_only=checked["control"] is None)
-    try:
-        outcome = execution.execute()
-    except SetupError as exc:
-        if auto:  # in-process auto mode may still fall back: nothing ran here
-            raise NotServed(f"setting up failed: {exc}") from None
-        raise VarlinkError("io.corral.Run.SetupError", {"message": str(exc)}) from None
-    except UsageError as exc:
-        raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
-    finally:
-        service.watcher.unwatch(execution, control, peer_pidfd)
+    with contextlib.ExitStack() as cleanup:
+        if held is not None:
+            cleanup.callback(held.close)
+        spec = invocation.spec
+        auto = spec.cgroup_mode == "auto"
+        spec.manager = service.manager_kind
+        # Served runs are systemd runs: auto's fallback would run in this process.
+        spec.cgroup_mode = "enforced"
+        spec.umask = checked["umask"]
+        if spec.unit_type != "scope" and held is not None:
+            held.close()  # the manager starts a service's command: the caller's child exits at its gate
+            held = None
+        elif spec.unit_type == "scope" and held is None:
+            # A caller without a process of its own to pass: the command's
+            # parent is a holder of this run's own, never the service.
+            from ..kernel.gate import Refused
+            from .holder import Holder
+
+            try:
+                holder = Holder()
+            except (OSError, Refused) as exc:
+                raise NotServed(f"no holder for the command's process: {exc}") from None
+            cleanup.callback(holder.close)
+            held = holder.held
+            cleanup.callback(held.close)
+        captured = {name: Capture() for name in ("stdout", "stderr") if checked[name] is None}
+        stdin = checked["stdin"]
+        if stdin is None:
+            spec.stdin = "null"
+            stdin = -1
+        control = own_control_pipe(checked)
+        if control is not None:
+            cleanup.callback(os.close, control)
+        # Taken: from here the command may run (a client that is gone by now
+        # fails this send, and nothing has started). NotServed below is still
+        # "nothing ran": the client then runs it itself.
+        accepted()
+        try:
+            execution = service.runner.execution(
+                spec,
+                stdin_fd=stdin,
+                stdout=captured.get("stdout", checked["stdout"]),
+                stderr=captured.get("stderr", checked["stderr"]),
+                guard=guard_options(invocation),
+                via="service",
+                held=held,
+            )
+        except SetupError as exc:
+            raise NotServed(f"no manager session: {exc}") from None
+        watched = control if control is not None else connection_fd
+        service.watcher.watch(execution, watched, peer_pidfd, hangup_only=control is None)
+        try:
+            outcome = execution.execute()
+        except SetupError as exc:
+            if auto:  # in-process auto mode may still fall back: nothing ran here
+                raise NotServed(f"setting up failed: {exc}") from None
+            raise VarlinkError("io.corral.Run.SetupError", {"message": str(exc)}) from None
+        except UsageError as exc:
+            raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
+        finally:
+            service.watcher.unwatch(execution, watched, peer_pidfd)
     reply: dict = {"exit_code": outcome.exit_code, "run_id": outcome.run_id}
     for name, capture in captured.items():
         reply[name] = capture.text()

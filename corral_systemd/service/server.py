@@ -68,13 +68,17 @@ class Service:
         self.max_runs = max_runs
         self.max_connections = max_connections
         self.runner = Runner()
-        self.watcher = Watcher()
+        self.watcher = Watcher(on_failure=self._part_failed)
+        #: Why a part of the service died (its watcher thread): it stops taking
+        #: runs and stops those in flight rather than go on without it.
+        self.failed: str | None = None
         self.started = time.monotonic()
         self.runs_served = 0
         self._lock = threading.Lock()
         #: Each connection's thread -> its socket, and whether a call is in progress on it.
         self._connections: dict[threading.Thread, list] = {}
         self._stopping = False
+        self._wake_w = -1
         self._runs_in_flight = 0
         self._last_activity = time.monotonic()
 
@@ -89,8 +93,9 @@ class Service:
         poller.register(self.listener.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         stopped_by = None
+        self._wake_w = wake_w
         try:
-            while stopped_by is None:
+            while stopped_by is None and self.failed is None:
                 with self._lock:
                     idle_for = None if self._connections else time.monotonic() - self._last_activity
                 if idle_for is not None and idle_for >= self.idle_exit:
@@ -104,15 +109,33 @@ class Service:
                         stopped_by = next((s for s in signums if s in stop_signals), None)
                     else:
                         self._accept()
+            if self.failed is not None:
+                print(
+                    f"corral service: stopping, a part of it failed (its runs are stopped):\n{self.failed}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                stopped_by = signal.SIGTERM
             self._close_connections(stopped_by)
         finally:
             self.runner.close()
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+            self._wake_w = -1
             os.close(wake_r)
             os.close(wake_w)
-        return 0
+        return 0 if self.failed is None else 1
+
+    def _part_failed(self, why: str) -> None:
+        """A thread the service cannot do without died: stop (from the main loop)."""
+        with self._lock:
+            self.failed = why
+            self._stopping = True  # no new run from here
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass
 
     def _close_connections(self, stopped_by: int | None) -> None:
         """Stopping: runs in flight are stopped as corral stops for the
@@ -184,6 +207,11 @@ class Service:
                     close_fds(fds)
                     with self._lock:
                         state[1] = False
+                if message.get("method") == "io.corral.Run.Run":
+                    # One run per connection: whatever else reaches this socket
+                    # (a call written by the command onto a descriptor it got
+                    # hold of, say) is never read, let alone run.
+                    return
         except OSError:
             pass  # the peer went away, or its socket timed out: nothing to answer
         except Exception:
@@ -217,7 +245,11 @@ class Service:
                     "interfaces": ["org.varlink.service", INTERFACE],
                 }
             elif method == "org.varlink.service.GetInterfaceDescription":
-                reply = {"description": _description((message.get("parameters") or {}).get("interface"))}
+                parameters = message.get("parameters")
+                interface = parameters.get("interface") if isinstance(parameters, dict) else None
+                if not isinstance(interface, str):
+                    raise VarlinkError(INVALID, {"parameter": "interface"})
+                reply = {"description": _description(interface)}
             else:
                 raise VarlinkError("org.varlink.service.MethodNotFound", {"method": method})
         except VarlinkError as exc:
@@ -233,21 +265,26 @@ class Service:
             channel.send({"parameters": reply})
 
     def _run(self, channel: Channel, message: dict, fds: list[int], pid: int, pidfd: int) -> dict:
-        from .requests import check_parameters, execute, parse
+        from .requests import check_parameters, execute, held_process, parse
 
         checked = check_parameters(message.get("parameters"), fds)
         invocation = parse(checked, self.manager_kind, pid)
+        held = held_process(checked, pid) if invocation.spec.unit_type == "scope" else None
         with self._lock:
-            if self._runs_in_flight >= self.max_runs:
-                raise VarlinkError("io.corral.Run.Busy", {"limit": self.max_runs})
-            self._runs_in_flight += 1
+            busy = self._runs_in_flight >= self.max_runs
+            if not busy:
+                self._runs_in_flight += 1
+        if busy:
+            if held is not None:
+                held.close()
+            raise VarlinkError("io.corral.Run.Busy", {"limit": self.max_runs})
         try:
 
             def accepted():
                 if message.get("more") is True:
                     channel.send({"parameters": {"accepted": True}, "continues": True})
 
-            reply = execute(self, invocation, checked, pidfd, channel.sock.fileno(), accepted)
+            reply = execute(self, invocation, checked, held, pidfd, channel.sock.fileno(), accepted)
             with self._lock:
                 self.runs_served += 1
             return reply

@@ -9,7 +9,11 @@ thread turns each event into ``Execution.cancel(signum)``.
 
 Guarantee: until ``unwatch`` returns, every event on a watched descriptor
 reaches its run; after it returns, none does (the descriptors stay the
-caller's to close).
+caller's to close). A descriptor that fails to read counts as its client
+gone: its run is stopped, the others go on. If the thread dies anyway (a
+bug), ``failed`` says why and ``on_failure`` is called: the service stops
+taking runs and stops the ones in flight, since no client's signal or
+death would reach its run any more.
 """
 
 import os
@@ -23,7 +27,10 @@ CLIENT_GONE = signal.SIGHUP
 
 
 class Watcher:
-    def __init__(self):
+    def __init__(self, on_failure=None):
+        #: Why the thread died (it never should), or None.
+        self.failed: str | None = None
+        self._on_failure = on_failure
         self._lock = threading.Lock()
         self._poll = select.poll()
         self._targets: dict[int, tuple[object, str]] = {}  # fd -> (execution, "control" | "pidfd")
@@ -36,10 +43,10 @@ class Watcher:
         self._thread.start()
 
     def watch(self, execution, control_fd: int, pidfd: int, hangup_only: bool = False) -> None:
-        """``hangup_only``: ``control_fd`` is the connection itself (a caller
-        without a control pipe): only its hang-up counts, nothing is read."""
-        if not hangup_only:
-            os.set_blocking(control_fd, False)
+        """``control_fd``: a non-blocking open file of the service's own on the
+        control pipe (``requests.own_control_pipe``), or with ``hangup_only``
+        the connection itself (a caller without a control pipe): only its
+        hang-up counts, nothing is read."""
         with self._lock:
             self._targets[control_fd] = (execution, "hangup" if hangup_only else "control")
             self._targets[pidfd] = (execution, "pidfd")
@@ -66,14 +73,21 @@ class Watcher:
             execution.cancel(signum)  # type: ignore[attr-defined]
 
     def _loop(self) -> None:
-        while True:
-            events = self._poll.poll()
-            with self._lock:  # an unwatch waits for this round: no event reaches a finished run
-                for fd, _ in events:
-                    if fd == self._wake_r:
-                        _drain(fd)
-                    elif fd in self._targets and _ready(fd, self._targets[fd][1]):  # not stale (a reused number)
-                        self._event(fd)
+        try:
+            while True:
+                events = self._poll.poll()
+                with self._lock:  # an unwatch waits for this round: no event reaches a finished run
+                    for fd, _ in events:
+                        if fd == self._wake_r:
+                            _drain(fd)
+                        elif fd in self._targets and _ready(fd, self._targets[fd][1]):  # not stale (a reused number)
+                            self._event(fd)
+        except BaseException:
+            import traceback
+
+            self.failed = traceback.format_exc()
+            if self._on_failure is not None:
+                self._on_failure(self.failed)
 
     def _event(self, fd: int) -> None:
         execution, kind = self._targets[fd]
@@ -82,6 +96,8 @@ class Watcher:
                 data = os.read(fd, 64)
             except BlockingIOError:
                 return
+            except OSError:
+                data = b""  # unreadable after all: as good as its client gone
             for signum in data:
                 execution.cancel(signum)  # type: ignore[attr-defined]
             if data:
@@ -101,7 +117,7 @@ _HANGUP = select.POLLRDHUP | select.POLLHUP
 def _ready(fd: int, kind: str) -> bool:
     poller = select.poll()
     poller.register(fd, _HANGUP if kind == "hangup" else select.POLLIN)
-    return any(events & (_HANGUP | select.POLLIN) for _, events in poller.poll(0))
+    return any(events & (_HANGUP | select.POLLIN | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
 
 
 def _drain(fd: int) -> None:

@@ -128,6 +128,11 @@ class Channel:
         if data:
             self.sock.sendall(data)
 
+    def buffered(self) -> bool:
+        """A whole message is already read: ``receive()`` returns it without
+        reading the socket (which may not poll readable for it)."""
+        return b"\0" in self._buffer
+
     def receive(self) -> tuple[dict, list[int]] | None:
         """The next message and the descriptors that came with it; None at
         end of file between messages. ProtocolError for anything malformed."""

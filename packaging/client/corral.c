@@ -50,6 +50,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <poll.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -429,6 +433,274 @@ static void forward_stop_signals(void) {
 
 static void restore_stop_signals(void) { set_stop_signals(NULL, 1); }
 
+/* ---- the command's process, held at a gate (corral_systemd/kernel/gate.py) -- */
+
+/* What the child of a served run does before it is the command: a session of
+ * its own; every signal of kernel/signals.py's CHILD_DEFAULTS at its default
+ * action (the stop signals, real-time ones included, SIGPIPE, SIGXFSZ,
+ * SIGCHLD, SIGWINCH), the others as the caller had them; an empty mask; then
+ * it waits for the service's request on its end of the gate. */
+static const int child_defaults[] = {SIGPIPE, SIGXFSZ, SIGCHLD, SIGWINCH};
+
+static ssize_t read_some(int fd, void *data, size_t len) {
+    for (;;) {
+        ssize_t n = read(fd, data, len);
+        if (n >= 0 || errno != EINTR)
+            return n;
+    }
+}
+
+/* The request (see gate.py): "LENGTH\n" with the command's stdin, stdout and
+ * stderr, then LENGTH bytes of NUL-terminated fields. 0 and *payload, *fds
+ * set, or -1 (end of file, or anything malformed). */
+static int receive_request(int gate, struct buf *payload, int fds[3]) {
+    char head[40];
+    size_t got = 0;
+    int nfds = 0;
+    while (got == 0 || !memchr(head, '\n', got)) {
+        union {
+            char space[CMSG_SPACE(sizeof(int) * 3)];
+            struct cmsghdr align;
+        } control;
+        struct iovec iov = {head + got, sizeof head - 1 - got};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control.space;
+        m.msg_controllen = sizeof control.space;
+        if (iov.iov_len == 0)
+            return -1;
+        ssize_t n = recvmsg(gate, &m, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+                    if (nfds < 3)
+                        fds[nfds++] = ((int *)CMSG_DATA(c))[i];
+        got += (size_t)n;
+    }
+    head[got] = 0;
+    char *newline = memchr(head, '\n', got), *stop;
+    unsigned long length = strtoul(head, &stop, 10);
+    if (nfds != 3 || stop != newline || length == 0 || length > (8u << 20))
+        return -1;
+    size_t already = got - (size_t)(newline + 1 - head);
+    buf_add(payload, newline + 1, already);
+    while (payload->len < length) {
+        buf_need(payload, length - payload->len);
+        ssize_t n = read_some(gate, payload->data + payload->len, length - payload->len);
+        if (n <= 0)
+            return -1;
+        payload->len += (size_t)n;
+    }
+    return payload->len == length ? 0 : -1;
+}
+
+/* The next NUL-terminated field of the payload, or NULL past its end. */
+static char *next_field(struct buf *payload, size_t *at) {
+    if (*at >= payload->len)
+        return NULL;
+    char *field = payload->data + *at, *nul = memchr(field, 0, payload->len - *at);
+    if (!nul)
+        return NULL;
+    *at = (size_t)(nul - payload->data) + 1;
+    return field;
+}
+
+/* exec as Python's os.execvpe does it (the in-process child's call): a name
+ * with a slash as it is, else each entry of the environment's PATH (or
+ * os.defpath) in turn; the error is the first one that is not ENOENT or
+ * ENOTDIR, else the last. Never /bin/sh for an ENOEXEC file, as glibc's
+ * execvpe would. */
+static int exec_like_python(char **argv, char **envp, const char *path) {
+    const char *file = argv[0];
+    if (strchr(file, '/')) {
+        execve(file, argv, envp);
+        return errno;
+    }
+    int saved = 0, last = ENOENT;
+    const char *p = path ? path : "/bin:/usr/bin";
+    for (;;) {
+        const char *colon = strchr(p, ':');
+        size_t n = colon ? (size_t)(colon - p) : strlen(p);
+        char full[PATH_MAX];
+        if (n == 0)
+            snprintf(full, sizeof full, "%s", file);
+        else
+            snprintf(full, sizeof full, "%.*s/%s", (int)n, p, file);
+        execve(full, argv, envp);
+        last = errno;
+        if (last != ENOENT && last != ENOTDIR && !saved)
+            saved = last;
+        if (!colon)
+            break;
+        p = colon + 1;
+    }
+    return saved ? saved : last;
+}
+
+/* kernel/spawn.py's exec_errno: EACCES for a path to a directory is EISDIR;
+ * for a bare name that PATH finds only as directories, ENOENT. */
+static int exec_errno(const char *name, int err, const char *path) {
+    struct stat st;
+    if (err != EACCES)
+        return err;
+    if (strchr(name, '/'))
+        return stat(name, &st) == 0 && S_ISDIR(st.st_mode) ? EISDIR : err;
+    const char *p = path ? path : "/bin:/usr/bin";
+    for (;;) {
+        const char *colon = strchr(p, ':');
+        size_t n = colon ? (size_t)(colon - p) : strlen(p);
+        char full[PATH_MAX];
+        snprintf(full, sizeof full, "%.*s%s%s", (int)n, p, n ? "/" : "", name);
+        if (stat(full, &st) == 0 && S_ISREG(st.st_mode))
+            return err;
+        if (!colon)
+            return ENOENT;
+        p = colon + 1;
+    }
+}
+
+static void held_child(int gate) {
+    setsid();
+    struct sigaction dfl = {0};
+    dfl.sa_handler = SIG_DFL;
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaction(stop_signals[i], &dfl, NULL);
+    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+        sigaction(s, &dfl, NULL);
+    for (size_t i = 0; i < sizeof child_defaults / sizeof *child_defaults; i++)
+        sigaction(child_defaults[i], &dfl, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (write(gate, "r", 1) != 1) /* it waits at its gate (gate.py's READY) */
+        _exit(125);
+
+    struct buf payload = {0};
+    int fds[3];
+    if (receive_request(gate, &payload, fds) < 0)
+        _exit(125); /* the gate closed: nothing runs */
+    size_t at = 0;
+    char *cwd = next_field(&payload, &at), *mask = next_field(&payload, &at), *count = next_field(&payload, &at);
+    if (!count)
+        _exit(125);
+    long argc = strtol(count, NULL, 10);
+    if (argc < 1 || argc > 1 << 20)
+        _exit(125);
+    char **argv = calloc((size_t)argc + 1, sizeof *argv);
+    for (long i = 0; argv && i < argc; i++)
+        if (!(argv[i] = next_field(&payload, &at)))
+            _exit(125);
+    char *envcount = next_field(&payload, &at);
+    long envc = envcount ? strtol(envcount, NULL, 10) : -1;
+    if (!argv || envc < 0 || envc > 1 << 20)
+        _exit(125);
+    char **envp = calloc((size_t)envc + 1, sizeof *envp);
+    const char *path = NULL;
+    for (long i = 0; envp && i < envc; i++) {
+        if (!(envp[i] = next_field(&payload, &at)))
+            _exit(125);
+        if (!strncmp(envp[i], "PATH=", 5))
+            path = envp[i] + 5;
+    }
+    if (!envp)
+        _exit(125);
+    for (int target = 0; target < 3; target++)
+        if (dup2(fds[target], target) < 0) /* dup2 clears close-on-exec on the target */
+            _exit(125);
+    for (int i = 0; i < 3; i++)
+        if (fds[i] > 2)
+            close(fds[i]);
+    int err = 0;
+    if (*cwd && chdir(cwd) < 0)
+        err = errno;
+    if (!err && *mask)
+        umask((mode_t)strtoul(mask, NULL, 8));
+    if (!err)
+        err = exec_errno(argv[0], exec_like_python(argv, envp, path), path);
+    char report[16];
+    int n = snprintf(report, sizeof report, "%d", err);
+    if (write(gate, report, (size_t)n) < 0) {
+        /* the service is gone: nothing to tell */
+    }
+    _exit(127);
+}
+
+/* The run's process as this client forks it; pid 0 when there is none. */
+struct held {
+    pid_t pid;
+    int pidfd, gate; /* gate: the service's end, until it is sent */
+    int status, exited;
+};
+
+static int sys_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+static void pidfd_kill(int pidfd) { syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0); }
+
+/* Fork it; the descriptors in close_fds are this process's, not the child's. */
+static int fork_held(struct held *h, const int *close_fds, int nclose) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(pair[0]);
+        close(pair[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        for (int i = 0; i < nclose; i++)
+            close(close_fds[i]);
+        close(pair[0]);
+        held_child(pair[1]);
+    }
+    close(pair[1]);
+    h->pid = pid;
+    h->gate = pair[0];
+    h->exited = 0;
+    h->pidfd = sys_pidfd_open(pid);
+    if (h->pidfd < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(h->gate);
+        h->pid = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* Its wait status, once it has exited, leaving it a zombie (WNOWAIT); 1 then. */
+static int held_exited(struct held *h) {
+    if (h->exited)
+        return 1;
+    siginfo_t info = {0};
+    if (waitid(P_PID, (id_t)h->pid, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0)
+        return 0;
+    if (info.si_code == CLD_EXITED)
+        h->status = (info.si_status & 0xFF) << 8;
+    else
+        h->status = (info.si_status & 0x7F) | (info.si_code == CLD_DUMPED ? 0x80 : 0);
+    h->exited = 1;
+    return 1;
+}
+
+/* Kill it (a no-op once it has exited) and reap it; close its descriptors. */
+static void held_discard(struct held *h) {
+    if (!h->pid)
+        return;
+    pidfd_kill(h->pidfd);
+    while (waitpid(h->pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    close(h->pidfd);
+    if (h->gate >= 0)
+        close(h->gate);
+    h->pid = 0;
+}
+
 enum outcome {
     DONE,     /* the run's exit code is in attempt.code */
     ABSENT,   /* nobody listens there: try the next socket */
@@ -647,6 +919,30 @@ static char *json_text(const struct jvalue *v) {
     return text;
 }
 
+/* Wait for the next reply while watching the held child: its wait status
+ * goes to the service (exit_w) as soon as it has exited. As receive(). */
+static int next_reply(int sock, struct buf *in, struct buf *msg, const char **why, struct held *h, int exit_w) {
+    while (!(in->len && memchr(in->data, 0, in->len))) {
+        struct pollfd p[2] = {{sock, POLLIN, 0}, {h->exited ? -1 : h->pidfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue; /* a forwarded signal */
+            *why = strerror(errno);
+            return -1;
+        }
+        if (p[1].revents && held_exited(h)) {
+            char line[24];
+            int n = snprintf(line, sizeof line, "%d\n", h->status);
+            if (write(exit_w, line, (size_t)n) < 0) {
+                /* the service is gone: the connection says so */
+            }
+        }
+        if (p[0].revents)
+            break;
+    }
+    return receive(sock, in, msg, why);
+}
+
 static enum outcome run_via_service(const char *path, int argc, char **argv, struct attempt *a) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
@@ -666,7 +962,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
         close(sock);
         return decline(a, 0, "the socket is not served by this user or root");
     }
-    int control[2];
+    int control[2], exits[2];
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd)) {
         close(sock);
@@ -676,6 +972,25 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
         close(sock);
         return decline(a, 0, "pipe: %s", strerror(errno));
     }
+    if (pipe2(exits, O_CLOEXEC) < 0) {
+        close(control[0]);
+        close(control[1]);
+        close(sock);
+        return decline(a, 0, "pipe: %s", strerror(errno));
+    }
+    /* The command's process: this process's child, held at its gate until the
+     * service has made the run's scope around it (kernel/gate.py). */
+    struct held h = {0};
+    int mine[5] = {sock, control[0], control[1], exits[0], exits[1]};
+    if (fork_held(&h, mine, 5) < 0) {
+        int err = errno;
+        for (int i = 0; i < 5; i++)
+            close(mine[i]);
+        return decline(a, 0, "fork: %s", strerror(err));
+    }
+    /* After the fork (the service reads the child's /proc files): the command,
+     * which runs as this uid, cannot ptrace this process or open its pipes. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     mode_t mask = umask(022);
     umask(mask);
 
@@ -701,20 +1016,28 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
     }
     buf_str(&out, "],\"cwd\":");
     buf_json_string(&out, cwd);
-    buf_fmt(&out, ",\"umask\":%u,\"stdin\":0,\"stdout\":1,\"stderr\":2,\"control\":3},\"more\":true}", (unsigned)mask);
+    buf_fmt(&out,
+            ",\"umask\":%u,\"stdin\":0,\"stdout\":1,\"stderr\":2,\"control\":3,\"process\":4,\"gate\":5,\"exit\":6},"
+            "\"more\":true}",
+            (unsigned)mask);
     buf_add(&out, "", 1); /* the message's NUL */
 
     /* From here a stop signal is the run's: forwarded as a byte. */
     control_w = control[1];
     forward_stop_signals();
-    int fds[4] = {0, 1, 2, control[0]};
-    int sent = send_all(sock, out.data, out.len, fds, 4);
+    int fds[7] = {0, 1, 2, control[0], h.pidfd, h.gate, exits[0]};
+    int sent = send_all(sock, out.data, out.len, fds, 7);
     int send_errno = errno;
     free(out.data);
     close(control[0]);
-    if (sent < 0) { /* a closed stdio descriptor, the service gone: all handled in-process */
+    close(exits[0]);
+    close(h.gate);
+    h.gate = -1;
+    if (sent < 0) { /* the service gone: all handled in-process */
         restore_stop_signals();
+        held_discard(&h);
         close(control[1]);
+        close(exits[1]);
         close(sock);
         return decline(a, 0, "sending the run: %s", strerror(send_errno));
     }
@@ -723,7 +1046,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
     int accepted = 0;
     for (;;) {
         const char *why = NULL;
-        int got = receive(sock, &in, &msg, &why);
+        int got = next_reply(sock, &in, &msg, &why, &h, exits[1]);
         struct jvalue reply;
         struct parser ps = {msg.data, msg.data + (msg.len ? msg.len - 1 : 0), 0};
         if (got == 1) {
@@ -733,9 +1056,11 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
             }
         }
         if (got <= 0) {
+            held_discard(&h); /* never released, or its scope is stopped by the service's tether */
             if (!accepted) {
                 restore_stop_signals();
                 close(control[1]);
+                close(exits[1]);
                 close(sock);
                 return decline(a, 1, "the corral service ended before it took the run (%s)", why);
             }
@@ -749,6 +1074,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
         const struct jvalue *parameters = member(&reply, "parameters");
         const char *error = member_string(&reply, "error");
         if (member(&reply, "error")) {
+            held_discard(&h); /* still at its gate, or exited: reaped */
             const char *name = error ? error : "(no name)";
             if (!strcmp(name, "io.corral.Run.UsageError") || !strcmp(name, "io.corral.Run.SetupError")) {
                 const char *message = member_string(parameters, "message");
@@ -764,6 +1090,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
             }
             restore_stop_signals();
             close(control[1]);
+            close(exits[1]);
             close(sock);
             decline(a, !strcmp(name, "io.corral.Run.InternalError"), "%s %s", name, text);
             free(text);
@@ -774,6 +1101,7 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
             accepted = 1;
             continue;
         }
+        held_discard(&h); /* exited (a zombie until now), or never started: reaped */
         a->code = finish(parameters);
         return DONE;
     }
@@ -794,7 +1122,17 @@ static int completing(void) {
     return getenv(var) != NULL;
 }
 
+/* A closed 0, 1 or 2 gets /dev/null before anything here opens a descriptor,
+ * which would take its number and be the command's stdio (the socket to the
+ * service as its stdout, say). */
+static void open_closed_stdio(void) {
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd)
+            _exit(125);
+}
+
 int main(int argc, char **argv) {
+    open_closed_stdio();
     const char *base = strrchr(argv[0], '/');
     base = base ? base + 1 : argv[0];
     prog = !strcmp(base, "corral-enforced") ? "corral-enforced" : "corral";

@@ -70,9 +70,12 @@ class SystemdEngine(CgroupLimits, Engine):
     #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
     kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
 
-    def __init__(self, spec, session=None):
+    def __init__(self, spec, session=None, held=None):
         super().__init__()
         self.spec = spec
+        #: The command's process when the caller forked it (``kernel.gate.HeldProcess``:
+        #: the corral service's scopes); the strategy takes it at launch.
+        self.held = held
         #: A Runner's SystemdSession, or None for a run of its own (the CLI).
         self.session = session
         self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
@@ -434,6 +437,8 @@ class SystemdEngine(CgroupLimits, Engine):
 
     def lost_track(self):
         from_manager = self.strategy.status_from_manager
+        if self._child is not None and self._status is None and (why := self._child.lost()) is not None:
+            return why  # a caller's held process whose end cannot be known
         if self._start_reply_lost is not None and self._status is None:
             return self._start_reply_lost
         if self._adopted and self._status is None and (self._unit_gone or self._active_state in ("inactive", "failed")):
@@ -593,10 +598,27 @@ class SystemdEngine(CgroupLimits, Engine):
             self._final_sampled = True
             self._sample_unit()
         # Whatever of the run still lives is outside the group: find and kill it.
-        if self.tracker is not None and (escaped := self.tracker.sweep(self._pinned_sessions())):
+        if self.tracker is not None and (escaped := self._sweep()):
             self._stopped_count = max(self._stopped_count, len(self.tracker.escaped))
             return escaped
         return []
+
+    def _sweep(self) -> list[int]:
+        """The tracker's sweep: its sessions are the main process's, pinned
+        while it is held unreaped, else known by the run's mark (a service's,
+        which the manager reaps; ``ExecMainPID`` is its session id, as the
+        manager starts each service in a session of its own)."""
+        assert self.tracker is not None
+        pinned = self._pinned_sessions()
+        marked = set(self.strategy.main_sessions()) - set(pinned)
+        if self._child is not None and not pinned:
+            marked.add(self._child.pid)
+        return self.tracker.sweep(
+            pinned,
+            still_pinned=self._child.session_pinned if self._child is not None else (lambda: True),
+            marked=tuple(marked),
+            run_id=self.spec.run_id,
+        )
 
     def _unit_inactive(self) -> bool:
         """The unit is inactive, failed or gone (a vanished manager has no units)."""
@@ -654,6 +676,9 @@ class SystemdEngine(CgroupLimits, Engine):
             self._tether = None
 
     def close(self):
+        if self.held is not None:  # never launched (setup failed first)
+            self.held.abandon()
+            self.held = None
         if self.conn is None:
             return
         if self._started and not self._unit_gone and self.manager.lost is None:

@@ -98,9 +98,18 @@ def service_properties(argv, executable: str, cwd: str | None, unset: list[str])
     """The command as the manager starts it: ExecStartEx with no-env-expand
     (the ":" prefix), so the arguments reach the command as given (plain
     ExecStart would expand "$VAR", "${VAR}" and "$$"); Type=exec, so the
-    start job ends once the command was executed."""
+    start job ends once the command was executed.
+
+    ExitType=cgroup: the unit stays active while any process of it lives, so
+    what the main process left behind is stopped by corral's own stop
+    sequence (and counted), as in a scope, not by the manager before corral
+    has seen it. IgnoreSIGPIPE=no: SIGPIPE at its default action, as a
+    scope's command, a shell's child and ``timeout``'s have it (systemd
+    ignores it in services by default: ``yes | head -1`` would report EPIPE)."""
     return [
         prop("Type", "s", "exec"),
+        prop("ExitType", "s", "cgroup"),
+        prop("IgnoreSIGPIPE", "b", False),
         prop("ExecStartEx", "a(sasas)", [(executable, list(argv), ["no-env-expand"])]),
         *([prop("UnsetEnvironment", "as", unset)] if unset else []),
         prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),

@@ -72,10 +72,17 @@ class ScopeStrategy:
         """Before anything starts: nothing to check (exec tells)."""
 
     def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
-        """(properties, descriptors) for StartTransientUnit: the command forked, held."""
+        """(properties, descriptors) for StartTransientUnit: the command forked, held.
+
+        A caller's held process (``kernel.gate.HeldProcess``: the corral
+        service's runs) is the command's process already: it gets its
+        command, environment and stdio when its gate opens (``started``)."""
         engine = self.engine
         isolate = network_to_leave(engine.spec)
-        if engine.session is None:
+        if engine.held is not None:
+            engine._child, engine.held = engine.held, None
+            engine._child.prepare(argv, env, cwd, engine.spec.umask, (stdin, stdout, stderr))
+        elif engine.session is None:
             engine._child = fork_run_command(
                 engine.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True
             )
@@ -113,7 +120,10 @@ class ScopeStrategy:
         try:
             engine._child.release()
         except SetupError:
-            engine._child = None  # it never ran and is reaped (--network none not in place)
+            # It never ran and is reaped (--network none not in place), or a
+            # caller's held process did not take its command: killed.
+            engine._child.close()
+            engine._child = None
             raise
 
     def cgroup_hint(self) -> str:
@@ -130,6 +140,10 @@ class ScopeStrategy:
     def unit_changed(self, changed: dict) -> None:
         """A service's main-process properties; a scope has none."""
 
+    def main_sessions(self) -> tuple:
+        """A scope's main process is corral's (or its caller's) child: the engine knows its session."""
+        return ()
+
     def refresh_status(self) -> None:
         """A scope's status is our child's: nothing to ask."""
 
@@ -137,17 +151,16 @@ class ScopeStrategy:
     nudge_when_empty = True
 
     def close(self) -> None:
-        child = self.engine._child
-        if child is not None and child.pidfd >= 0:
-            os.close(child.pidfd)
-            child.pidfd = -1
+        if self.engine._child is not None:
+            self.engine._child.close()
 
 
 class ServiceStrategy:
     """The manager starts the command; corral learns its end from the manager."""
 
     status_from_manager = True
-    nudge_when_empty = False
+    #: ExitType=cgroup: an empty service is stopped once the manager notices, as a scope; corral nudges it.
+    nudge_when_empty = True
     may_have_run = "; if the first request started the service, ending this run's tether stops it"
 
     def __init__(self, engine):
@@ -155,6 +168,7 @@ class ServiceStrategy:
         self._service_props: list = []
         self._environment: dict[str, str] = {}
         self._env_file: EnvFile | None = None
+        self._main_pid = 0  # ExecMainPID, once the manager says it
 
     @property
     def keep_failed(self) -> bool:
@@ -203,6 +217,9 @@ class ServiceStrategy:
         from ..credential_check import CHECK_SCRIPT
 
         engine = self.engine
+        if engine.held is not None:  # the manager starts the command: a caller's held process is not needed
+            engine.held.abandon()
+            engine.held = None
         if engine.spec.network == "none" and engine.manager_kind == "user":
             # A user manager gives each of a unit's processes a user namespace
             # of its own (PrivateUsers=); the network namespace the first one
@@ -418,10 +435,18 @@ class ServiceStrategy:
     def unit_changed(self, changed: dict) -> None:
         """The service's main process, from the unit's PropertiesChanged."""
         engine = self.engine
+        if changed.get("ExecMainPID"):
+            self._main_pid = changed["ExecMainPID"]
         if changed.get("ExecMainPID") or changed.get("ExecMainStartTimestampMonotonic"):
             engine._main_started = True
         engine._sample_manager(changed)
         self._status_from(changed)
+
+    def main_sessions(self) -> tuple:
+        """The main process's session id (the manager calls setsid() for it):
+        its number may be reused once the manager has reaped it, so the sweep
+        takes only members that carry the run's mark."""
+        return (self._main_pid,) if self._main_pid else ()
 
     def _status_from(self, props: dict) -> None:
         engine = self.engine

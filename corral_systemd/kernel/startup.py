@@ -1,0 +1,50 @@
+"""corral's own process as its caller started it, before it does anything else.
+
+Two things a corral entry point (the CLI, the Python client) puts right
+first, so that what the command inherits is what the caller gave:
+
+- **a closed 0, 1 or 2** gets ``/dev/null`` (read-only for 0, write-only
+  for 1 and 2), as glibc does for setuid programs. Else the next descriptor
+  corral opens takes that number: its signal pipe would become the
+  command's stdin, its socket to the service the command's stdout (which
+  the command could write calls onto). The command then has ``/dev/null``
+  there too, on every path (``packaging/client/corral.c`` does the same);
+- **the C locale's coercion**: a Python started with the C or POSIX locale
+  sets ``LC_CTYPE=C.UTF-8`` in its own environment (PEP 538), which every
+  command it starts would inherit. The caller never set it: it is taken
+  out again, unless the environment corral was started with (what exec
+  gave it, /proc/self/environ) had it.
+"""
+
+import os
+
+#: The values PEP 538 coercion sets LC_CTYPE to.
+_COERCED = ("C.UTF-8", "C.utf8", "UTF-8")
+
+
+def prepare() -> None:
+    open_closed_stdio()
+    undo_locale_coercion()
+
+
+def open_closed_stdio() -> None:
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if opened != fd:  # a lower one was closed meanwhile: cannot happen in order 0, 1, 2
+                os.close(opened)
+
+
+def undo_locale_coercion() -> None:
+    value = os.environ.get("LC_CTYPE")
+    if value not in _COERCED:
+        return
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            given = f.read().split(b"\0")
+    except OSError:
+        return  # cannot tell: keep it
+    if not any(entry.startswith(b"LC_CTYPE=") for entry in given):
+        del os.environ["LC_CTYPE"]
