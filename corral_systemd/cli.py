@@ -281,6 +281,7 @@ def _check_output_path(path: str, option: str = "--json") -> None:
 def _run(invocation: Invocation) -> int:
     from . import dbus
     from .core.assemble import assemble_and_run
+    from .core.result import NEVER_RAN
     from .core.supervisor import SignalWatch
     from .engines import open_engine
 
@@ -304,7 +305,7 @@ def _run(invocation: Invocation) -> int:
             _print_record(result) if is_stdout(json_path) else write_record(result, json_path)
         except OSError as exc:
             print(f"corral: cannot write --json record: {exc}", file=sys.stderr)
-    if not invocation.quiet:
+    if not invocation.quiet or result.reason in NEVER_RAN:  # why nothing ran is never swallowed
         print(summary_line(result), file=sys.stderr)
     return result.exit_code
 

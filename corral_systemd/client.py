@@ -104,8 +104,9 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
             pipes += os.pipe2(os.O_CLOEXEC)
             pipes += os.pipe2(os.O_CLOEXEC)
             control_r, control_w, exit_r, exit_w = pipes
+            _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans become ours (the service finds them so)
             child = fork_held(close_in_child=(sock.fileno(), *pipes))
-            _not_dumpable()  # after the fork: the service reads the child's /proc files
+            _prctl(4, 0)  # PR_SET_DUMPABLE, after the fork (the service reads the child's /proc files): see below
             mask = os.umask(0o22)
             os.umask(mask)
             parameters = {
@@ -164,10 +165,10 @@ def _await_run(channel, child, exit_w: int, prog: str) -> int:
     accepted = False
     while True:
         ready = [fd for fd, _ in poller.poll()] if not channel.buffered() else []
-        if child.pidfd in ready and (status := child.exited()) is not None:
+        if child.pidfd in ready and child.exited() is not None:
             poller.unregister(child.pidfd)
             try:
-                os.write(exit_w, b"%d\n" % status)
+                os.write(exit_w, child.report())
             except OSError:
                 pass  # the service is gone: the connection says so
         if ready and channel.sock.fileno() not in ready:
@@ -202,13 +203,13 @@ def _await_run(channel, child, exit_w: int, prog: str) -> int:
         return _finish(parameters, prog)
 
 
-def _not_dumpable() -> None:
-    """PR_SET_DUMPABLE 0: the command, which runs as this uid, cannot ptrace
-    this process or open its descriptors through /proc (its exit pipe, its
-    control pipe, its connection to the service)."""
+def _prctl(option: int, value: int) -> None:
+    """prctl(2) on this process. PR_SET_DUMPABLE 0: the command, which runs
+    as this uid, cannot ptrace it or open its descriptors through /proc (its
+    exit pipe, its control pipe, its connection to the service)."""
     import ctypes
 
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    ctypes.CDLL(None).prctl(option, value, 0, 0, 0)
 
 
 def _error_reply(reply: dict, prog: str, accepted: bool) -> int:

@@ -25,7 +25,10 @@ def test_the_inner_run_is_stopped_by_the_outer_wall(corral, tmp_path, mode):
     assert run.returncode == 124, run.stderr
     assert run.survivors == [] and run.record["verified"]
     if inner_record.exists():  # the inner corral was stopped too: it may have written its record
-        assert json.loads(inner_record.read_text())["nested_in"] == run.record["run_id"]
+        # Inside a fallback run no cgroup shows the outer run: the inner corral is not nested (and
+        # needs not be: the outer one finds its processes by descent, as this test's survivors show).
+        expected = None if mode == "fallback" else run.record["run_id"]
+        assert json.loads(inner_record.read_text())["nested_in"] == expected
 
 
 @pytest.mark.systemd
@@ -48,10 +51,11 @@ def test_an_inner_memory_hog_is_stopped_by_the_outer_memory_limit(corral, tmp_pa
         assert "nested in corral run" in record["engine"]["auto_fallback_reason"]
 
 
+@pytest.mark.systemd
 def test_enforced_mode_inside_a_run_is_refused_one_line(corral, tmp_path):
     witness = tmp_path / "ran"
     inner = [*CORRAL, "--cgroup-mode", "enforced", "--", "touch", str(witness)]
-    run = corral(mode_flags("fallback") + ["--quiet", "--", *inner])
+    run = corral(mode_flags("scope") + ["--quiet", "--", *inner])
     assert run.returncode == 125, run.stderr
     lines = run.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "inside corral run " + run.record["run_id"] in lines[0], lines
@@ -61,6 +65,30 @@ def test_enforced_mode_inside_a_run_is_refused_one_line(corral, tmp_path):
 def test_only_a_run_id_shaped_value_is_an_outer_run():
     from corral_systemd.common.nesting import outer_run
 
-    assert outer_run({}) is None
-    assert outer_run({"CORRAL_RUN_ID": "../../etc"}) is None
-    assert outer_run({"CORRAL_RUN_ID": "0123456789ab"}) == "0123456789ab"
+    inside = "0::/corral.slice/corral-0123456789ab.scope\n"
+    assert outer_run({}, inside) is None
+    assert outer_run({"CORRAL_RUN_ID": "../../etc"}, inside) is None
+    assert outer_run({"CORRAL_RUN_ID": "0123456789ab"}, inside) == "0123456789ab"
+
+
+def test_a_stale_run_id_is_not_believed():
+    """A shell that outlived its run still exports CORRAL_RUN_ID: the kernel
+    does not place this process in that run, so it is not nested (before:
+    auto mode fell back, --pids unenforced, --mem only watched, the record
+    named a run that was not there)."""
+    from corral_systemd.common.nesting import outer_run
+
+    assert outer_run({"CORRAL_RUN_ID": "0123456789ab"}, "0::/user.slice/session-1.scope\n") is None
+    assert outer_run({"CORRAL_RUN_ID": "0123456789ab"}, "1:name=systemd:/corral-0123456789abc.scope\n") is None
+    assert outer_run({"CORRAL_RUN_ID": "0123456789ab"}, "0::/parent/corral-0123456789ab\n") == "0123456789ab"
+    # End to end: an enforced corral with a stale id runs (not 125), and its record names no outer run.
+    import subprocess
+
+    proc = subprocess.run(
+        [*CORRAL, "--cgroup-mode", "fallback", "--quiet", "--json", "-", "--", "true"],
+        env={**__import__("os").environ, "CORRAL_RUN_ID": "0123456789ab", "CORRAL_SERVICE": "0"},
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["nested_in"] is None

@@ -377,8 +377,16 @@ def _check_remove_leaves_nothing(deb, tmp_path):
         "/usr/share/man/man1/corralctl.1.gz",
         "/usr/lib/systemd/system/corral.slice",
         "/usr/share/bash-completion/completions/corral",
+        *_SOCKET_LINKS,
     ):
         assert not os.path.lexists(path), f"{path} left after dpkg -r"
+
+
+#: Where an enabled corral.socket would be linked.
+_SOCKET_LINKS = (
+    "/etc/systemd/system/sockets.target.wants/corral.socket",
+    "/etc/systemd/user/sockets.target.wants/corral.socket",
+)
 
 
 @pytest.mark.slow
@@ -399,6 +407,9 @@ def test_deb_build_install_run_remove(tmp_path):
         try:
             proc = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
+            # The corral service is shipped disabled: dpkg enables nothing.
+            assert "Created symlink" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+            assert not [p for p in _SOCKET_LINKS if os.path.lexists(p)]
             for check in (
                 _check_installed_version,
                 _check_installed_runs_a_command,

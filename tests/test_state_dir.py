@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -122,3 +123,47 @@ def test_state_dir_last_component_is_created_private(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert state.is_dir() and state.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("home", ["/", "/nonexistent"])
+def test_a_user_without_a_private_state_location_runs_unregistered(home):
+    """An arbitrary uid in a container (``docker run -u 1234``): no runtime
+    directory, a HOME that is not its own. The run goes on, unregistered,
+    with one warning, and its record says so; corralctl says it knows
+    nothing (before: 125 "cannot register the run" for every run)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as another user")
+    marker = new_marker()
+    uid = 51234
+    env = {"PATH": os.environ["PATH"], "HOME": home, "CORRAL_SERVICE": "0", MARKER_ENV: marker}
+    as_user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    try:
+        proc = subprocess.run(
+            [*as_user, *CORRAL, *FB, "--json", "-", "--", "sh", "-c", "echo hi; setsid sleep 600 & exit 0"],
+            env=env,
+            capture_output=True,
+            cwd="/",
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = proc.stdout.decode()
+        assert out.startswith("hi\n")
+        record = json.loads(out[3:])
+        assert record["registry"] == "unavailable" and record["verified"] and not marked_pids(marker)
+        warnings = [line for line in proc.stderr.decode().splitlines() if "warning" in line]
+        assert len(warnings) == 1 and "not registered" in warnings[0], proc.stderr
+        ctl = [sys.executable, "-m", "corral_systemd.ctl"]
+        for args, code in ((["status", record["run_id"]], 12), (["ps"], 0)):
+            said = subprocess.run([*as_user, *ctl, *args], env=env, capture_output=True, text=True, timeout=60)
+            assert said.returncode == code and "no run registry" in said.stdout + said.stderr, said
+        # Asked for by name: that directory, or nothing runs (125, one line).
+        proc = subprocess.run(
+            [*as_user, *CORRAL, *FB, "--", "true"],
+            env={**env, "CORRAL_STATE_DIR": "/"},
+            capture_output=True,
+            cwd="/",
+            timeout=120,
+        )
+        assert proc.returncode == 125 and b"cannot register" in proc.stderr, proc.stderr
+    finally:
+        kill_marked(marker)

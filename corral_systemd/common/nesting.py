@@ -9,8 +9,15 @@ processes stay where corral is), ``enforced`` is refused (125) unless
 ``--cgroup-parent`` names a delegated directory the user chose, and the
 record says which run it was nested in (``nested_in``).
 
-The variable is only a hint the command could forge: what it can change is
-how an inner corral runs its own command, never what the outer one does.
+The variable is only a hint: a shell that outlived its run may still export
+it, and the command could forge it. So it is believed only when the kernel
+agrees: /proc/self/cgroup places this process in that run's unit
+(``corral-<id>.scope``/``.service``) or ``--cgroup-parent`` group
+(``corral-<id>``). Inside a fallback run (no cgroup of its own) nothing
+shows it: an inner corral there is not nested, and needs not be (the outer
+fallback finds its processes by descent, wherever the inner one puts them).
+What the variable can change is how an inner corral runs its own command,
+never what the outer one does.
 """
 
 import os
@@ -20,10 +27,23 @@ RUN_ENV = "CORRAL_RUN_ID"
 _RUN_ID = re.compile(r"[0-9a-f]{1,64}")
 
 
-def outer_run(environ=os.environ) -> str | None:
-    """The run this process runs inside, by its environment (None: none)."""
+def outer_run(environ=os.environ, cgroups: str | None = None) -> str | None:
+    """The run this process runs inside: its environment says which, and its
+    cgroups (``cgroups``: /proc/self/cgroup's text, read if None) confirm it; else None."""
     value = environ.get(RUN_ENV)
-    return value if value is not None and _RUN_ID.fullmatch(value) else None
+    if value is None or not _RUN_ID.fullmatch(value):
+        return None
+    if cgroups is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                cgroups = f.read()
+        except OSError:
+            return None
+    names = {f"corral-{value}.scope", f"corral-{value}.service", f"corral-{value}"}
+    for line in cgroups.splitlines():
+        if names.intersection(line.split(":", 2)[-1].split("/")):
+            return value
+    return None
 
 
 def command_env(env: dict | None, run_id: str) -> dict:

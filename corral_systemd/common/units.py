@@ -15,7 +15,9 @@ _SIZE_SCALE = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
 def parse_duration(text: str, *, what: str = "duration") -> float:
-    """``"1.5s"`` -> 1.5. A unit (ms, s, m, h) is required."""
+    """``"1.5s"`` -> 1.5. A unit (ms, s, m, h) is required, but for zero (``"0"``)."""
+    if text.strip() == "0":
+        return 0.0
     match = _DURATION.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"invalid {what} {text!r}: expected a number with ms, s, m or h (e.g. 500ms, 2s)")

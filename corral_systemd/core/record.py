@@ -91,7 +91,22 @@ class EngineInfo(BaseModel):
     pids_limit_hits: int | None = None
     #: Whose figures those are; None when there are none ("procfs": a
     #: fallback run's, from /proc and the children corral reaped).
-    accounting_source: Literal["cgroup", "manager", "cgroup+manager", "procfs"] | None = None
+    #: Whose readings the figures are: the run's cgroup, its manager, the main
+    #: process's own (its waiter's getrusage: a floor to the microsecond), or
+    #: /proc (the fallback); joined by "+" when several gave the largest.
+    accounting_source: (
+        Literal[
+            "cgroup",
+            "manager",
+            "rusage",
+            "cgroup+manager",
+            "cgroup+rusage",
+            "manager+rusage",
+            "cgroup+manager+rusage",
+            "procfs",
+        ]
+        | None
+    ) = None
     #: True: the group's figures were read after its last process ended, so
     #: they are totals. False: the group was removed first (its manager was
     #: quicker) and they are the last sample, lower bounds -- except a CPU
@@ -176,6 +191,11 @@ class RunRecord(_Strict):
     #: Which path ran it: "cli" (the corral process), "service" (the corral
     #: service, for a corral client), "library" (a Runner, run()).
     via: str = "cli"
+    #: The run registry (``corralctl``'s view of the run): "registered", "off"
+    #: (--no-registry), or "unavailable": no private state location could be
+    #: had (an arbitrary uid without a runtime directory or a HOME of its
+    #: own), so the run ran unregistered and a warning says why.
+    registry: Literal["registered", "off", "unavailable"] = "registered"
     engine: EngineInfo
     warnings: list[str] = []
     environment: EnvironmentNames | None = None

@@ -122,6 +122,7 @@ def record_data(result) -> dict:
         "nested_in": result.nested_in,
         "pty": result.pty,
         "via": result.via,
+        "registry": getattr(result, "registry", "registered"),
         "engine": engine,
         "warnings": list(result.warnings),
         "environment": environment,

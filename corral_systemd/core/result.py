@@ -18,6 +18,8 @@ INTERRUPTED = "interrupted"  # corral received SIGINT/SIGTERM/SIGHUP
 SPAWN_FAILED = "spawn_failed"  # the command could not be executed (126/127)
 SETUP_FAILED = "setup_failed"  # corral could not set the run up (125)
 INTERNAL_ERROR = "internal_error"  # corral failed mid-run; never verified, so 120
+#: The command never ran: its one line is printed even with --quiet (which drops a run's summary).
+NEVER_RAN = (SPAWN_FAILED, SETUP_FAILED)
 
 
 @dataclass
@@ -59,6 +61,8 @@ class RunOutcome:
     engine: dict = field(default_factory=dict)  # unit, cgroup, resources...
     warnings: list[str] = field(default_factory=list)
     observer_error: str | None = None  # the observer (the registry) failed: see supervisor.RunObserver
+    #: "registered", "off" (--no-registry) or "unavailable" (no private state location: a warning says why).
+    registry: str = "registered"
     environment: dict | None = None  # --env-*: names kept and dropped, never values
     credentials: list[str] = field(default_factory=list)  # --credential names, never contents
     credentials_delivery: str | None = None  # who made $CREDENTIALS_DIRECTORY: "systemd" or "corral"
@@ -98,7 +102,8 @@ def usage_summary(result: RunOutcome) -> str:
     # A group removed before its final reading left lower bounds ("at
     # least"), except a CPU total the manager kept.
     sampled = engine.get("accounting_final") is False
-    cpu_sampled = sampled and "manager" not in (engine.get("accounting_source") or "")
+    source = engine.get("accounting_source") or ""
+    cpu_sampled = sampled and "manager" not in source and "rusage" not in source
     parts = []
     if engine.get("memory_peak") is not None:
         parts.append(f"peak {'>=' if sampled else ''}{engine['memory_peak'] / 2**20:.1f} MiB")

@@ -37,6 +37,10 @@ class RunGuard:
         self.credential_pairs = [tuple(pair) for pair in (credentials or spec.credential_requests)]
         self.use_registry = registry
         self.registration = None
+        #: The record's ``registry``: "registered", "off" (--no-registry) or
+        #: "unavailable" (no private state location could be had; a warning says why).
+        self.registry_state = "off" if not registry else "registered"
+        self._warnings: list[str] = []
         self.creds: PrivateCredentials | None = None
         #: Who makes $CREDENTIALS_DIRECTORY: "systemd" (a service) or "corral".
         self.delivery: str | None = None
@@ -88,15 +92,10 @@ class RunGuard:
         from ..state.registry import MARK_ENV, RegistryObserver, new_mark, register
 
         facts = engine.describe() if engine.mode != "systemd" else {}
-        mark = None
-        if engine.mode == "fallback":
-            # No cgroup holds a fallback run: once corral is gone, this mark in
-            # the command's environment (inherited by all it starts) is what
-            # proves a process the run's to corralctl (see registry.carries_mark).
-            mark = new_mark(self.spec.run_id)
-            env = dict(os.environ if self.spec.env is None else self.spec.env)
-            env[MARK_ENV] = mark
-            self.spec.env = env
+        # No cgroup holds a fallback run: once corral is gone, a mark in the
+        # command's environment (inherited by all it starts) is what proves a
+        # process the run's to corralctl (see registry.carries_mark).
+        mark = new_mark(self.spec.run_id) if engine.mode == "fallback" else None
         try:
             self.registration = register(
                 self.spec,
@@ -112,11 +111,26 @@ class RunGuard:
                 mark=mark,
             )
         except OSError as exc:
-            engine.close()
-            raise SetupError(f"cannot register the run: {exc}") from None
+            if os.environ.get("CORRAL_STATE_DIR"):  # asked for by name: that one, or nothing runs
+                engine.close()
+                raise SetupError(f"cannot register the run: {exc}") from None
+            # The default location cannot be had safely (an arbitrary uid in a
+            # container: no runtime directory, a HOME not its own): run, unregistered.
+            self.registry_state = "unavailable"
+            self._warnings.append(
+                f"the run is not registered ({exc}): corralctl knows nothing of it; "
+                "set CORRAL_STATE_DIR to a private directory to register runs"
+            )
+            return None
+        if mark is not None:
+            env = dict(os.environ if self.spec.env is None else self.spec.env)
+            env[MARK_ENV] = mark
+            self.spec.env = env
         return RegistryObserver(self.registration)
 
     def annotate(self, result) -> None:
+        result.registry = self.registry_state
+        result.warnings.extend(self._warnings)
         result.environment = self.environment
         result.credentials = [n for n, _ in self.credential_pairs]
         result.credentials_delivery = self.delivery

@@ -8,9 +8,10 @@ target), and corralctl, for what a dead corral left behind
 (``ctl.reclaim``'s targets: a unit, a cgroup, a fallback run's sessions).
 
 Guarantees: whatever the target lists when the sequence starts gets TERM
-and CONT; what is born during the grace period gets them as it is seen
-(``signal_new``); whatever is still listed after the grace period gets
-KILL, and so does whatever appears during verification. The outcome is
+and CONT (with a grace period of 0: KILL at once, and no TERM); what is
+born during the grace period gets them as it is seen (``signal_new``);
+whatever is still listed after the grace period gets KILL, and so does
+whatever appears during verification. The outcome is
 ``verified`` only if the target's ``verify_empty()`` returned ``[]`` and its
 ``unproven()`` had nothing to say.
 
@@ -88,7 +89,13 @@ def stop_and_verify(
     period is skipped. ``step(name, **data)`` records "term_sent",
     "kill_sent", "verified" and "unverified" as they happen.
     """
-    if left := target.remaining():
+    if grace <= 0:
+        # No grace period: SIGKILL at once, nothing is told first (benchmark
+        # runners' immediate kill).
+        if left := target.remaining():
+            step("kill_sent", pids=sorted(left))
+            target.kill_all()
+    elif left := target.remaining():
         step("term_sent", pids=sorted(left))
         target.signal_all(signal.SIGTERM, signal.SIGCONT)
         grace_end = clock() + grace

@@ -36,6 +36,7 @@ from ..common import baton
 from ..common.errors import SetupError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
 from ..common.nesting import command_env, outer_run
+from ..kernel.rlimits import OwnLimits
 from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError
 from . import result as R
@@ -156,6 +157,7 @@ class Supervisor:
         self._stdin_fd = stdin_fd
         self._output_file_fd: int | None = None  # --output-file, closed when the run ends
         self._pty: Pty | None = None  # --pty, closed (terminal restored) when the run ends
+        self._limits = OwnLimits()
         self._t0 = 0.0
         self.result = R.RunOutcome(
             run_id=spec.run_id,
@@ -201,6 +203,7 @@ class Supervisor:
         res.started_at = time.time()
         res.started_monotonic = self._t0 = time.monotonic()
         pump = None
+        self._limits = OwnLimits()  # as the command inherits them; put back if it lowers corral's
         try:
             try:
                 pump = self._start()
@@ -214,8 +217,9 @@ class Supervisor:
                 return self._finish()
             try:
                 self._watch(pump)
-            except Exception as exc:  # a bug or a lost manager must not skip the stop
+            except Exception as exc:  # a bug, a lost manager, a limit the command lowered: never skip the stop
                 res.reason, res.detail = R.INTERNAL_ERROR, f"while watching: {exc!r}"
+            self._limits.restore()
             try:
                 self._stop_and_verify(pump)
             except Exception as exc:
@@ -226,7 +230,11 @@ class Supervisor:
                 except Exception:
                     pass
             if pump is not None:
-                self._drain(pump)
+                try:
+                    self._drain(pump)
+                except Exception as exc:
+                    res.warnings.append(f"the command's last output could not be read: {exc!r}")
+            self._limits.restore()
             outcome = self._finish()
             if pump is not None:
                 # The run is over: now the reader may take its time.
@@ -451,6 +459,7 @@ class Supervisor:
             events = baton.poll(poller, ms)
         except InterruptedError:
             events = []
+        self._limits.restore()  # the command may have lowered corral's (prlimit --pid $PPID)
         stop_sig = None
         for fd, _ in events:
             if self.signals is not None and fd == self.signals.read_fd:
@@ -512,7 +521,16 @@ class Supervisor:
         res.processes_stopped = getattr(engine, "processes_stopped", 0)
         res.limits_enforced = dict(engine.limits_enforced)
         res.warnings = [*engine.warnings, *res.warnings]  # the engine's, then a registry failure
-        res.engine = engine.describe()
+        try:
+            res.engine = engine.describe()
+        except Exception as exc:  # the stop and the proof are done: their outcome stands, said unproven
+            res.engine = {}
+            res.reason, res.detail = R.INTERNAL_ERROR, f"while describing the run: {exc!r}"
+        if self._limits.restored:
+            res.warnings.append(
+                f"the command lowered corral's own limits ({', '.join(sorted(self._limits.restored))}); "
+                "corral put them back"
+            )
         res.ended_at = time.time()
         res.ended_monotonic = time.monotonic()
         res.exit_code = R.exit_code_for(res, spawn_exit)

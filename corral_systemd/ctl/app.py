@@ -22,6 +22,15 @@ def _app():
         help="Look at and act on corral runs (the run registry: $CORRAL_STATE_DIR, else /run/corral "
         "for root, $XDG_RUNTIME_DIR/corral for other users).",
     )
+
+    @app.callback()
+    def _main(
+        version: bool = typer.Option(
+            False, "--version", is_eager=True, help="Print the version and exit.", callback=_version
+        ),
+    ):
+        """Look at and act on corral runs."""
+
     audit = typer.Typer(help="The runs' audit logs.", no_args_is_help=True)
     app.add_typer(audit, name="audit")
     service = typer.Typer(
@@ -109,6 +118,16 @@ def _app():
     return app
 
 
+def _version(value: bool) -> None:
+    if value:
+        import typer
+
+        from .. import __version__
+
+        print(f"corralctl {__version__}")
+        raise typer.Exit(0)
+
+
 def service_command(action: str, user: bool, system: bool, **options) -> int:
     import os
 
@@ -125,18 +144,26 @@ def service_command(action: str, user: bool, system: bool, **options) -> int:
             print(f"corralctl: corral.socket enabled and started ({manager} manager)")
             return 0
         if action == "uninstall":
-            for removed in units.uninstall(manager):
-                print(f"corralctl: removed {removed}")
+            removed, looked, warning = units.uninstall(manager)
+            for path in removed:
+                print(f"corralctl: removed {path}")
+            if not removed:
+                print(f"corralctl: nothing to remove: no unit written by corralctl in {' or '.join(looked)}")
+            if warning:
+                print(f"corralctl: warning: {warning}", file=sys.stderr)
             return 0
     except (units.ServiceUnitError, OSError) as exc:
         raise CtlError(str(exc)) from None
     paths = socket_paths()
     if not paths:
         report = units.status(None, "CORRAL_SERVICE is off")
+    tried = []
     for path in paths:  # as corral tries them
         report = units.status(path, None)
+        tried.append({"socket": path, "reason": report["reason"]})
         if report["in_use"] or not report.get("absent"):
             break
+    report["tried"] = tried
     print(units.status_json(report) if options.get("as_json") else units.status_text(report))
     return 0 if report["in_use"] else 3
 

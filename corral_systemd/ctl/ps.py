@@ -1,6 +1,8 @@
 """``corralctl ps``: live runs, who started what, how many processes, how much memory."""
 
 import json
+import os
+import sys
 import time
 
 from ..state import registry as REG
@@ -66,7 +68,12 @@ def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
 
 
 def ps(as_json: bool, directory: str | None = None) -> int:
-    rows = ps_rows(directory or REG.state_dir())
+    directory = directory or REG.state_dir()
+    if not os.path.isdir(directory):
+        from .status import no_registry
+
+        print(f"corralctl: {no_registry(directory)}", file=sys.stderr)
+    rows = ps_rows(directory)
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -80,7 +87,7 @@ def ps(as_json: bool, directory: str | None = None) -> int:
                 r["mode"] or "-",
                 _cell(r["unit"] or "-"),
                 _age(r["age"]),
-                _age(r["time_to_deadline"]),
+                _deadline_cell(r),
                 str(r["processes"]),
                 _size(r["memory"]),
                 _cell(r["cwd"] or "-"),
@@ -91,6 +98,17 @@ def ps(as_json: bool, directory: str | None = None) -> int:
     for line in lines:
         print("  ".join(col.ljust(w) for col, w in zip(line, widths, strict=False)) + "  " + line[-1])
     return 0
+
+
+def _deadline_cell(row: dict) -> str:
+    """Time left to the deadline, or what it says instead: ``passed`` once
+    the deadline is behind, ``-`` for none (never a countdown past it)."""
+    left = row["time_to_deadline"]
+    if left is None:
+        return "-"
+    if left <= 0 or row["state"] == "expired":
+        return "passed" if left <= 0 else "expired"
+    return _age(left)
 
 
 #: Characters that would break or forge a table row: C0/C1 controls, DEL, line/paragraph separators.

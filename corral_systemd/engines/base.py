@@ -273,20 +273,34 @@ def network_fact(spec) -> dict:
     return {"network": netns.how()}
 
 
-def usage_facts(cgroup: dict, manager: dict | None = None) -> dict:
+def usage_facts(cgroup: dict, manager: dict | None = None, rusage: dict | None = None) -> dict:
     """The record's resource figures (``cgroupfs.Usage`` names): read from
-    the run's cgroup, or reported by the manager (which reads the same
-    kernel files, and keeps its last reading once the group is gone). Each
-    figure only grows, so the larger reading wins (the cgroup's on a tie);
-    ``accounting_source`` says whose readings were used: "cgroup",
-    "manager", "cgroup+manager", or None when there are none."""
+    the run's cgroup, reported by the manager (which reads the same kernel
+    files, and keeps its last reading once the group is gone), or the main
+    process's own CPU time as its waiter read it (``rusage``: the kernel's
+    getrusage of the zombie, it and what it waited for, final to the
+    microsecond: a floor when the group went before its last reading).
+    Each figure only grows, so the larger reading wins (the cgroup's on a
+    tie); ``accounting_source`` says whose readings were used: "cgroup",
+    "manager", "rusage" joined by "+", or None when there are none."""
     facts = dict(cgroup)
     used = {"cgroup"} if cgroup else set()
-    for name, value in (manager or {}).items():
-        if value > facts.get(name, -1):
-            facts[name] = value
-            used.add("manager")
+    for source, figures in (("manager", manager), ("rusage", rusage)):
+        for name, value in (figures or {}).items():
+            if value > facts.get(name, -1):
+                facts[name] = value
+                used.add(source)
     if "cgroup" in used and not any(facts[name] == value for name, value in cgroup.items()):
         used.discard("cgroup")
-    facts["accounting_source"] = "+".join(source for source in ("cgroup", "manager") if source in used) or None
+    facts["accounting_source"] = "+".join(s for s in ("cgroup", "manager", "rusage") if s in used) or None
     return facts
+
+
+def main_rusage(child) -> dict:
+    """The main process's CPU figures as its waiter read them (``Child.usage``,
+    ``HeldProcess.usage``), for ``usage_facts``; {} when unknown."""
+    usage = getattr(child, "usage", None) if child is not None else None
+    if not usage or usage[0] is None or usage[1] is None:
+        return {}
+    user, system = usage
+    return {"cpu_usage_nsec": user + system, "cpu_user_nsec": user, "cpu_system_nsec": system}

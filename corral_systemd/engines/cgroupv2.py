@@ -22,7 +22,7 @@ import signal
 from ..common.errors import SetupError
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
-from .base import CgroupLimits, Engine, fork_run_command, network_fact, usage_facts
+from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_fact, usage_facts
 from .unitcgroup import UnitCgroup
 
 
@@ -238,7 +238,7 @@ class CgroupEngine(CgroupLimits, Engine):
     def describe(self):
         info = {
             "control_group": self.path,
-            **usage_facts(self.group.usage.figures),
+            **usage_facts(self.group.usage.figures, rusage=main_rusage(self._child)),
             "accounting_final": self.group.final,
             **network_fact(self.spec),
             **self.tracker.facts(),

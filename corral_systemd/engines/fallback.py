@@ -27,6 +27,7 @@ from ..kernel import procfs
 from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
 from .base import Engine, cpu_time_reached, fork_run_command, network_fact
+from .fallback_tether import FallbackTether
 
 MEMORY_WATCH_INTERVAL = 0.025
 
@@ -57,11 +58,16 @@ class FallbackEngine(Engine):
         # What corral's reaped children used before the run: not the run's.
         self._reaped_before = _reaped_cpu_nsec()
         set_child_subreaper()
+        # If corral dies, the tether stops the run (fallback_tether.py): forked
+        # now, before the foreign children are listed, so it is one of them.
+        self._tether = FallbackTether(spec.run_id, spec.grace, spec.verify_timeout)
         # Children corral already had are not the run's: never signal them.
         self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
         self._signalled: set[tuple[int, int]] = set()
         self._peak_rss = 0
         self._last_infos: list[procfs.ProcInfo] = []
+        #: cgroup v1 freezer groups thawed to stop the run (the record's ``thawed``).
+        self._thawed: list[str] = []
 
     def ignore_child(self, pid):
         self._foreign.add(pid)
@@ -154,7 +160,27 @@ class FallbackEngine(Engine):
         # and exit at once cannot outrun it. Safe by pid rules: the group id
         # is the main process's pid, which we keep unreaped, and only
         # processes of the command's own session can join that group.
-        members = self._members()
+        try:
+            members = self._members()
+        except OSError:
+            # /proc cannot be read (the command took corral's descriptors:
+            # prlimit --pid $PPID --nofile=4:4): the command's group at least,
+            # which needs no descriptor; the proof will say what is left.
+            if self._child is not None and not self._child.reaped:
+                for sig in sigs:
+                    try:
+                        os.killpg(self._child.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            raise
+        if os.geteuid() == 0 and members:
+            # A process the command froze (cgroup v1 freezer) would act on no
+            # signal until thawed: thaw its group, if it holds only the run's.
+            from ..kernel.cgroupfs import thaw_v1_frozen
+
+            for group_dir in thaw_v1_frozen([p.pid for p in members], {p.pid for p in members}):
+                if group_dir not in self._thawed:
+                    self._thawed.append(group_dir)
         group = None
         if self._child is not None and not self._child.reaped:
             try:
@@ -214,6 +240,7 @@ class FallbackEngine(Engine):
         return left
 
     def close(self):
+        self._tether.close()
         if self._child is not None and not self._child.reaped and self._status is not None:
             self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
@@ -222,6 +249,8 @@ class FallbackEngine(Engine):
 
     def describe(self):
         info = {"processes_signalled": len(self._signalled), **network_fact(self.spec)}
+        if self._thawed:
+            info["thawed"] = list(self._thawed)
         self.cpu_time_nsec()
         info["cpu_usage_nsec"] = sum(self._cpu)
         info["cpu_user_nsec"], info["cpu_system_nsec"] = self._cpu

@@ -114,16 +114,21 @@ class UnitCgroup:
         unified = self.dir("unified")
         v2_ctrls = cgroupfs.controllers(unified) if unified else set()
 
-        def kernel_has(controller: str, v2_file: str, v1_file: str, value: int) -> bool:
+        def kernel_has(controller: str, v2_file: str, v1_file: str, value: int, granule: int = 1) -> bool:
+            """The file reads back ``value`` (rounded down to ``granule``, as the kernel stores it)."""
+            want = value - value % granule
             v1 = self.dir(controller)
             in_v2 = unified is not None and controller in v2_ctrls
-            return (in_v2 and cgroupfs.read_int(os.path.join(unified or "", v2_file)) == value) or (
-                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == value
+            return (in_v2 and cgroupfs.read_int(os.path.join(unified or "", v2_file)) == want) or (
+                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == want
             )
 
         enforced, warnings = {}, []
         if spec.mem is not None:
-            kernel = kernel_has("memory", "memory.max", "memory.limit_in_bytes", spec.mem)
+            # memory.max (v2) and memory.limit_in_bytes (v1) keep whole pages:
+            # --mem 100000000 reads back as 99999744 and is enforced there.
+            page = os.sysconf("SC_PAGE_SIZE")
+            kernel = kernel_has("memory", "memory.max", "memory.limit_in_bytes", spec.mem, page)
             enforced["mem"] = "kernel" if kernel else "watch"
             if not kernel:
                 warnings.append("--mem: no memory controller for the unit; memory is watched by corral instead")

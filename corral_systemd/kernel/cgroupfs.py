@@ -37,7 +37,7 @@ class Mounts:
                     unified = point
                 elif fstype == "cgroup":
                     for opt in options.split(","):
-                        if opt in ("memory", "pids", "cpu", "name=systemd"):
+                        if opt in ("memory", "pids", "cpu", "freezer", "name=systemd"):
                             v1[opt] = point
         self.unified = unified if unified and _is_cgroup_root(unified) else None
         self.v1 = {key: point for key, point in v1.items() if _is_cgroup_root(point)}
@@ -86,6 +86,36 @@ def unified_dir(mounts: Mounts, path: str) -> str | None:
 def v1_dir(mounts: Mounts, controller: str, path: str) -> str | None:
     point = mounts.v1.get(controller)
     return None if point is None else point + path
+
+
+def thaw_v1_frozen(pids, members: set[int]) -> list[str]:
+    """Thaw every cgroup v1 freezer group (``freezer.state`` FROZEN or
+    FREEZING) that holds one of ``pids`` and nothing but ``members``: a
+    frozen process acts on no signal, SIGKILL included, until it is thawed
+    (cgroup v2's cgroup.kill needs no thaw). A group that also holds other
+    processes stays frozen (thawing it would wake strangers). Returns the
+    groups thawed; needs write access to them (root)."""
+    mounts = Mounts.current()
+    if "freezer" not in mounts.v1:
+        return []
+    thawed = []
+    for pid in pids:
+        path = proc_cgroup(pid, "freezer")
+        directory = v1_dir(mounts, "freezer", path) if path not in (None, "/") else None
+        if directory is None or directory in thawed:
+            continue
+        try:
+            state = read_bytes(os.path.join(directory, "freezer.state")).decode().strip()
+            if state not in ("FROZEN", "FREEZING"):
+                continue
+            if not set(procs_below(directory)) <= members:
+                continue
+            with open(os.path.join(directory, "freezer.state"), "w") as f:
+                f.write("THAWED")
+            thawed.append(directory)
+        except OSError:
+            continue
+    return thawed
 
 
 def read_keyed(path: str) -> dict[str, int]:

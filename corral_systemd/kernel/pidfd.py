@@ -217,10 +217,26 @@ class RunTracker:
                 self._unreserve()
         self.peak = max(self.peak, len(self._fds))
 
-    def sweep(self, pinned: tuple = (), still_pinned=lambda: True, marked: tuple = (), run_id: str = "") -> list[int]:
+    def sweep(
+        self,
+        pinned: tuple = (),
+        still_pinned=lambda: True,
+        marked: tuple = (),
+        run_id: str = "",
+        orphans_of: int | None = None,
+        not_orphans: frozenset = frozenset(),
+    ) -> list[int]:
         """With the group empty: find, track and SIGKILL the run's processes
-        still alive outside it; return those still alive."""
+        still alive outside it; return those still alive.
+
+        ``orphans_of``: a child subreaper above the command (corral, or the
+        client that forked it): a process of the run whose parent died is
+        its child now, wherever it moved itself, in whatever session; every
+        live child of it but ``not_orphans`` (the main process, corral's own
+        helpers) is the run's."""
         live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
+        if orphans_of is not None:
+            live += self._adopt_orphans(orphans_of, not_orphans)
         self.escaped.update(live)
         sids = set()
         for pid in live:
@@ -246,6 +262,32 @@ class RunTracker:
                 self.unkillable.add(pid)
             left.append(pid)
         return left
+
+    def _adopt_orphans(self, parent: int, not_orphans: frozenset) -> list[int]:
+        """Track every live child of ``parent`` but ``not_orphans`` (confirmed
+        after its pidfd is open: still that child); return them."""
+        from .procfs import scan
+
+        adopted = []
+        for info in scan().values():
+            if info.ppid != parent or not info.alive or info.pid in not_orphans or info.pid in self._fds:
+                continue
+            if not self._reserve():
+                self.limit_hit = True
+                break
+            try:
+                fd = os.pidfd_open(info.pid)
+            except OSError:
+                self._unreserve()
+                continue
+            now = read_stat(info.pid)
+            if now is not None and now.ppid == parent and now.starttime == info.starttime:
+                self._fds[info.pid] = fd
+                adopted.append(info.pid)
+            else:
+                os.close(fd)
+                self._unreserve()
+        return adopted
 
     def _find_members(
         self,

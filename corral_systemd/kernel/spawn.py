@@ -19,7 +19,7 @@ import termios
 
 from ..common import baton
 from ..common.errors import SetupError
-from .gate import wait_status
+from .gate import exited_with_usage
 from .signals import CHILD_DEFAULTS
 
 #: A child's report that starts with this is a failed setup, not an errno.
@@ -84,12 +84,22 @@ class Child:
     #: Reaped for good (its pid, and the session id it made, may be reused).
     reaped = False
 
+    #: (user, system) CPU ns of it and the descendants it waited for, once it has exited and
+    #: was held (``gate.exited_with_usage``: final, to the microsecond), else None.
+    usage: tuple[int, int] | None = None
+
     def exited(self, hold: bool) -> int | None:
         """Its wait status once it has exited, else None. ``hold``: leave it
-        a zombie (WNOWAIT) until ``reap()``, so its pid and session id stay its own."""
+        a zombie (WNOWAIT) until ``reap()``, so its pid and session id stay
+        its own; its CPU time is read then (``usage``)."""
         if hold:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            return None if info is None else wait_status(info)
+            got = exited_with_usage(self.pid)
+            if got is None:
+                return None
+            status, user, system = got
+            if user is not None and system is not None:
+                self.usage = (user, system)
+            return status
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         if not pid:
             return None

@@ -114,9 +114,9 @@ def main() -> int:  # pragma: no cover  (runs as the holder; tested through the 
     poller.register(child.pidfd, select.POLLIN)
     while True:
         ready = [fd for fd, _ in poller.poll()]
-        if child.pidfd in ready and (status := child.exited()) is not None:
+        if child.pidfd in ready and child.exited() is not None:
             poller.unregister(child.pidfd)
-            os.write(exit_w, b"%d\n" % status)
+            os.write(exit_w, child.report())
         if service.fileno() in ready:
             break  # the service is done with the run (or gone)
     child.discard()

@@ -240,6 +240,7 @@ def execute(service, invocation, checked: dict, held, peer_pidfd: int, connectio
 
     from ..cli import guard_options, is_stdout, summary_line
     from ..core.record_json import record_bytes
+    from ..core.result import NEVER_RAN
 
     with contextlib.ExitStack() as cleanup:
         if held is not None:
@@ -309,6 +310,7 @@ def execute(service, invocation, checked: dict, held, peer_pidfd: int, connectio
             reply[f"{name}_dropped_bytes"] = capture.dropped
     if not invocation.quiet:
         reply["warnings"] = list(outcome.warnings)
+    if not invocation.quiet or outcome.reason in NEVER_RAN:  # why nothing ran is never swallowed
         reply["summary"] = summary_line(outcome)
     if invocation.json_path is not None:
         reply["record"] = record_bytes(outcome).decode()

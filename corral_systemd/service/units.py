@@ -95,47 +95,71 @@ def _ours(path: str) -> bool:
 
 
 def install(manager: str, runtime: bool = False, idle_exit: float = 60.0) -> list[str]:
-    """Write the units, reload the manager, enable and start the socket. Returns the files written."""
+    """Write the units, reload the manager, enable and start the socket. Returns the files written.
+
+    Nothing is written unless the manager answers first; if it fails after
+    the files are written, they are removed again (ServiceUnitError says so)."""
     if manager == "system" and os.geteuid() != 0:
         raise ServiceUnitError("the system manager's service is root's: run as root, or use --user")
+    try:
+        _systemctl(manager, "show", "--property=Version")
+    except ServiceUnitError as exc:
+        raise ServiceUnitError(f"the {manager} manager does not answer, so nothing was written ({exc})") from None
     directory = unit_dir(manager, runtime)
-    written = []
-    for name, text in unit_texts(manager, idle_exit=idle_exit).items():
+    texts = unit_texts(manager, idle_exit=idle_exit)
+    for name in texts:
         path = os.path.join(directory, name)
         if os.path.lexists(path) and not _ours(path):
             raise ServiceUnitError(f"{path} exists and was not written by corralctl: not replacing it")
-        os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.corralctl-tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        written.append(path)
-    _systemctl(manager, "daemon-reload")
-    # The service restarts on its next connection with the new unit.
-    _systemctl(manager, *(["--runtime"] if runtime else []), "enable", "--now", "corral.socket")
+    written = []
+    try:
+        for name, text in texts.items():
+            path = os.path.join(directory, name)
+            os.makedirs(directory, exist_ok=True)
+            tmp = f"{path}.corralctl-tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+            written.append(path)
+        _systemctl(manager, "daemon-reload")
+        # The service restarts on its next connection with the new unit.
+        _systemctl(manager, *(["--runtime"] if runtime else []), "enable", "--now", "corral.socket")
+    except (ServiceUnitError, OSError) as exc:
+        for path in written:
+            os.unlink(path)
+        raise ServiceUnitError(f"{exc}; removed again: {', '.join(written) or 'nothing was written'}") from None
     return written
 
 
-def uninstall(manager: str) -> list[str]:
-    """Stop and disable the units, remove the files ``install`` wrote. Returns them."""
+def uninstall(manager: str) -> tuple[list[str], list[str], str | None]:
+    """Stop and disable the units, remove the files ``install`` wrote.
+
+    Returns (the files removed, the directories looked in, a warning or
+    None): a manager that does not answer cannot be told (it reads its unit
+    directories again when it starts), which is a warning, not a failure."""
     for args in (("--runtime", "disable", "--now", *UNITS), ("disable", "--now", *UNITS)):
         try:
             _systemctl(manager, *args)
         except ServiceUnitError:
-            pass  # not enabled that way, or not loaded
-    removed = []
+            pass  # not enabled that way, not loaded, or no manager
+    removed, looked = [], []
     for runtime in (False, True):
         try:
             directory = unit_dir(manager, runtime)
         except ServiceUnitError:
             continue
+        looked.append(directory)
         for name in UNITS:
             path = os.path.join(directory, name)
             if _ours(path):
                 os.unlink(path)
                 removed.append(path)
-    _systemctl(manager, "daemon-reload")
-    return removed
+    warning = None
+    try:
+        _systemctl(manager, "daemon-reload")
+    except ServiceUnitError as exc:
+        warning = f"the {manager} manager was not told ({exc})"
+    return removed, looked, warning
 
 
 def client_on_path() -> dict:
@@ -183,7 +207,12 @@ def status(socket_path: str | None, why_not: str | None) -> dict:
         report["service"], _ = Channel(sock).call("io.corral.Run.Status", {})
         report["in_use"], report["reason"] = True, None
     except FileNotFoundError:
-        report["reason"] = "no socket there (install the service: corralctl service install)"
+        manager = "system" if os.path.dirname(socket_path) == "/run" else "user"
+        report["reason"] = (
+            f"no socket there (install the service: corralctl service install --{manager})"
+            if _manager_here(manager, socket_path)
+            else f"no socket there, and no {manager} manager to install the service in"
+        )
         report["absent"] = True
     except ConnectionRefusedError:
         report["reason"] = "nothing listens on the socket (corral.socket stopped?)"
@@ -193,6 +222,13 @@ def status(socket_path: str | None, why_not: str | None) -> dict:
     finally:
         sock.close()
     return report
+
+
+def _manager_here(manager: str, socket_path: str) -> bool:
+    """Is there a manager of that kind to install the service in (its private socket)?"""
+    if manager == "system":
+        return os.path.exists("/run/systemd/private")
+    return os.path.exists(os.path.join(os.path.dirname(socket_path), "systemd", "private"))
 
 
 def status_text(report: dict) -> str:
@@ -213,6 +249,10 @@ def status_text(report: dict) -> str:
             f"{svc['runs_in_flight']} runs in flight, {svc['runs_served']} served, up {svc['uptime_seconds']:.0f} s, "
             f"exits after {svc['idle_exit_seconds']:g} s idle)" + said
         )
+    tried = report.get("tried") or []
+    if len(tried) > 1:
+        where = "; ".join(f"{t['socket']}: {t['reason']}" for t in tried)
+        return f"corral service: not in use: {where}; corral runs the command in its own process" + said
     where = f" ({report['socket']})" if report["socket"] else ""
     return f"corral service: not in use{where}: {report['reason']}; corral runs the command in its own process" + said
 

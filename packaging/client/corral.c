@@ -52,6 +52,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <poll.h>
 #include <sys/types.h>
@@ -635,6 +636,7 @@ struct held {
     pid_t pid;
     int pidfd, gate; /* gate: the service's end, until it is sent */
     int status, exited;
+    long long user_ns, system_ns; /* its CPU and what it waited for, -1: unknown */
 };
 
 static int sys_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
@@ -673,13 +675,19 @@ static int fork_held(struct held *h, const int *close_fds, int nclose) {
     return 0;
 }
 
-/* Its wait status, once it has exited, leaving it a zombie (WNOWAIT); 1 then. */
+/* Its wait status, once it has exited, leaving it a zombie (WNOWAIT); 1 then.
+ * Its CPU time too: the raw waitid takes a rusage (glibc's has none), which
+ * the kernel fills for a zombie left in place (RUSAGE_BOTH: it and what it
+ * waited for, final), as gate.exited_with_usage reads it. */
 static int held_exited(struct held *h) {
     if (h->exited)
         return 1;
     siginfo_t info = {0};
-    if (waitid(P_PID, (id_t)h->pid, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0)
+    struct rusage usage = {0};
+    if (syscall(SYS_waitid, P_PID, (id_t)h->pid, &info, WEXITED | WNOHANG | WNOWAIT, &usage) < 0 || info.si_pid == 0)
         return 0;
+    h->user_ns = (long long)usage.ru_utime.tv_sec * 1000000000LL + (long long)usage.ru_utime.tv_usec * 1000LL;
+    h->system_ns = (long long)usage.ru_stime.tv_sec * 1000000000LL + (long long)usage.ru_stime.tv_usec * 1000LL;
     if (info.si_code == CLD_EXITED)
         h->status = (info.si_status & 0xFF) << 8;
     else
@@ -931,8 +939,8 @@ static int next_reply(int sock, struct buf *in, struct buf *msg, const char **wh
             return -1;
         }
         if (p[1].revents && held_exited(h)) {
-            char line[24];
-            int n = snprintf(line, sizeof line, "%d\n", h->status);
+            char line[80];
+            int n = snprintf(line, sizeof line, "%d %lld %lld\n", h->status, h->user_ns, h->system_ns);
             if (write(exit_w, line, (size_t)n) < 0) {
                 /* the service is gone: the connection says so */
             }
@@ -982,6 +990,9 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
      * service has made the run's scope around it (kernel/gate.py). */
     struct held h = {0};
     int mine[5] = {sock, control[0], control[1], exits[0], exits[1]};
+    /* A child subreaper: a process of the run whose parent dies becomes this
+     * process's child, wherever it moved itself; the service finds it so. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     if (fork_held(&h, mine, 5) < 0) {
         int err = errno;
         for (int i = 0; i < 5; i++)

@@ -48,7 +48,7 @@ from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
 from ...dbus.systemd1 import NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, unit_path
 from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
-from ..base import CgroupLimits, Engine, usage_facts
+from ..base import CgroupLimits, Engine, main_rusage, usage_facts
 from ..tether import Tether
 from ..unitcgroup import UnitCgroup, cgroup_of
 from . import properties as P
@@ -76,6 +76,20 @@ class SystemdEngine(CgroupLimits, Engine):
         #: The command's process when the caller forked it (``kernel.gate.HeldProcess``:
         #: the corral service's scopes); the strategy takes it at launch.
         self.held = held
+        #: A child subreaper above the command, whose children the run's
+        #: orphans become (``RunTracker.sweep``): corral itself for a run of
+        #: its own (the CLI), the caller for a held process (the clients set
+        #: it); None for a library Runner (its host's children are its own).
+        self._subreaper: int | None = None
+        #: Its children that are not the run's: the tether, corral's helpers, the main process.
+        self._not_orphans: set[int] = set()
+        if held is not None:
+            self._subreaper = held.parent
+        elif session is None:
+            from ...kernel.prctl import set_child_subreaper
+
+            set_child_subreaper()
+            self._subreaper = os.getpid()
         #: A Runner's SystemdSession, or None for a run of its own (the CLI).
         self.session = session
         self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
@@ -502,9 +516,18 @@ class SystemdEngine(CgroupLimits, Engine):
         return self.facts.get("unit_result") == "oom-kill"
 
     def cpu_time_nsec(self):
-        """The unit's CPU time: its cgroup's cpu.stat (sampled: CgroupLimits), or the manager's figure."""
+        """The unit's CPU time: its cgroup's cpu.stat (sampled: CgroupLimits), the manager's figure,
+        or the main process's own once it has exited (the larger)."""
         figures = self.cgroup.usage.figures if self.cgroup is not None else {}
-        readings = [v for v in (figures.get("cpu_usage_nsec"), self._manager_figures.get("cpu_usage_nsec")) if v]
+        readings = [
+            v
+            for v in (
+                figures.get("cpu_usage_nsec"),
+                self._manager_figures.get("cpu_usage_nsec"),
+                main_rusage(self._child).get("cpu_usage_nsec"),
+            )
+            if v
+        ]
         return max(readings) if readings else None
 
     def _sample_manager(self, props):
@@ -588,6 +611,13 @@ class SystemdEngine(CgroupLimits, Engine):
         # remove the group any moment now. The unit must also be inactive or gone.
         if self.cgroup is not None:
             self.cgroup.sample_final()
+        if self.strategy.stays_after_exit and not self._final_sampled and not self._unit_gone:
+            # A service stays loaded (RemainAfterExit=) until corral stops it:
+            # the manager's figures, its final CPU total included, are read now,
+            # before the nudge below lets it go (a private connection has no AddRef).
+            if self.manager.lost is None:
+                self._final_sampled = True
+                self._sample_unit()
         if not self._unit_inactive():
             self.poll_events()
             if not self._unit_inactive():
@@ -607,18 +637,27 @@ class SystemdEngine(CgroupLimits, Engine):
         """The tracker's sweep: its sessions are the main process's, pinned
         while it is held unreaped, else known by the run's mark (a service's,
         which the manager reaps; ``ExecMainPID`` is its session id, as the
-        manager starts each service in a session of its own)."""
+        manager starts each service in a session of its own); and the
+        subreaper's children, the run's orphans."""
         assert self.tracker is not None
         pinned = self._pinned_sessions()
         marked = set(self.strategy.main_sessions()) - set(pinned)
         if self._child is not None and not pinned:
             marked.add(self._child.pid)
+        not_orphans = {*self._not_orphans, *([self._child.pid] if self._child is not None else [])}
+        if self._tether is not None:
+            not_orphans.add(self._tether.pid)
         return self.tracker.sweep(
             pinned,
             still_pinned=self._child.session_pinned if self._child is not None else (lambda: True),
             marked=tuple(marked),
             run_id=self.spec.run_id,
+            orphans_of=self._subreaper,
+            not_orphans=frozenset(not_orphans),
         )
+
+    def ignore_child(self, pid: int) -> None:
+        self._not_orphans.add(pid)
 
     def _unit_inactive(self) -> bool:
         """The unit is inactive, failed or gone (a vanished manager has no units)."""
@@ -710,7 +749,7 @@ class SystemdEngine(CgroupLimits, Engine):
     def describe(self):
         info = dict(self.facts)
         figures = self.cgroup.usage.figures if self.cgroup is not None else {}
-        info.update(usage_facts(figures, self._manager_figures))
+        info.update(usage_facts(figures, self._manager_figures, main_rusage(self._child)))
         info["accounting_final"] = self.cgroup.final if self.cgroup is not None else None
         info.update(self.strategy.network_fact())
         if self.tracker is not None:

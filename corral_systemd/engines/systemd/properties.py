@@ -32,7 +32,10 @@ def unit_properties(spec, argv, *, tether_unit: str, add_ref: bool, keep_failed:
         prop("Slice", "s", spec.slice),
         prop("CollectMode", "s", "inactive" if keep_failed else "inactive-or-failed"),
         prop("SendSIGKILL", "b", True),
-        prop("TimeoutStopUSec", "t", int(spec.grace * _USEC)),
+        # 0 would mean "no timeout" to the manager: the least it takes is 1 µs.
+        prop("TimeoutStopUSec", "t", max(1, int(spec.grace * _USEC))),
+        # --grace 0: the manager's own stop (corral gone: the tether) kills at once too.
+        *([prop("KillSignal", "i", 9)] if spec.grace == 0 else []),
         prop("BindsTo", "as", [tether_unit]),
         prop("After", "as", [tether_unit]),
         prop("TasksAccounting", "b", True),
@@ -105,7 +108,11 @@ def service_properties(argv, executable: str, cwd: str | None, unset: list[str])
     sequence (and counted), as in a scope, not by the manager before corral
     has seen it. IgnoreSIGPIPE=no: SIGPIPE at its default action, as a
     scope's command, a shell's child and ``timeout``'s have it (systemd
-    ignores it in services by default: ``yes | head -1`` would report EPIPE)."""
+    ignores it in services by default: ``yes | head -1`` would report EPIPE).
+    RemainAfterExit=yes: once empty the unit stays loaded ("exited") until
+    corral has read the manager's final figures (its CPU total, cached when
+    it removes the group: a private connection cannot AddRef the unit) and
+    stops it."""
     return [
         prop("Type", "s", "exec"),
         prop("ExitType", "s", "cgroup"),
@@ -113,7 +120,7 @@ def service_properties(argv, executable: str, cwd: str | None, unset: list[str])
         prop("ExecStartEx", "a(sasas)", [(executable, list(argv), ["no-env-expand"])]),
         *([prop("UnsetEnvironment", "as", unset)] if unset else []),
         prop("WorkingDirectory", "s", os.path.abspath(cwd or os.getcwd())),
-        prop("RemainAfterExit", "b", False),
+        prop("RemainAfterExit", "b", True),
     ]
 
 

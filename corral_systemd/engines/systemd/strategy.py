@@ -149,6 +149,8 @@ class ScopeStrategy:
 
     #: An empty scope is stopped by the manager once it notices; corral nudges it.
     nudge_when_empty = True
+    #: A scope ends with its last process (the manager then collects it).
+    stays_after_exit = False
 
     def close(self) -> None:
         if self.engine._child is not None:
@@ -159,8 +161,10 @@ class ServiceStrategy:
     """The manager starts the command; corral learns its end from the manager."""
 
     status_from_manager = True
-    #: ExitType=cgroup: an empty service is stopped once the manager notices, as a scope; corral nudges it.
+    #: RemainAfterExit=yes: an empty service stays loaded ("exited") until corral,
+    #: having read its final figures, stops it (the nudge of an empty unit).
     nudge_when_empty = True
+    stays_after_exit = True
     may_have_run = "; if the first request started the service, ending this run's tether stops it"
 
     def __init__(self, engine):
