@@ -11,7 +11,7 @@ a machine that slows down mid-way hits every side alike):
    Targets: median ratio to systemd-run <= 1.0 (must: <= 1.3), both unit types.
    Each with both clients: the compiled one (packaging/client/corral.c, the
    .deb's corral-enforced; built here with cc) and the Python one (pip's).
-2. 8 in flight: ``seq N | xargs -P8 -n1 corral-enforced --quiet -- /bin/true``
+2. 8 in flight: ``seq N | xargs -P8 -n1 corral-enforced --quiet [--unit-type service] -- /bin/true``
    against the same with systemd-run, in rounds: runs/s ratio >= 1.
 
 The service is started here on a private socket (``--socket``) with this
@@ -156,6 +156,10 @@ def throughput(n: int, rounds: int, env_service: dict, env_plain: dict, argv: di
     sides = {
         "systemd-run": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {' '.join(SYSTEMD_RUN)}' x", env_plain),
         "service-scope": (f"seq {n} | xargs -P8 -n1 sh -c 'exec {compiled} --quiet -- /bin/true' x", env_service),
+        "service-service": (
+            f"seq {n} | xargs -P8 -n1 sh -c 'exec {compiled} --quiet --unit-type service -- /bin/true' x",
+            env_service,
+        ),
         "service-scope, python client": (
             f"seq {n} | xargs -P8 -n1 sh -c 'exec {python_enforced} --quiet -- /bin/true' x",
             env_service,

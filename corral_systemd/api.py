@@ -363,7 +363,7 @@ class Runner:
         its clients' command lines so). ``guard``: what else the RunGuard is
         told (a command line's environment report and credentials).
         ``held``: the command's process, forked by the caller and held at a
-        gate (``kernel.gate.HeldProcess``), which the run's scope is made of.
+        gate (``kernel.held.HeldProcess``), which the run's scope is made of.
         SetupError if the session cannot be had (enforced mode)."""
         return Execution(
             spec,

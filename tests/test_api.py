@@ -340,3 +340,22 @@ def test_runner_survives_a_manager_reexec(marker):
         results = [runner.run(["sh", "-c", "exit 7"], env=_env(marker)) for _ in range(2)]
     assert [(r.exit_code, r.verified) for r in results] == [(7, True), (7, True)]
     assert marked_pids(marker) == []
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("underscore", [True, False], ids=["with _", "without _"])
+def test_a_runner_scope_gets_the_environment_exactly(underscore, monkeypatch):
+    """A library Runner's scope is held at a shell's gate (its host is
+    multi-threaded: no fork). The shell reads the go into ``_``; the command
+    gets the environment it was given back exactly, ``_`` included or
+    absent, plus CORRAL_RUN_ID (before: ``_=go`` in every such command's
+    environment)."""
+    if underscore:
+        monkeypatch.setenv("_", "/usr/bin/the-callers-underscore")
+    else:
+        monkeypatch.delenv("_", raising=False)
+    with corral.Runner(mode="enforced") as runner:
+        result = runner.run(["sh", "-c", "cat /proc/self/environ"], unit_type="scope")
+    got = set(result.stdout.split(b"\0")) - {b""}
+    want = {os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()}
+    assert got - want == {b"CORRAL_RUN_ID=" + result.run_id.encode()} and want <= got

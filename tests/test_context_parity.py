@@ -193,7 +193,8 @@ def _bare_and_corral(tmp_path, run: str, path: str, client_argv: list[str], svc:
     if settings is None:
         pytest.skip(f"the {run!r} run needs root")
     client, extra_env, options, _ = PATHS[path]
-    env = {**svc.env(), MARKER_ENV: marker, **extra_env}
+    # CORRAL_SERVICE_DEBUG: a client that runs the command itself says why (on stderr)
+    env = {**svc.env(), MARKER_ENV: marker, "CORRAL_SERVICE_DEBUG": "1", **extra_env}
     mount_dir = tmp_path / "mountpoint"
     mount_dir.mkdir()
     env["CTX_MOUNT_DIR"] = str(mount_dir)

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 
@@ -264,3 +265,48 @@ def test_a_process_that_leaves_every_hierarchy_at_once_is_not_verified_away(corr
     assert run.returncode == 120, run.stderr
     assert run.record["via"] == ("service" if served else "cli")
     assert run.record["engine"]["escape_tracking"]["escaped_pids"] and not run.survivors
+
+
+# -- corralctl -----------------------------------------------------------------------------------
+
+
+def test_corralctl_version():
+    from corral_systemd import __version__
+
+    proc = subprocess.run([sys.executable, "-m", "corral_systemd.ctl", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == f"corralctl {__version__}\n", proc
+
+
+def test_ps_shows_no_countdown_past_a_deadline():
+    from corral_systemd.ctl.ps import _deadline_cell
+
+    assert _deadline_cell({"time_to_deadline": None, "state": "active"}) == "-"
+    assert _deadline_cell({"time_to_deadline": -12.0, "state": "expired"}) == "passed"
+    assert _deadline_cell({"time_to_deadline": 30.0, "state": "expired"}) == "expired"  # stopped early, by corralctl
+    assert _deadline_cell({"time_to_deadline": 90.0, "state": "active"}) not in ("-", "passed", "expired")
+
+
+def test_service_install_writes_nothing_without_a_manager(tmp_path):
+    """No manager answers (a root shell on a machine not booted with systemd,
+    a user without a session): install says so and writes nothing;
+    uninstall says there was nothing (before: the unit files were written,
+    install failed at daemon-reload, and uninstall then failed too)."""
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+    (tmp_path / "run").mkdir()
+    ctl = [sys.executable, "-m", "corral_systemd.ctl", "service"]
+    for manager in (
+        "--user",
+        *(["--system"] if os.geteuid() == 0 and not os.path.exists("/run/systemd/private") else []),
+    ):
+        before = sorted(os.listdir("/etc/systemd/system")) if manager == "--system" else []
+        proc = subprocess.run([*ctl, "install", manager], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 125 and "nothing was written" in proc.stderr, proc
+        assert proc.stderr.count("\n") == 1
+        assert not (tmp_path / "config" / "systemd").exists()
+        if manager == "--system":
+            assert sorted(os.listdir("/etc/systemd/system")) == before
+        proc = subprocess.run([*ctl, "uninstall", manager], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "nothing to remove" in proc.stdout, proc
+    status = subprocess.run([*ctl, "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert status.returncode == 3 and "corralctl service install" not in status.stdout, status.stdout

@@ -41,6 +41,19 @@ RUN = "io.corral.Run.Run"
 systemd = pytest.mark.systemd
 
 
+def _call_params(argv: list[str], **descriptors) -> dict:
+    """A Run call's parameters for ``argv`` (this process's environment, cwd /);
+    ``descriptors``: the indexes of the ones it passes (none: captured output)."""
+    return {
+        "program": "corral",
+        "argv": argv,
+        "environment": [f"{k}={v}" for k, v in os.environ.items()],
+        "cwd": "/",
+        "umask": 0o22,
+        **descriptors,
+    }
+
+
 def _start(svc, client_argv, marker, *args, stdout=subprocess.PIPE, **kw):
     return subprocess.Popen(
         [*client_argv, *args],
@@ -186,10 +199,12 @@ def test_a_run_written_onto_the_clients_connection_never_runs(service, client, t
         kill_marked(mine)
 
 
-def test_a_closed_stdin_is_not_corrals_signal_pipe_in_process():
+def test_a_closed_stdin_is_not_corrals_signal_pipe_in_process(tmp_path):
     """In-process, corral's first pipe would take a closed fd 0: the command
     (``--stdin inherit``) would read corral's signal bytes. With /dev/null
-    there, SIGTERM stops the run at once (143), not at the wall (124)."""
+    there (the command's stdin is /dev/null), SIGTERM stops the run at once
+    (143), not at the wall (124)."""
+    witness = tmp_path / "stdin"
     marker = new_marker()
     env = {**os.environ, MARKER_ENV: marker, "CORRAL_SERVICE": "0"}
     try:
@@ -211,7 +226,7 @@ def test_a_closed_stdin_is_not_corrals_signal_pipe_in_process():
                 "--",
                 "sh",
                 "-c",
-                "cat >/dev/null; exec sleep 60",
+                f"readlink /proc/$$/fd/0 > {witness}; cat >/dev/null; exec sleep 60",
             ],
             env=env,
             stderr=subprocess.PIPE,
@@ -222,6 +237,7 @@ def test_a_closed_stdin_is_not_corrals_signal_pipe_in_process():
         start = time.monotonic()
         assert proc.wait(timeout=60) == 143, proc.stderr.read()
         assert time.monotonic() - start < 10 * TIME_SCALE
+        assert witness.read_text().strip() == "/dev/null"
     finally:
         kill_marked(marker)
 
@@ -256,16 +272,7 @@ def test_every_kind_of_descriptor_in_every_slot_leaves_the_service_whole(service
     up, never sets a flag on the caller's open file, and afterwards a run's
     signal still reaches it (its watcher is alive)."""
     made = _fd_kinds(tmp_path)
-    base = {
-        "program": "corral",
-        "argv": ["--quiet", "--", "true"],
-        "environment": [f"{k}={v}" for k, v in os.environ.items()],
-        "cwd": "/",
-        "umask": 0o22,
-        "stdin": 0,
-        "stdout": 1,
-        "stderr": 2,
-    }
+    base = _call_params(["--quiet", "--", "true"], stdin=0, stdout=1, stderr=2)
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         flags_before = {name: fcntl.fcntl(fd, fcntl.F_GETFL) for name, fd in made.items()}
@@ -343,7 +350,13 @@ def test_a_dead_watcher_stops_the_service(tmp_path, capfd):
         svc.watcher.watch(run, fd, os.pidfd_open(os.getpid()))
 
     threading.Thread(target=break_it, daemon=True).start()
-    code = svc.serve()  # the main thread's: it sets signal handlers
+    # Should the service not stop by itself, SIGTERM stops it (exit 0: this test fails, not hangs).
+    watchdog = threading.Timer(30 * TIME_SCALE, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    watchdog.start()
+    try:
+        code = svc.serve()  # the main thread's: it sets signal handlers
+    finally:
+        watchdog.cancel()
     listener.close()
     assert code == 1
     assert svc.watcher.failed and "a bug in the watcher" in svc.watcher.failed
@@ -387,3 +400,61 @@ def test_what_a_services_stop_found_is_counted_and_sigpipe_is_default(corral):
     assert not run.survivors
     run = corral(["--unit-type", "service", "--", "sh", "-c", "yes | head -1"])
     assert run.returncode == 0 and run.stdout == b"y\n" and b"Broken pipe" not in run.stderr, run.stderr
+
+
+@systemd
+def test_a_callers_other_children_are_not_taken_for_the_runs_orphans(service, tmp_path):
+    """The subreaper above a served command is its caller; a caller may have
+    children of its own (an agent's runtime, this soak-like script). Only
+    orphans carrying the run's mark are the run's: the caller's bystander
+    child lives on, and so does the caller's own child the corral service
+    runs as (before the mark was required: the soak's service was
+    SIGKILLed as an "orphan" of its own client)."""
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import os, subprocess, sys\n"
+        "from corral_systemd.client import run_via_service\n"
+        "bystander = subprocess.Popen(['sleep', '60'], env={'PATH': os.environ['PATH']})\n"
+        "argv = ['--quiet', '--', 'sh', '-c', 'setsid sleep 1 & exit 0']\n"
+        "code = run_via_service(argv, 'corral-enforced', sys.argv[1])\n"
+        "alive = bystander.poll() is None\n"
+        "bystander.kill(); bystander.wait()\n"
+        "print(code, alive)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script), service.path], env=service.env(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.stdout.split() == ["0", "True"], proc.stdout + proc.stderr
+    assert service.alive()
+
+
+@systemd
+def test_a_second_run_on_one_connection_is_never_run(service, tmp_path):
+    """One Run per connection: a second call written after the first (by a
+    command that got hold of the socket, say) is never read, let alone run;
+    the service closes the connection after the first reply."""
+    witness = tmp_path / "second-ran"
+    params = _call_params(["--quiet", "--", "true"])
+    second = _call_params(["--quiet", "--", "touch", str(witness)])
+    channel = service.channel()
+    channel.send({"method": RUN, "parameters": params})
+    channel.send({"method": RUN, "parameters": second})
+    reply, _ = channel.receive()
+    assert reply["parameters"]["exit_code"] == 0
+    assert channel.receive() is None  # closed, no second reply
+    time.sleep(1 * TIME_SCALE)
+    assert not witness.exists()
+
+
+@systemd
+def test_a_caller_without_descriptors_gets_a_parent_of_its_runs_own(service):
+    """A caller that passes no process (the Node example): the command's
+    parent is a holder of the run's own, never the service; what the
+    command does to its $PPID ends its own run only."""
+    import base64
+
+    params = _call_params(["--quiet", "--", "sh", "-c", "echo $PPID; kill -TERM $PPID; sleep 5"])
+    reply, _ = service.channel().call(RUN, params)
+    parent = int(base64.b64decode(reply["stdout"]))
+    assert parent != service.proc.pid
+    assert service.alive()

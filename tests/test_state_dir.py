@@ -136,6 +136,8 @@ def test_a_user_without_a_private_state_location_runs_unregistered(home):
     marker = new_marker()
     uid = 51234
     env = {"PATH": os.environ["PATH"], "HOME": home, "CORRAL_SERVICE": "0", MARKER_ENV: marker}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     as_user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     try:
         proc = subprocess.run(

@@ -72,3 +72,46 @@ def test_sweep_finds_a_live_escapers_children(marker):
         assert len(tracker.escaped) == 3
     finally:
         tracker.close()
+
+
+def test_a_session_known_by_mark_only_is_swept_for_its_marked_members():
+    """A service's session: its leader (the main process) reaped by the
+    manager, so the session id may have been reused; the sweep takes only
+    members that carry the run's mark (CORRAL_RUN_ID=<id>): a process of
+    the run that left its group unseen is killed, a stranger in a session
+    of that number never is."""
+    import subprocess
+    import time
+
+    from corral_systemd.kernel.pidfd import RunTracker
+    from corral_systemd.kernel.procfs import read_stat
+
+    run_id = "0123456789ab"
+    # A session whose leader exits at once, leaving a member: the run's (marked) and a stranger (unmarked).
+    leader = subprocess.Popen(
+        ["setsid", "sh", "-c", "CORRAL_RUN_ID=0123456789ab sleep 60 & env -u CORRAL_RUN_ID sleep 60 & exit 0"],
+        env={k: v for k, v in os.environ.items() if k != "CORRAL_RUN_ID"},
+    )
+    leader.wait()
+    time.sleep(0.2)
+    sid = leader.pid
+    members = [
+        pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if (s := read_stat(pid)) and s.sid == sid
+    ]
+    try:
+        marked = [p for p in members if b"CORRAL_RUN_ID=" + run_id.encode() in open(f"/proc/{p}/environ", "rb").read()]
+        stranger = [p for p in members if p not in marked]
+        assert len(marked) == 1 and len(stranger) == 1, members
+        tracker = RunTracker()
+        tracker.cgroup = "/nowhere"
+        left = tracker.sweep(marked=(sid,), run_id=run_id)
+        assert left == marked and tracker.escaped == set(marked)
+        time.sleep(0.2)
+        assert (read_stat(marked[0]) is None or not read_stat(marked[0]).alive) and read_stat(stranger[0]).alive
+        tracker.close()
+    finally:
+        for pid in members:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

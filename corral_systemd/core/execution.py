@@ -88,7 +88,7 @@ class Execution:
         held=None,
     ):
         self.spec = spec
-        #: The command's process, forked by the caller (``kernel.gate.HeldProcess``): the engine's to own.
+        #: The command's process, forked by the caller (``kernel.held.HeldProcess``): the engine's to own.
         self._held = held
         self._register = register
         #: Who asked (the record's ``via``) and what else the RunGuard is told

@@ -18,7 +18,7 @@ def open_engine(spec, session=None, held=None):
     auto: systemd when a manager answers, else the fallback engine (the
     reason is kept in the record). enforced: systemd or --cgroup-parent, or
     SetupError naming what is missing. ``held``: the command's process,
-    forked by the caller (``kernel.gate.HeldProcess``); only the systemd
+    forked by the caller (``kernel.held.HeldProcess``); only the systemd
     engine takes one (the corral service runs nothing else), the engine owns it.
     """
     from ..kernel.procfs import proc_is_ours

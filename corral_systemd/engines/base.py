@@ -82,7 +82,7 @@ class Engine:
 
     def _reap_child(self) -> None:
         """The main process's status, once it has exited (``kernel.spawn.Child``
-        or ``kernel.gate.HeldProcess``: the same protocol)."""
+        or ``kernel.held.HeldProcess``: the same protocol)."""
         if self._child is not None and self._status is None:
             self._status = self._child.exited(hold=self._hold_main)
 

@@ -225,6 +225,7 @@ class RunTracker:
         run_id: str = "",
         orphans_of: int | None = None,
         not_orphans: frozenset = frozenset(),
+        orphans_marked: bool = False,
     ) -> list[int]:
         """With the group empty: find, track and SIGKILL the run's processes
         still alive outside it; return those still alive.
@@ -233,10 +234,12 @@ class RunTracker:
         client that forked it): a process of the run whose parent died is
         its child now, wherever it moved itself, in whatever session; every
         live child of it but ``not_orphans`` (the main process, corral's own
-        helpers) is the run's."""
+        helpers) is the run's -- with ``orphans_marked``, only those that
+        carry the run's mark: the subreaper is a caller that may have other
+        children of its own (a client of the corral service)."""
         live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
         if orphans_of is not None:
-            live += self._adopt_orphans(orphans_of, not_orphans)
+            live += self._adopt_orphans(orphans_of, not_orphans, run_id if orphans_marked else None)
         self.escaped.update(live)
         sids = set()
         for pid in live:
@@ -263,14 +266,17 @@ class RunTracker:
             left.append(pid)
         return left
 
-    def _adopt_orphans(self, parent: int, not_orphans: frozenset) -> list[int]:
-        """Track every live child of ``parent`` but ``not_orphans`` (confirmed
-        after its pidfd is open: still that child); return them."""
+    def _adopt_orphans(self, parent: int, not_orphans: frozenset, marked_by: str | None) -> list[int]:
+        """Track every live child of ``parent`` but ``not_orphans`` (with
+        ``marked_by``, a run id: only those carrying its mark), each confirmed
+        after its pidfd is open (still that child); return them."""
         from .procfs import scan
 
         adopted = []
         for info in scan().values():
             if info.ppid != parent or not info.alive or info.pid in not_orphans or info.pid in self._fds:
+                continue
+            if marked_by is not None and not _carries_run_id(info.pid, marked_by):
                 continue
             if not self._reserve():
                 self.limit_hit = True

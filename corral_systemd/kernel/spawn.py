@@ -19,8 +19,8 @@ import termios
 
 from ..common import baton
 from ..common.errors import SetupError
-from .gate import exited_with_usage
 from .signals import CHILD_DEFAULTS
+from .wait import exited_with_usage
 
 #: A child's report that starts with this is a failed setup, not an errno.
 _SETUP_FAILED = b"setup:"
@@ -287,8 +287,13 @@ def resolve_in_cwd(name: str, path_env: str, cwd: str | None) -> str:
 
 #: The gate, as a shell: wait for corral's go (a line on fd 3; EOF means
 #: corral gave up), then become the command in its working directory.
+#: The shell reads the "go" into ``_`` (any name it reads into may be in the
+#: environment, and an imported variable stays exported): ``$3`` says whether
+#: the command's environment had ``_`` (``$4``, its value), so it gets that
+#: back exactly, or none.
 _GATE_SCRIPT = (
-    'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; [ -z "$2" ] || umask "$2"; shift 2; exec "$@"'
+    'IFS= read -r _ <&3 || exit 125; exec 3<&-; if [ "$3" = 1 ]; then _=$4; else unset _; fi; '
+    'cd -- "$1" || exit 126; [ -z "$2" ] || umask "$2"; shift 4; exec "$@"'
 )
 
 
@@ -359,6 +364,8 @@ def spawn_gated_by_shell(
                     "corral-gate",
                     os.path.abspath(cwd or "."),
                     "" if umask is None else f"{umask:04o}",
+                    "1" if "_" in env else "0",
+                    env.get("_", ""),
                     path,
                     *argv[1:],
                 ],

@@ -32,7 +32,7 @@ class Holder:
         import select
         import socket
 
-        from ..kernel.gate import HeldProcess
+        from ..kernel.held import HeldProcess
         from ..kernel.signals import CHILD_DEFAULTS
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)

@@ -97,7 +97,7 @@ def _pipe_read_end(fd: int) -> bool:
 def own_control_pipe(checked: dict) -> int | None:
     """The control pipe through an open file of the service's own (non-blocking:
     its flags are the service's to set, never the caller's), or None."""
-    from ..kernel.gate import Refused, reopen_pipe
+    from ..kernel.held import Refused, reopen_pipe
 
     if checked["control"] is None:
         return None
@@ -108,13 +108,13 @@ def own_control_pipe(checked: dict) -> int | None:
 
 
 def held_process(checked: dict, peer_pid: int):
-    """The caller's held child (``kernel.gate.HeldProcess``), checked to be
+    """The caller's held child (``kernel.held.HeldProcess``), checked to be
     one the service may make a scope of, or None when the call has none.
     NotServed (nothing ran: the caller runs the command itself) when it is
     not the caller's held child, or when the caller's paths are not the
     service's (another mount namespace or root directory: the service opens
     --output-file, credentials and the like, the command chdirs)."""
-    from ..kernel.gate import HeldProcess, Refused
+    from ..kernel.held import HeldProcess, Refused
 
     if checked["process"] is None:
         return None
@@ -257,7 +257,7 @@ def execute(service, invocation, checked: dict, held, peer_pidfd: int, connectio
         elif spec.unit_type == "scope" and held is None:
             # A caller without a process of its own to pass: the command's
             # parent is a holder of this run's own, never the service.
-            from ..kernel.gate import Refused
+            from ..kernel.held import Refused
             from .holder import Holder
 
             try:

@@ -219,6 +219,12 @@ class Service:
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
+            try:
+                # The end, whatever else still refers to this socket: the peer
+                # reads end of file now (one run per connection).
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             sock.close()
             with self._lock:
                 self._connections.pop(threading.current_thread(), None)

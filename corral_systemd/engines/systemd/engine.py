@@ -73,7 +73,7 @@ class SystemdEngine(CgroupLimits, Engine):
     def __init__(self, spec, session=None, held=None):
         super().__init__()
         self.spec = spec
-        #: The command's process when the caller forked it (``kernel.gate.HeldProcess``:
+        #: The command's process when the caller forked it (``kernel.held.HeldProcess``:
         #: the corral service's scopes); the strategy takes it at launch.
         self.held = held
         #: A child subreaper above the command, whose children the run's
@@ -611,13 +611,6 @@ class SystemdEngine(CgroupLimits, Engine):
         # remove the group any moment now. The unit must also be inactive or gone.
         if self.cgroup is not None:
             self.cgroup.sample_final()
-        if self.strategy.stays_after_exit and not self._final_sampled and not self._unit_gone:
-            # A service stays loaded (RemainAfterExit=) until corral stops it:
-            # the manager's figures, its final CPU total included, are read now,
-            # before the nudge below lets it go (a private connection has no AddRef).
-            if self.manager.lost is None:
-                self._final_sampled = True
-                self._sample_unit()
         if not self._unit_inactive():
             self.poll_events()
             if not self._unit_inactive():
@@ -654,6 +647,8 @@ class SystemdEngine(CgroupLimits, Engine):
             run_id=self.spec.run_id,
             orphans_of=self._subreaper,
             not_orphans=frozenset(not_orphans),
+            # corral's own children are its helpers or the run's; a caller's may be anything of its own
+            orphans_marked=self._subreaper != os.getpid(),
         )
 
     def ignore_child(self, pid: int) -> None:

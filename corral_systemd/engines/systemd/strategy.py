@@ -74,7 +74,7 @@ class ScopeStrategy:
     def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
         """(properties, descriptors) for StartTransientUnit: the command forked, held.
 
-        A caller's held process (``kernel.gate.HeldProcess``: the corral
+        A caller's held process (``kernel.held.HeldProcess``: the corral
         service's runs) is the command's process already: it gets its
         command, environment and stdio when its gate opens (``started``)."""
         engine = self.engine
@@ -149,8 +149,6 @@ class ScopeStrategy:
 
     #: An empty scope is stopped by the manager once it notices; corral nudges it.
     nudge_when_empty = True
-    #: A scope ends with its last process (the manager then collects it).
-    stays_after_exit = False
 
     def close(self) -> None:
         if self.engine._child is not None:
@@ -161,10 +159,8 @@ class ServiceStrategy:
     """The manager starts the command; corral learns its end from the manager."""
 
     status_from_manager = True
-    #: RemainAfterExit=yes: an empty service stays loaded ("exited") until corral,
-    #: having read its final figures, stops it (the nudge of an empty unit).
-    nudge_when_empty = True
-    stays_after_exit = True
+    #: ExitType=cgroup: the manager stops a service once its group is empty.
+    nudge_when_empty = False
     may_have_run = "; if the first request started the service, ending this run's tether stops it"
 
     def __init__(self, engine):
