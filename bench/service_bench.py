@@ -121,7 +121,8 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, argv: dict[str, lis
             [
                 sys.executable,
                 "-c",
-                "import re, sys; from corral_systemd.cli import entry_enforced; entry_enforced()",
+                "import re, sys; from corral_systemd.cli import main; "
+                "sys.exit(main(prog='corral-enforced', default_mode='enforced'))",
                 "--quiet",
                 "--",
                 "/bin/true",

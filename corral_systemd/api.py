@@ -27,7 +27,7 @@ command started is gone, proven — or ``Unverified`` is raised.
   running Python and hand over only while they wait (``baton.py``): a run
   waiting for its command never holds up the others.
 - Fallback runs (no systemd) execute in a child process of their own
-  (``_child.py``), because the fallback engine needs its process to own
+  (``core/fallback_child.py``), because the fallback engine needs its process to own
   all of its descendants; where a run executes is ``execution.py``'s.
 
 Over 400 lines because it is the whole public surface of the library

@@ -416,16 +416,3 @@ def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: s
     except click.Abort:
         print(f"{prog}: aborted", file=sys.stderr)
         return 130
-
-
-def main_enforced() -> int:
-    """``corral-enforced`` = ``corral --cgroup-mode enforced``."""
-    return main(prog="corral-enforced", default_mode="enforced")
-
-
-def entry() -> None:
-    sys.exit(main())
-
-
-def entry_enforced() -> None:
-    sys.exit(main_enforced())

@@ -98,7 +98,9 @@ def test_cpu_time_is_the_cgroups(corral, unit_type):
     user, system = engine["cpu_user_nsec"], engine["cpu_system_nsec"]
     assert user is not None and system is not None, _detail(run)
     assert abs(user + system - cpu) <= 0.1 * cpu + 20e6, _detail(run)
-    assert "cgroup" in engine["accounting_source"], _detail(run)
+    # The group's figure, as corral read it or as the manager did (its last
+    # reading, after corral's: the larger wins, see base.usage_facts).
+    assert {"cgroup", "manager"} & set(engine["accounting_source"].split("+")), _detail(run)
     assert "cpu " in _summary(run), _summary(run)
 
 
@@ -262,7 +264,8 @@ def _fake_unit_cgroup(tmp_path, unit):
         "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
         "cgroup.events": "populated 1\nfrozen 0\n",
         "memory.peak": f"{3 * MiB}\n",
-        "cpu.stat": "usage_usec 1000\nuser_usec 600\nsystem_usec 400\n",
+        # Far more than the real `sh -c 'exit 0'` uses: its rusage is a floor for the total.
+        "cpu.stat": "usage_usec 5000000\nuser_usec 3000000\nsystem_usec 2000000\n",
         "pids.peak": "1\n",
         "pids.current": "1\n",
     }
@@ -339,7 +342,7 @@ def test_oom_kill_seen_before_the_manager_removes_the_group(tmp_path):
         assert engine.oom_killed()
         info = engine.describe()
         assert info["memory_events"] == {"max": 7, "oom": 1, "oom_kill": 1}
-        assert info["memory_peak"] == 64 * MiB and info["cpu_usage_nsec"] == 1_000_000
+        assert info["memory_peak"] == 64 * MiB and info["cpu_usage_nsec"] == 5_000_000_000
         assert info["accounting_source"] == "cgroup"
     finally:
         os.waitpid(engine._child.pid, 0)
@@ -516,7 +519,7 @@ def test_a_memory_limit_off_the_page_size_is_enforced_by_the_kernel(corral):
 
 
 #: Spins for 0.5 s of CPU, prints its own CPU time (all of it: CLOCK_PROCESS_CPUTIME_ID), exits at once.
-SPIN = (
+SPIN_THEN_REPORT = (
     "import os, time\n"
     "t = time.process_time()\n"
     "while time.process_time() - t < 0.5: pass\n"
@@ -536,7 +539,7 @@ SPIN = (
 )
 def test_the_cpu_time_of_a_short_run_is_its_exact_total(corral, mode, tmp_path):
     """A 0.5 s spin: the record's CPU time is what the process itself
-    counted, within 1 % (5 ms), every time -- as a benchmark runner reports
+    counted (no less than 1 % or 5 ms under, its exit's cost over), every time -- as a benchmark runner reports
     it (before: 12 of 60 such runs said ~0.40 s, the last sample of a group
     the manager removed first). The main process's own getrusage (read by
     its waiter, leaving it a zombie) is the floor. A service's main process
@@ -552,7 +555,7 @@ def test_the_cpu_time_of_a_short_run_is_its_exact_total(corral, mode, tmp_path):
     try:
         flags = mode_flags(mode.removeprefix("served-"))
         for _ in range(8):
-            run = corral([*flags, "--", sys.executable, "-c", SPIN], env=env)
+            run = corral([*flags, "--", sys.executable, "-c", SPIN_THEN_REPORT], env=env)
             assert run.returncode == 0, run.stderr
             assert run.record["via"] == ("service" if served else "cli")
             own = float(run.stdout)
@@ -571,7 +574,10 @@ def test_the_cpu_time_of_a_short_run_is_its_exact_total(corral, mode, tmp_path):
                 # and its figure is a lower bound, never more.
                 assert recorded <= own + 0.005, (recorded, own, engine)
                 continue
-            assert abs(recorded - own) <= max(0.01 * own, 0.005), (recorded, own, engine)
+            # Never less than the process counted (the bug: ~20 % less). More by
+            # what it spent after printing its figure -- its exit, the run's too:
+            # tens of ms on an emulated guest's service (24 ms seen under TCG).
+            assert -max(0.01 * own, 0.005) <= recorded - own <= max(0.05 * own, 0.03), (recorded, own, engine)
     finally:
         if served:
             service.stop()

@@ -12,7 +12,7 @@ import pytest
 
 import corral_systemd as corral
 from conftest import marker_env as _env
-from modes import systemctl, user_manager_reachable
+from modes import _unavailable, systemctl, user_manager_reachable
 from procscan import kill_marked, marked_pids, new_marker
 
 DAEMON = ["sh", "-c", "setsid sleep 3600 & sleep 3600"]
@@ -32,9 +32,7 @@ def _require_manager(request):
         and request.getfixturevalue("mode") == "enforced"
         and not user_manager_reachable()
     ):
-        if os.environ.get("CORRAL_REQUIRE_SYSTEMD") == "1":
-            pytest.fail("no user manager reachable")
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -144,7 +142,7 @@ async def test_corralctl_stop_of_library_run_stops_unit_not_application(marker):
     import sys
 
     if not user_manager_reachable():
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
     async with corral.start(DAEMON, mode="enforced", env=_env(marker)) as run:
         deadline = time.monotonic() + 10
         while len(marked_pids(marker)) < 2 and time.monotonic() < deadline:
@@ -171,7 +169,7 @@ def test_runner_control_group_is_the_commands(unit_type, marker):
     """The Runner derives a service's cgroup and takes a scope's from the
     gated shell: both must be the cgroup the kernel puts the command in."""
     if not user_manager_reachable():
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
     with corral.Runner(mode="enforced", unit_type=unit_type) as runner:
         results = [runner.run(["cat", "/proc/self/cgroup"], env=_env(marker)) for _ in range(3)]
     for result in results:
@@ -195,7 +193,7 @@ async def test_runner_routes_each_runs_own_signals(unit_type):
     makes systemd 252 fail most services' Type=exec start jobs after the
     command ran; those runs must still report their own status, not 125."""
     if not user_manager_reachable():
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
     markers = [new_marker() for _ in range(32)]
     try:
         async with corral.Runner(mode="enforced", unit_type=unit_type, wall=20) as runner:
@@ -222,7 +220,7 @@ async def test_a_waiting_run_does_not_hold_up_the_others(unit_type, marker):
     If a wait kept the turn, the short runs could finish only after the
     long one ended (its wall), so it would be done by then."""
     if not user_manager_reachable():
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
     async with corral.Runner(mode="enforced", unit_type=unit_type) as runner:
         async with runner.start(["sh", "-c", "echo up; exec sleep 60"], env=_env(marker), wall=8) as long_run:
             assert await long_run.stdout.readline() == b"up\n"
@@ -283,7 +281,7 @@ CREDENTIAL_CASES = [
 @pytest.mark.parametrize("mode,unit_type,delivery", CREDENTIAL_CASES)
 def test_library_credentials_exist_only_while_the_run_does(mode, unit_type, delivery, tmp_path, marker):
     if mode == "enforced" and not user_manager_reachable():
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
     secret = tmp_path / "token"
     secret.write_text("s3cret-library")
     result = corral.run(
@@ -331,7 +329,7 @@ def test_runner_survives_a_manager_reexec(marker):
     import shutil
 
     if not user_manager_reachable() or shutil.which("systemctl") is None:
-        pytest.skip("no user manager reachable")
+        _unavailable("no user manager reachable")
     if not (os.environ.get("CORRAL_HARNESS_MANAGER_PID") or os.environ.get("CORRAL_TEST_BOOTED") == "1"):
         pytest.skip("re-executes the manager: only inside tests/harness/with-user-manager or the VM lane")
     with corral.Runner(mode="enforced") as runner:

@@ -29,7 +29,7 @@ PAGES = {
     #          differently from --help)
     "corral.1": ([sys.executable, "-m", "corral_systemd"], {}),
     "corral-enforced.1": (
-        [sys.executable, "-c", "from corral_systemd.cli import entry_enforced; entry_enforced()"],
+        [sys.executable, "-c", "from corral_systemd.client import entry_enforced; entry_enforced()"],
         {},
     ),
 }

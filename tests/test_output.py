@@ -89,7 +89,6 @@ def test_a_caller_that_does_not_read_does_not_delay_the_deadline(tmp_path):
     marker = new_marker()
     record = tmp_path / "record.json"
     size = 1_000_000
-    env = dict(os.environ, **{MARKER_ENV: marker})
     proc = subprocess.Popen(
         [
             *CORRAL,
@@ -103,19 +102,22 @@ def test_a_caller_that_does_not_read_does_not_delay_the_deadline(tmp_path):
             "--max-output",
             "10M",
             "--",
+            # The mark is the command's alone: corral and its helpers (the
+            # tether) live on until the output is read, and they are not the run.
+            "env",
+            f"{MARKER_ENV}={marker}",
             "sh",
             "-c",
             f"head -c {size} /dev/zero; sleep 600",
         ],
-        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
 
-        def run_pids():  # corral itself carries the marker too
-            return [pid for pid in marked_pids(marker) if pid != proc.pid]
+        def run_pids():
+            return marked_pids(marker)
 
         assert _wait_for(run_pids, 20), "the command did not start"
         # Nobody reads corral's stdout yet: the run must end on its own.

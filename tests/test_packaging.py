@@ -66,7 +66,7 @@ def _complete(script: Path, prog: str, words: list[str], path: str) -> list[str]
 def test_bash_completion_from_source_completes_cgroup_mode(tmp_path, prog, fn):
     if shutil.which("bash") is None:
         pytest.skip("no bash")
-    launcher = f"from corral_systemd.cli import {fn}; {fn}()"
+    launcher = f"from corral_systemd.client import {fn}; {fn}()"
     shim = tmp_path / prog  # what the completion function runs: `$1` found on PATH
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{launcher}' \"$@\"\n")
     shim.chmod(0o755)

@@ -366,9 +366,11 @@ def test_ps_shows_ten_concurrent_runs(state, tmp_path, markers):
 
 
 def test_gc_after_sigkilled_fallback_corral(state, tmp_path, markers):
-    """What gc can do for a fallback run: stop what is still in the command's
-    session and in the sessions of detached processes the log recorded. What
-    it cannot: a process that detaches after corral died is not found."""
+    """What gc can do for a fallback run whose corral and tether were both
+    SIGKILLed (the tether alone stops the run of a SIGKILLed corral:
+    test_rough_edges): stop what is still in the command's session and in
+    the sessions of detached processes the log recorded. What it cannot: a
+    process that detaches after corral died is not found."""
     marker = markers()
     late = tmp_path / "late"
     proc = subprocess.Popen(
@@ -388,6 +390,10 @@ def test_gc_after_sigkilled_fallback_corral(state, tmp_path, markers):
     )
     run_id = wait_for(lambda: run_ids(state))[0]
     wait_for(lambda: any(e["event"] == "detached" for e in events(state, run_id)))
+    (tether,) = json.loads((state / f"{run_id}.json").read_text())["helper_pids"]
+    with open(f"/proc/{tether}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid  # corral's child: ours to kill
+    os.kill(tether, signal.SIGKILL)
     proc.kill()
     proc.wait()
     wait_for(late.exists, timeout=5)

@@ -59,7 +59,9 @@ def test_every_valid_spec_marshals(wall, grace, verify, mem, pids, add_ref, keep
         assert "RuntimeMaxUSec" not in values
     else:
         assert values["RuntimeMaxUSec"] == int((wall + grace + verify) * 1_000_000)
-    assert values["TimeoutStopUSec"] == int(grace * 1_000_000)
+    # 0 µs means "no timeout" to the manager: the least corral asks for is 1 µs.
+    assert values["TimeoutStopUSec"] == max(1, int(grace * 1_000_000))
+    assert values.get("KillSignal") == (9 if grace == 0 else None)  # --grace 0: the manager kills at once too
     assert values.get("MemoryMax") == mem and values.get("MemorySwapMax") == (0 if mem else None)
     assert values.get("TasksMax") == pids
     assert ("AddRef" in values) == add_ref

@@ -48,8 +48,6 @@ def parse_count(text: str, *, what: str = "count") -> int:
 def parse_cpus(text: str, *, what: str = "cpus") -> float:
     """A positive number of CPUs, fractional ("0.5", "2"); a trailing "%" is
     hundredths of one CPU, as systemd's CPUQuota= takes it ("50%" is 0.5)."""
-    import math
-
     body = text.strip()
     scale = 100.0 if body.endswith("%") else 1.0
     try:

@@ -4,7 +4,7 @@
       →  supervise (start, watch, stop, verify)  →  annotate the outcome
 
 The CLI (``cli._run``), the library's in-process runs (``api._Execution``)
-and its fallback child (``_child.py``) all call ``assemble_and_run``; they
+and its fallback child (``fallback_child.py``) all call ``assemble_and_run``; they
 differ only in what they pass: which engine and how it is opened, the
 signals and cancel descriptor the supervisor watches, where output goes,
 and who owns the registry entry. Whatever happens, the guard's clean-up

@@ -6,7 +6,7 @@ decides where it runs:
 
 - systemd and ``--cgroup-parent`` runs run here (``assemble_and_run``), a
   Runner's systemd runs on its shared session (taking turns, ``baton.py``);
-- fallback runs go to a child process (``_child.py``), because the fallback
+- fallback runs go to a child process (``fallback_child.py``), because the fallback
   engine needs its process to own all of its descendants. The spec goes to
   it as JSON, output comes back through pipes, the outcome as JSON;
   ``cancel()`` reaches it through a pipe that also reaches EOF if this
@@ -240,7 +240,14 @@ class Execution:
             # write end), so one descriptor covers both. Its own session:
             # signals for our process group (Ctrl-C, `timeout`) are for us.
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "corral_systemd._child", str(spec_r), str(result_w), str(self._cancel_r)],
+                [
+                    sys.executable,
+                    "-m",
+                    "corral_systemd.core.fallback_child",
+                    str(spec_r),
+                    str(result_w),
+                    str(self._cancel_r),
+                ],
                 stdin=stdin if stdin is not None else subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,

@@ -76,8 +76,6 @@ class RunGuard:
         except BaseException:
             engine.close()
             raise
-        assert self.creds is not None and self.creds.watcher_pid is not None
-        engine.ignore_child(self.creds.watcher_pid)  # forked after the engine: not the run's
 
     def register(self, engine):
         """Settle the credentials; write the entry before the command starts.
@@ -87,6 +85,10 @@ class RunGuard:
         """
         if self.credential_pairs and self.delivery is None:
             self._credentials_for(engine)
+        if self.creds is not None and self.creds.watcher_pid is not None:
+            # corral's child, not the run's: an engine that takes corral's other
+            # children for the run's orphans (a subreaper) must leave it alone.
+            engine.ignore_child(self.creds.watcher_pid)
         if not self.use_registry:
             return None
         from ..state.registry import MARK_ENV, RegistryObserver, new_mark, register
@@ -106,7 +108,7 @@ class RunGuard:
                 credentials=[n for n, _ in self.credential_pairs],
                 credentials_delivery=self.delivery,
                 credentials_directory=self.creds.path if self.creds else None,
-                helper_pids=[self.creds.watcher_pid] if self.creds else [],
+                helper_pids=[*engine.helper_pids(), *([self.creds.watcher_pid] if self.creds else [])],
                 owner_kind=self.owner_kind,
                 mark=mark,
             )

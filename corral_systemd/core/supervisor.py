@@ -33,10 +33,10 @@ import stat
 import time
 
 from ..common import baton
-from ..common.errors import SetupError
+from ..common.errors import SetupError, UsageError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
 from ..common.nesting import command_env, outer_run
-from ..kernel.rlimits import OwnLimits
+from ..kernel.rlimits import OwnLimits, lowered_limit
 from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError
 from . import result as R
@@ -215,7 +215,15 @@ class Supervisor:
                 res.reason, res.detail = R.SETUP_FAILED, str(exc)
                 self._stop_and_verify(pump)  # nothing should exist; prove it anyway
                 return self._finish()
+            except UsageError:
+                raise  # refused before anything started (what only the engine can check)
+            except Exception as exc:  # a bug, or the engine failing after the command started
+                res.reason, res.detail = R.INTERNAL_ERROR, f"while starting: {exc!r}"
+                self._limits.restore()
+                self._stop_and_verify(pump)
+                return self._finish()
             try:
+                self._limits.retrying(self._spawned)()
                 self._watch(pump)
             except Exception as exc:  # a bug, a lost manager, a limit the command lowered: never skip the stop
                 res.reason, res.detail = R.INTERNAL_ERROR, f"while watching: {exc!r}"
@@ -339,6 +347,7 @@ class Supervisor:
                 env=command_env(spec.env, spec.run_id),  # CORRAL_RUN_ID: a corral inside knows (nesting.py)
                 cwd=spec.cwd,
             )
+            self._limits.restore()  # the command may have lowered them already
         except BaseException:
             if pump is not None:
                 pump.close()
@@ -353,12 +362,17 @@ class Supervisor:
                 self._pty.close_slave()  # the command has its own
         if self._pty is not None:
             self._pty.raw()
+        return pump
+
+    def _spawned(self) -> None:
+        """The step "spawned": read once the command runs (it may have
+        lowered corral's limits already: the caller retries), where a
+        failure is the watch's, which never skips the stop."""
         self._step(
             "spawned",
             pid=self.engine.main_pid,
             **{k: v for k, v in self.engine.describe().items() if k in ("unit", "control_group")},
         )
-        return pump
 
     def _open_output_file(self) -> int | None:
         """--output-file, created 0600 (replacing a regular file; never
@@ -385,48 +399,65 @@ class Supervisor:
 
     def _watch(self, pump: OutputPump | None) -> None:
         """Wait until something ends the run; record why."""
-        spec, res, engine = self.spec, self.result, self.engine
+        spec, engine = self.spec, self.engine
         deadline = spec.wall
         watch_every = engine.watch_interval()
         next_watch = self._now() + watch_every if watch_every else None
         tick_every = self.observer.watch_interval if self.observer is not None else None
         next_tick = self._now() + tick_every if tick_every else None
         while True:
-            if engine.main_status() is not None:
-                self._step("command_exited", status=engine.main_status())
-                # An OOM kill ends the main process like any SIGKILL: ask.
-                res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
+            try:
+                ended = self._watch_round(pump, deadline, watch_every, tick_every, next_watch, next_tick)
+            except (OSError, MemoryError) as exc:
+                # The command lowered corral's limits between two restores (prlimit
+                # --pid $PPID): put them back and look again; anything else is a failure.
+                if lowered_limit(exc) and self._limits.restore():
+                    continue
+                raise
+            if ended is None:
                 return
-            if (why := engine.lost_track()) is not None:
-                res.reason, res.detail = R.INTERNAL_ERROR, why
-                return
-            now = self._now()
-            if deadline is not None and now >= deadline:
-                self._step("deadline")
-                res.reason = R.TIMEOUT
-                return
-            if next_watch is not None and now >= next_watch:
-                if (name := engine.check_limits()) is not None:
-                    self._step("limit_exceeded", limit=name)
-                    res.reason = ENDS_RUN[name].reason
-                    return
-                next_watch = now + watch_every
-            if pump is not None and pump.exceeded:
-                self._step("limit_exceeded", limit=MAX_OUTPUT.field)
-                res.reason = R.OUTPUT
-                return
-            if next_tick is not None and tick_every is not None and now >= next_tick:
-                self._tell("tick", engine.processes())
-                next_tick = now + tick_every
-            timeout = None
-            for t in (deadline, next_watch, next_tick):
-                if t is not None:
-                    timeout = t - now if timeout is None else min(timeout, t - now)
-            sig = self._wait(pump, timeout)
-            if sig is not None:
-                self._step("signal_received", signal=sig)
-                res.reason, res.corral_signal = R.INTERRUPTED, sig
-                return
+            next_watch, next_tick = ended
+
+    def _watch_round(self, pump, deadline, watch_every, tick_every, next_watch, next_tick):
+        """One look at the run and one wait: None when the run ends (the
+        reason recorded), else the next watch and tick times."""
+        res, engine = self.result, self.engine
+        if engine.main_status() is not None:
+            self._step("command_exited", status=engine.main_status())
+            # An OOM kill ends the main process like any SIGKILL: ask.
+            res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
+            return None
+        if (why := engine.lost_track()) is not None:
+            res.reason, res.detail = R.INTERNAL_ERROR, why
+            return None
+        now = self._now()
+        if deadline is not None and now >= deadline:
+            self._step("deadline")
+            res.reason = R.TIMEOUT
+            return None
+        if next_watch is not None and now >= next_watch:
+            if (name := engine.check_limits()) is not None:
+                self._step("limit_exceeded", limit=name)
+                res.reason = ENDS_RUN[name].reason
+                return None
+            next_watch = now + watch_every
+        if pump is not None and pump.exceeded:
+            self._step("limit_exceeded", limit=MAX_OUTPUT.field)
+            res.reason = R.OUTPUT
+            return None
+        if next_tick is not None and tick_every is not None and now >= next_tick:
+            self._tell("tick", engine.processes())
+            next_tick = now + tick_every
+        timeout = None
+        for t in (deadline, next_watch, next_tick):
+            if t is not None:
+                timeout = t - now if timeout is None else min(timeout, t - now)
+        sig = self._wait(pump, timeout)
+        if sig is not None:
+            self._step("signal_received", signal=sig)
+            res.reason, res.corral_signal = R.INTERRUPTED, sig
+            return None
+        return next_watch, next_tick
 
     def _wait(self, pump, timeout: float | None) -> int | None:
         """One poll round: pump output, feed the engine; return a stop signal if one came."""
@@ -492,11 +523,19 @@ class Supervisor:
 
     def _stop_and_verify(self, pump: OutputPump | None) -> None:
         """The stop sequence (``stopping``), with output pumped while it waits."""
+
+        # The command may go on lowering corral's limits while it is stopped
+        # (TERM ignored, the grace period): each operation survives that.
+        # Past a hundred lost races, the command's process group is SIGKILLed
+        # (Engine.kill_without_descriptors): it forfeits its grace period.
+        def retrying(fn):
+            return self._limits.retrying(fn, last_resort=self.engine.kill_without_descriptors)
+
         outcome = stop_and_verify(
-            self.engine,
+            _LimitsRestored(self.engine, retrying),
             grace=self.spec.grace,
             verify_timeout=self.spec.verify_timeout,
-            wait=lambda seconds: self._wait(pump, seconds) is not None,
+            wait=retrying(lambda seconds: self._wait(pump, seconds) is not None),
             step=self._step,
             clock=self._now,
         )
@@ -538,4 +577,18 @@ class Supervisor:
         return res
 
 
-__all__ = ["Supervisor", "SignalWatch", "OutputPump"]
+__all__ = ["Supervisor", "SignalWatch"]
+
+
+class _LimitsRestored:
+    """The engine as a stop target (``stopping.StopTarget``) whose every
+    operation is ``OwnLimits.retrying``: tried again after corral's limits
+    were put back."""
+
+    def __init__(self, engine, retrying):
+        self.remaining = retrying(engine.remaining)
+        self.signal_all = retrying(engine.signal_all)
+        self.signal_new = retrying(engine.signal_new)
+        self.kill_all = retrying(engine.kill_all)
+        self.verify_empty = retrying(engine.verify_empty)
+        self.unproven = retrying(engine.unproven)

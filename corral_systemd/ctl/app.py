@@ -132,7 +132,7 @@ def service_command(action: str, user: bool, system: bool, **options) -> int:
     import os
 
     from ..client import socket_paths
-    from ..service import units
+    from . import service_units as units
 
     if user and system:
         raise CtlError("--user and --system: choose one")

@@ -11,7 +11,6 @@ to 125) and lets ``ExecError`` from spawning through (126/127).
 import time
 from typing import TYPE_CHECKING
 
-from ..common.errors import SetupError  # noqa: F401  (re-exported for engines)
 from ..common.limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
 
 if TYPE_CHECKING:
@@ -164,8 +163,21 @@ class Engine:
         raise NotImplementedError
 
     def ignore_child(self, pid: int) -> None:
-        """``pid``, a child of corral forked after the engine was opened but
-        before the run (the credentials watcher), is not part of the run."""
+        """``pid``, a child of corral that is not part of the run (the
+        credentials watcher, forked before or after the engine was opened):
+        never signal it, never count it as the run's orphan."""
+
+    def kill_without_descriptors(self) -> bool:
+        """SIGKILL what of the run can be reached without opening a
+        descriptor (the stop's last resort when the command keeps lowering
+        corral's descriptor limit); True if a signal went out."""
+        return False
+
+    def helper_pids(self) -> list[int]:
+        """corral's own processes beside the run, known before the command
+        starts (the fallback's tether): never the run's, for corralctl too
+        (the registry entry's ``helper_pids``)."""
+        return []
 
     def close(self) -> None:
         """Release resources (cgroups, units, fds). Safe to call twice."""

@@ -72,6 +72,9 @@ class FallbackEngine(Engine):
     def ignore_child(self, pid):
         self._foreign.add(pid)
 
+    def helper_pids(self) -> list[int]:
+        return [self._tether.pid]
+
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
         child = fork_run_command(
@@ -214,6 +217,17 @@ class FallbackEngine(Engine):
 
     def kill_all(self):
         self.signal_all(signal.SIGKILL)
+
+    def kill_without_descriptors(self) -> bool:
+        # The command's process group: its leader is our unreaped child, so
+        # the id is still the run's; kill() needs no descriptor.
+        if self._child is None or self._child.reaped:
+            return False
+        try:
+            os.killpg(self._child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        return True
 
     def reap(self):
         self._reap_main()

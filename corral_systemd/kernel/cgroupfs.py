@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     import select
 
-from .fsread import read_bytes, write_bytes
+from .fsread import raise_shortage, read_bytes, write_bytes
 
 
 class Mounts:
@@ -141,12 +141,14 @@ def read_int(path: str) -> int | None:
 def procs_below(directory: str) -> list[int]:
     """Every pid in cgroup.procs of ``directory`` and its descendants."""
     pids: list[int] = []
-    for root, _dirs, files in os.walk(directory):
+    # os.walk skips what it cannot list: a shortage must raise instead.
+    for root, _dirs, files in os.walk(directory, onerror=raise_shortage):
         if "cgroup.procs" in files:
             try:
                 pids.extend(int(x) for x in read_bytes(os.path.join(root, "cgroup.procs")).split())
-            except OSError:
-                pass  # removed while walking: it is empty now
+            except OSError as exc:
+                raise_shortage(exc)  # no descriptor says nothing about the group
+                # else removed while walking: it is empty now
     return pids
 
 
@@ -338,7 +340,8 @@ def proc_cgroup(pid: int, hierarchy: str = "0") -> str | None:
     /proc/PID/cgroup shows it; None if the process is gone or not in it."""
     try:
         text = read_bytes(f"/proc/{pid}/cgroup").decode()
-    except OSError:
+    except OSError as exc:
+        raise_shortage(exc)
         return None
     for line in text.splitlines():
         number, controllers, path = line.split(":", 2)

@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from .fsread import SHORTAGE, raise_shortage
 from .procfs import ProcInfo, read_stat
 
 
@@ -83,7 +84,8 @@ def _carries_run_id(pid: int, run_id: str) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             return f"{RUN_ENV}={run_id}".encode() in f.read().split(b"\0")
-    except OSError:
+    except OSError as exc:
+        raise_shortage(exc)
         return False
 
 
@@ -204,8 +206,13 @@ class RunTracker:
                 break
             try:
                 opened[pid] = os.pidfd_open(pid)
-            except OSError:
+            except OSError as exc:
                 self._unreserve()
+                if exc.errno in SHORTAGE:  # untracked for want of a descriptor: never taken for gone
+                    for fd in opened.values():
+                        os.close(fd)
+                    self._unreserve(len(opened))
+                    raise
         if not opened:
             return
         still = set(relist())
@@ -283,8 +290,9 @@ class RunTracker:
                 break
             try:
                 fd = os.pidfd_open(info.pid)
-            except OSError:
+            except OSError as exc:
                 self._unreserve()
+                raise_shortage(exc)  # untracked for want of a descriptor: never taken for gone
                 continue
             now = read_stat(info.pid)
             if now is not None and now.ppid == parent and now.starttime == info.starttime:
@@ -343,8 +351,9 @@ class RunTracker:
                 return
             try:
                 fd = os.pidfd_open(pid)
-            except OSError:
+            except OSError as exc:
                 self._unreserve()
+                raise_shortage(exc)  # untracked for want of a descriptor: never taken for gone
                 continue
             now = read_stat(pid)
             if (

@@ -14,7 +14,7 @@ shows ``Z`` in /proc/PID/stat, yet it is alive and holds memory. Its
 
 import os
 
-from .fsread import read_bytes
+from .fsread import raise_shortage, read_bytes
 
 #: States of a task that has exited (zombie, dead).
 DEAD_STATES = ("Z", "X")
@@ -57,7 +57,8 @@ def read_stat(pid: int) -> ProcInfo | None:
     """
     try:
         data = read_bytes(f"/proc/{pid}/stat")
-    except OSError:
+    except OSError as exc:
+        raise_shortage(exc)
         return None
     fields = _stat_fields(data)
     state = fields[0].decode()
@@ -79,12 +80,16 @@ def live_task(pid: int) -> tuple[int, str] | None:
     """
     try:
         tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+    except OSError as exc:
+        raise_shortage(exc)
         return None
     for name in tids:
         try:
             state = _stat_fields(read_bytes(f"/proc/{pid}/task/{name}/stat"))[0].decode()
-        except (OSError, ValueError, IndexError):
+        except OSError as exc:
+            raise_shortage(exc)
+            continue
+        except (ValueError, IndexError):
             continue
         if state not in DEAD_STATES:
             return int(name), state
@@ -92,7 +97,10 @@ def live_task(pid: int) -> tuple[int, str] | None:
 
 
 def scan() -> dict[int, ProcInfo]:
-    """Every process visible in /proc, keyed by pid (threads excluded)."""
+    """Every process visible in /proc, keyed by pid (threads excluded).
+
+    A shortage (no descriptor left: ``fsread.SHORTAGE``) raises, never
+    leaves a live process out."""
     table = {}
     for name in os.listdir("/proc"):
         if name.isdigit():

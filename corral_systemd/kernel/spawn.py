@@ -233,8 +233,28 @@ def fork_command(
     os.close(err_w)
     if gate_r is not None:
         os.close(gate_r)
-    pidfd = os.pidfd_open(pid)
-    return Child(pid, pidfd, gate_w, err_r, argv[0])
+    return Child(pid, _pidfd_of_child(pid), gate_w, err_r, argv[0])
+
+
+def _pidfd_of_child(pid: int) -> int:
+    """A pidfd for our child ``pid``, even when the ungated command already
+    lowered our descriptor limit (``prlimit --pid $PPID --nofile=4``): the
+    soft limit goes up to the hard one for this one descriptor and back down
+    (the supervisor's ``OwnLimits`` then restores it and says so). A limit
+    that cannot make room raises the EMFILE."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        return os.pidfd_open(pid)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def exec_errno(name: str, err: int, env: dict | None) -> int:

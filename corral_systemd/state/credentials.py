@@ -56,14 +56,14 @@ whichever registry (if any) the run is in.
 import os
 import signal
 
-from ..common.errors import SetupError, UsageError
-from ..engines.credential_check import (  # noqa: F401  (the mechanism, documented here)
+from ..common.credential_check import (  # noqa: F401  (the mechanism, documented here)
     CHECK_FAILED,
     CHECK_SCRIPT,
     EXIT_CREDENTIALS,
     MAX_CREDENTIAL_SIZE,
     source_problem,
 )
+from ..common.errors import SetupError, UsageError
 
 _MEMORY_FS = ("tmpfs", "ramfs")
 

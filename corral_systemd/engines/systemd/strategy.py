@@ -213,8 +213,8 @@ class ServiceStrategy:
         return sorted(names - set(env))
 
     def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
+        from ...common.credential_check import CHECK_SCRIPT
         from ...kernel import netns
-        from ..credential_check import CHECK_SCRIPT
 
         engine = self.engine
         if engine.held is not None:  # the manager starts the command: a caller's held process is not needed
@@ -340,7 +340,7 @@ class ServiceStrategy:
         manager could not load a source (EXIT_CREDENTIALS, in ExecStartPre or,
         if the file vanished in between, in the main process before exec).
         """
-        from ..credential_check import CHECK_FAILED, EXIT_CREDENTIALS, source_problem
+        from ...common.credential_check import CHECK_FAILED, EXIT_CREDENTIALS, source_problem
 
         engine = self.engine
         if not engine.spec.credentials:

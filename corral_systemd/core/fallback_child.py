@@ -3,7 +3,7 @@
 The fallback engine makes its process the child subreaper and owns every
 descendant of it — right for the CLI, wrong inside an application that has
 children of its own and runs several commands at once. So the library runs
-each fallback run here: ``python -m corral_systemd._child SPEC RESULT CANCEL``
+each fallback run here: ``python -m corral_systemd.core.fallback_child SPEC RESULT CANCEL``
 (three inherited file descriptors).
 
 Protocol: the spec arrives as JSON on SPEC; the command's stdio is this
@@ -21,11 +21,11 @@ from dataclasses import asdict
 
 
 def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
-    from .common.errors import CorralError
-    from .core.assemble import assemble_and_run
-    from .core.spec import RunSpec
-    from .core.supervisor import SignalWatch
-    from .engines.fallback import FallbackEngine
+    from ..common.errors import CorralError
+    from ..engines.fallback import FallbackEngine
+    from .assemble import assemble_and_run
+    from .spec import RunSpec
+    from .supervisor import SignalWatch
 
     # Any signal that would kill us must instead stop the run: an orphaned
     # run is the one outcome we exist to prevent.
