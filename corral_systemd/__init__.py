@@ -4,7 +4,7 @@ the command started is gone — proven, or exit 120.
 This module stays import-light: the CLI imports it on every run.
 """
 
-__version__ = "0.1.0"
+from .common.version import __version__ as __version__
 
 # The library API loads on first use (PEP 562), so the CLI's start-up does
 # not pay for asyncio and pydantic.

@@ -40,15 +40,14 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from .common.errors import CannotExecute, NotFound, SetupError, Unverified, UsageError
-from .common.units import parse_duration, parse_size
+from .common.errors import CannotExecute, NotFound, SetupError, Unverified
 from .core import result as R
 from .core.execution import _NO_SYSTEMD, Execution
 from .core.record import RunRecord, from_result
+from .core.request import spec_from_keywords as make_spec
 from .core.spec import RunSpec
 
-Duration = float | int | str | None
-Size = int | str | None
+__all__ = ["RunHandle", "RunResult", "Runner", "arun", "make_spec", "run", "start"]
 
 
 class RunResult(RunRecord):
@@ -72,173 +71,6 @@ class RunResult(RunRecord):
     def memory_peak(self) -> int | None:
         """Peak memory in bytes (the cgroup's; a fallback run's sampled RSS sum with ``mem=``)."""
         return self.engine.memory_peak
-
-
-def _is_directory(path) -> bool:
-    """``path`` (str or os.PathLike of str, no NUL byte) names an existing directory."""
-    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
-    return isinstance(text, str) and "\0" not in text and os.path.isdir(text)
-
-
-def _seconds(value: Duration, what: str) -> float | None:
-    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value is not None and value < 0:
-            raise UsageError(f"{what} must not be negative")
-        return None if value is None else float(value)
-    try:
-        return parse_duration(str(value), what=what)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _limit_values(given: dict) -> dict:
-    """The library's limit keywords as RunSpec values: a number as it is
-    (seconds, bytes, a count), a string parsed as the CLI parses it."""
-    from .common.limits import BY_FIELD
-
-    out = {}
-    for name, value in given.items():
-        kind = BY_FIELD[name].kind
-        if kind == "duration":
-            out[name] = _seconds(value, name)
-        elif kind == "size":
-            out[name] = _bytes(value, name)
-        elif isinstance(value, str):
-            try:
-                out[name] = BY_FIELD[name].parse(value)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        else:
-            out[name] = value  # RunSpec range-checks it
-    return out
-
-
-def _required(seconds: float | None, what: str) -> float:
-    if seconds is None:
-        raise UsageError(f"{what} must be a number of seconds, not None")
-    return seconds
-
-
-def _bytes(value: Size, what: str) -> int | None:
-    if value is None or isinstance(value, int) and not isinstance(value, bool):
-        if value is not None and value <= 0:
-            raise UsageError(f"{what} must be greater than zero")
-        return value
-    try:
-        return parse_size(str(value), what=what)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def make_spec(
-    argv: Sequence[str],
-    *,
-    wall: Duration = None,
-    mem: Size = None,
-    pids: int | None = None,
-    max_output: Size = None,
-    cpu_time: Duration = None,
-    cpus: float | str | None = None,
-    grace: Duration = 2.0,
-    verify_timeout: Duration = 2.0,
-    mode: str = "auto",
-    unit_type: str = "service",
-    manager: str = "auto",
-    slice: str = "corral.slice",
-    cgroup_parent: str | None = None,
-    stdin: None | bytes | str = None,
-    env: dict | None = None,
-    cwd: str | None = None,
-    credentials: dict | None = None,
-    properties: dict | None = None,
-    output_limit: Size = None,
-    output_file: str | os.PathLike | None = None,
-    network: str = "host",
-    pty: bool = False,
-) -> RunSpec:
-    """Validate the library's keyword arguments into a RunSpec (UsageError if bad).
-
-    ``unit_type`` defaults to "service" here (the CLI's default is "scope"):
-    the manager starts the command, so the host process, which is usually
-    multi-threaded, never forks or spawns for a run; the command's output
-    goes to pipes anyway, and a service costs the host about a third less
-    CPU per run (bench/runner_bench.py). "scope" keeps the command a child
-    of the host (its exact environment, argv[0] as resolved by the shell gate).
-
-    ``credentials`` maps NAME to a file PATH, as ``--credential NAME=PATH``:
-    the command finds a copy as ``$CREDENTIALS_DIRECTORY/NAME``, removed when
-    the run ends (a bad NAME, or one given twice, is a UsageError).
-
-    ``properties`` maps unit property names to values, as ``-p NAME=VALUE``
-    (``{"IOWeight": 50}``): systemd runs only; properties corral sets itself,
-    or that the unit type does not take, are a UsageError.
-
-    ``output_limit`` (bytes, or "128K"), as ``--output-limit``: the captured
-    stdout and stderr hold the first and the last half of that many bytes of
-    the two together, with one marker line where the middle was left out;
-    the result's ``output_omitted_bytes`` says how much (0: nothing). The run
-    is not stopped (``max_output`` stops it). ``output_file``, as
-    ``--output-file``: the whole stream is also written there (0600).
-
-    ``network="none"``, as ``--network none``: the command has only a
-    loopback interface, checked before it runs (SetupError if that cannot
-    be had). A Runner's scope runs cannot do this (the host must not fork):
-    use services, the library's default.
-
-    ``pty=True``, as ``--pty``: the command's stdin, stdout and stderr are a
-    pseudo-terminal of its own (its controlling terminal); everything it
-    writes arrives as stdout (CR LF line ends), and ``stdin="pipe"`` (what
-    ``send`` writes) or ``stdin=bytes`` is typed into it. Services (the
-    default) and fallback runs; a Runner's scope cannot (SetupError).
-    """
-    try:
-        argv = [os.fspath(a) for a in argv]
-    except TypeError:
-        raise UsageError("argv must be a sequence of strings (or paths)") from None
-    if not argv or not argv[0]:
-        raise UsageError("no command given")
-    if mode not in ("auto", "enforced", "fallback"):
-        raise UsageError(f"invalid mode {mode!r}: expected auto, enforced or fallback")
-    if unit_type not in ("scope", "service"):
-        raise UsageError(f"invalid unit_type {unit_type!r}")
-    if stdin is None:
-        stdin = "null"
-    elif not isinstance(stdin, bytes) and stdin not in ("null", "inherit", "pipe"):
-        raise UsageError("stdin must be None, bytes, 'null', 'inherit' or 'pipe'")
-    if cwd is not None and not _is_directory(cwd):
-        raise UsageError(f"cwd {cwd!r} is not a directory")
-    if env is not None and not hasattr(env, "items"):
-        raise UsageError("env must be a mapping of names to values")
-    requests = []
-    if credentials:
-        from .state.credentials import check_unique, parse_credential
-
-        # {NAME: PATH}, as --credential NAME=PATH: the run sees a copy of PATH
-        # as $CREDENTIALS_DIRECTORY/NAME, gone when the run ends.
-        requests = [parse_credential(f"{name}={os.fspath(path)}") for name, path in credentials.items()]
-        check_unique(requests)
-    return RunSpec(
-        argv=argv,
-        **_limit_values(
-            {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output, "cpu_time": cpu_time, "cpus": cpus}
-        ),
-        grace=_required(_seconds(grace, "grace"), "grace"),
-        verify_timeout=_required(_seconds(verify_timeout, "verify_timeout"), "verify_timeout"),
-        cgroup_mode=mode,
-        cgroup_parent=cgroup_parent,
-        stdin=stdin,
-        manager=manager,
-        unit_type=unit_type,
-        slice=slice,
-        env=None if env is None else {str(k): str(v) for k, v in env.items()},
-        cwd=None if cwd is None else os.path.abspath(cwd),
-        credential_requests=requests,
-        properties=[f"{name}={value}" for name, value in (properties or {}).items()],
-        output_limit=None if output_limit is None else _bytes(output_limit, "output_limit"),
-        output_file=None if output_file is None else os.path.abspath(os.fspath(output_file)),
-        network=network,
-        pty=pty,
-    )
 
 
 def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult:
@@ -279,7 +111,7 @@ class Runner:
 
     # -- session -------------------------------------------------------
     def _session_for(self, spec: RunSpec):
-        if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
+        if not spec.may_be_systemd:
             return None
         with self._lock:
             if self._closed:
@@ -302,7 +134,7 @@ class Runner:
 
     def _session_if_ready(self, spec: RunSpec):
         """``_session_for`` when it would not block, else ``_NOT_READY``."""
-        if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
+        if not spec.may_be_systemd:
             return None
         if not self._lock.acquire(blocking=False):  # a session is being made: that blocks
             return _NOT_READY

@@ -33,34 +33,7 @@ other side).
 import os
 import sys
 
-SOCKET_NAME = "io.corral.Run"
-#: Each program name and its default --cgroup-mode (the service reads it too).
-PROGRAMS = {"corral": "auto", "corral-enforced": "enforced"}
-#: The manager's runtime directory (%t in corral.socket): /run for the system
-#: manager, $XDG_RUNTIME_DIR (/run/user/UID) for a user's.
-SYSTEM_SOCKET = "/run/" + SOCKET_NAME
-
-
-def socket_paths() -> list[str]:
-    """Where a corral service may listen for this user, in the order corral
-    tries them; empty for "do not use one".
-
-    ``CORRAL_SERVICE=0`` turns the service off; ``CORRAL_SERVICE_SOCKET``
-    names the one socket to use. Else the user manager's
-    (``$XDG_RUNTIME_DIR/io.corral.Run``; without that variable, as under
-    cron, ``/run/user/UID``'s), and for root then the system manager's
-    (``/run/io.corral.Run``): the order in which auto mode picks a manager
-    (``dbus.discovery.bus_address``). The service declines a run that asks
-    for the other manager, and corral runs it itself."""
-    if os.environ.get("CORRAL_SERVICE", "1").lower() in ("0", "no", "off", "false"):
-        return []
-    if path := os.environ.get("CORRAL_SERVICE_SOCKET"):
-        return [path]
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    paths = [f"{runtime}/{SOCKET_NAME}"]
-    if os.geteuid() == 0:
-        paths.append(SYSTEM_SOCKET)
-    return paths
+from .common.programs import PROGRAMS, socket_paths
 
 
 class _Declined(Exception):

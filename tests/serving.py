@@ -29,8 +29,22 @@ class Service:
     def __init__(self, directory: Path, *extra: str, env=None):
         self.path = str(directory / "io.corral.Run")
         self.log = directory / "service.log"
+        # A test's service lives as long as its fixture: the default idle exit
+        # (60 s) ended a module's service between two of its tests on a slow
+        # guest, and its clients then ran the command themselves.
+        idle = [] if "--idle-exit" in extra else ["--idle-exit", "86400"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral_systemd.service", "--socket", self.path, "--manager", MANAGER, *extra],
+            [
+                sys.executable,
+                "-m",
+                "corral_systemd.service",
+                "--socket",
+                self.path,
+                "--manager",
+                MANAGER,
+                *idle,
+                *extra,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=open(self.log, "wb"),
             env=env,

@@ -44,13 +44,13 @@ def _cli(args: list[str]):
     """(exit code, stderr, spec or None) of ``corral ARGS -- true``, without running anything."""
     kept = []
 
-    def fake_run(invocation):
-        kept.append(invocation.spec)
+    def fake_run(request):
+        kept.append(request.spec)
         return 0
 
     err = io.StringIO()
     with (
-        mock.patch.object(cli, "_run", fake_run),
+        mock.patch.object(cli, "run", fake_run),
         contextlib.redirect_stderr(err),
         contextlib.redirect_stdout(io.StringIO()),
     ):
@@ -71,12 +71,14 @@ def _check_cli(args):
 
 
 def _check_service_parse(args, spec, err):
-    """The corral service parses a client's command line with ``cli.parse``:
-    the same spec, or the same one-line error, as ``corral`` itself."""
+    """The corral service parses a client's command line with
+    ``request.parse_command_line``: the same spec, or the same one-line error,
+    as ``corral`` itself."""
     from corral_systemd.common.errors import UsageError
+    from corral_systemd.core.request import parse_command_line
 
     try:
-        parsed = cli.parse([*args, "--", "true"], prog="corral", default_mode="auto", environ={}, cwd="/")
+        parsed = parse_command_line([*args, "--", "true"], default_mode="auto", environ={}, cwd="/")
     except UsageError as exc:
         assert spec is None and err == f"corral: {exc}\n", (args, err, str(exc))
         return

@@ -45,6 +45,22 @@ class Limit:
 
     def parse(self, text: str):
         """The option's text as the RunSpec value (ValueError, naming the option, if malformed)."""
+        return coerce(self.kind, text, self.option)
+
+    def coerce(self, value, what: str | None = None):
+        """The RunSpec value of ``value`` as given (``coerce``), named ``what`` (default: the option)."""
+        return coerce(self.kind, value, what or self.option)
+
+
+def coerce(kind: str, value, what: str):
+    """A value of ``kind`` ("duration", "size", "count", "cpus") as it was
+    given, normalized once: None stays None; text is parsed as the CLI
+    parses it (ValueError naming ``what`` if malformed); a number is taken as
+    it is (seconds, bytes, a count, CPUs; a duration as float). Anything else
+    is passed on for ``RunSpec`` to refuse, with the range checks."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
         from . import units
 
         parse = {
@@ -52,8 +68,21 @@ class Limit:
             "size": units.parse_size,
             "count": units.parse_count,
             "cpus": units.parse_cpus,
-        }[self.kind]
-        return parse(text, what=self.option)
+        }[kind]
+        return parse(value, what=what)
+    if kind in ("duration", "cpus") and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def coerce_duration(value, what: str):
+    """A stop timing (--grace, --verify-timeout) as given: ``coerce``."""
+    return coerce("duration", value, what)
+
+
+def coerce_size(value, what: str):
+    """A size that is not a limit (--output-limit) as given: ``coerce``."""
+    return coerce("size", value, what)
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,17 @@ never what the outer one does.
 """
 
 import os
-import re
+
+from .unit_names import group_name, is_run_id, run_units
 
 RUN_ENV = "CORRAL_RUN_ID"
-_RUN_ID = re.compile(r"[0-9a-f]{1,64}")
 
 
 def outer_run(environ=os.environ, cgroups: str | None = None) -> str | None:
     """The run this process runs inside: its environment says which, and its
     cgroups (``cgroups``: /proc/self/cgroup's text, read if None) confirm it; else None."""
     value = environ.get(RUN_ENV)
-    if value is None or not _RUN_ID.fullmatch(value):
+    if value is None or not is_run_id(value):
         return None
     if cgroups is None:
         try:
@@ -39,7 +39,7 @@ def outer_run(environ=os.environ, cgroups: str | None = None) -> str | None:
                 cgroups = f.read()
         except OSError:
             return None
-    names = {f"corral-{value}.scope", f"corral-{value}.service", f"corral-{value}"}
+    names = {*run_units(value), group_name(value)}
     for line in cgroups.splitlines():
         if names.intersection(line.split(":", 2)[-1].split("/")):
             return value

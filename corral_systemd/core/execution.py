@@ -36,37 +36,6 @@ from .spec import RunSpec
 _NO_SYSTEMD = object()
 
 
-class _OwnedFds:
-    """File descriptors this frame owns until it closes or hands them off;
-    ``close_all`` (from an ExitStack) closes whatever is still owned."""
-
-    def __init__(self):
-        self._owned: set[int] = set()
-
-    def add(self, fd: int) -> int:
-        self._owned.add(fd)
-        return fd
-
-    def pipe(self, flags: int) -> tuple[int, int]:
-        r, w = os.pipe2(flags)
-        self._owned.update((r, w))
-        return r, w
-
-    def release(self, *fds: int) -> int:
-        """Ownership moves elsewhere (a file object, the pump); returns the first."""
-        self._owned.difference_update(fds)
-        return fds[0]
-
-    def close(self, *fds: int) -> None:
-        for fd in fds:
-            self._owned.discard(fd)
-            os.close(fd)
-
-    def close_all(self) -> None:
-        while self._owned:
-            os.close(self._owned.pop())
-
-
 class Execution:
     """One run, driven synchronously in the calling thread.
 
@@ -216,52 +185,73 @@ class Execution:
         fields = asdict(spec)
         fields["cgroup_mode"] = "fallback"
         fields["register"] = self._register
-        with contextlib.ExitStack() as cleanup:
-            fds = _OwnedFds()
-            cleanup.callback(fds.close_all)
-            stdin = None
-            if isinstance(spec.stdin, bytes):
-                stdin = fds.add(os.memfd_create("corral-stdin", os.MFD_CLOEXEC))
-                os.write(stdin, spec.stdin)
-                os.lseek(stdin, 0, os.SEEK_SET)
-                fields["stdin"] = "inherit"
-            elif spec.stdin in ("inherit", "pipe"):
-                stdin = self._stdin_fd
-                fields["stdin"] = "inherit"
-            spec_r, spec_w = fds.pipe(0)
-            result_r, result_w = fds.pipe(0)
-            out_r, out_w = fds.pipe(os.O_CLOEXEC)
-            err_r, err_w = fds.pipe(os.O_CLOEXEC)
-            pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
-            cleanup.callback(pump.close)  # it closes out_r and err_r
-            fds.release(out_r, err_r)
-            # The child gets the read end of our cancel pipe: readable when we
-            # cancel, and at EOF when this process dies (only we hold the
-            # write end), so one descriptor covers both. Its own session:
-            # signals for our process group (Ctrl-C, `timeout`) are for us.
-            self._child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "corral_systemd.core.fallback_child",
-                    str(spec_r),
-                    str(result_w),
-                    str(self._cancel_r),
-                ],
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                pass_fds=(spec_r, result_w, self._cancel_r),
-                start_new_session=True,
-            )
-            fds.close(spec_r, result_w, out_w, err_w)  # the child's ends: EOF needs them gone here
-            with os.fdopen(fds.release(spec_w), "w") as f:
-                json.dump(fields, f)
+        # trio's pair: ``always_cleanup`` holds what is ours for the whole run
+        # (closed however it ends), ``childs_ends`` what the child inherits,
+        # closed here as soon as it has them (the pipes' EOF needs them gone).
+        # Every descriptor is owned by exactly one of them, or by a file
+        # object or the pump, from the moment it exists: none is closed twice.
+        with contextlib.ExitStack() as always_cleanup:
+            with contextlib.ExitStack() as childs_ends:
+                taken: set[int] = set()  # read ends the pump owns now
+
+                def pipe(flags: int) -> tuple[int, int]:
+                    r, w = os.pipe2(flags)
+                    always_cleanup.callback(_close_unless_taken, r, taken)
+                    childs_ends.callback(os.close, w)
+                    return r, w
+
+                stdin = None
+                if isinstance(spec.stdin, bytes):
+                    stdin = os.memfd_create("corral-stdin", os.MFD_CLOEXEC)
+                    childs_ends.callback(os.close, stdin)
+                    os.write(stdin, spec.stdin)
+                    os.lseek(stdin, 0, os.SEEK_SET)
+                    fields["stdin"] = "inherit"
+                elif spec.stdin in ("inherit", "pipe"):
+                    stdin = self._stdin_fd
+                    fields["stdin"] = "inherit"
+                spec_r, spec_w = os.pipe2(0)
+                childs_ends.callback(os.close, spec_r)
+                spec_file = always_cleanup.enter_context(os.fdopen(spec_w, "w"))
+                result_r, result_w = os.pipe2(0)
+                childs_ends.callback(os.close, result_w)
+                result_file = always_cleanup.enter_context(os.fdopen(result_r, "r"))
+                out_r, out_w = pipe(os.O_CLOEXEC)
+                err_r, err_w = pipe(os.O_CLOEXEC)
+                pump = OutputPump({out_r: self._on_stdout, err_r: self._on_stderr}, None)
+                taken.update((out_r, err_r))  # the pump's to close, from here on
+                always_cleanup.callback(pump.close)
+                # The child gets the read end of our cancel pipe: readable when we
+                # cancel, and at EOF when this process dies (only we hold the
+                # write end), so one descriptor covers both. Its own session:
+                # signals for our process group (Ctrl-C, `timeout`) are for us.
+                self._child = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "corral_systemd.core.fallback_child",
+                        str(spec_r),
+                        str(result_w),
+                        str(self._cancel_r),
+                    ],
+                    stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                    stdout=out_w,
+                    stderr=err_w,
+                    pass_fds=(spec_r, result_w, self._cancel_r),
+                    start_new_session=True,
+                )
+            with spec_file:
+                json.dump(fields, spec_file)
             pump.drain(None)  # EOF once the run (and the child) are gone
             self._child.wait()
-            with os.fdopen(fds.release(result_r), "r") as f:
-                data = json.loads(f.read() or "{}")
+            data = json.loads(result_file.read() or "{}")
         if "error" in data or "run_id" not in data:
             raise SetupError(data.get("error", "the fallback supervisor died without a result"))
         outcome = R.RunOutcome(**data)
         return outcome
+
+
+def _close_unless_taken(fd: int, taken: set[int]) -> None:
+    """Close ``fd`` unless its ownership moved (to the pump) since it was made."""
+    if fd not in taken:
+        os.close(fd)

@@ -24,8 +24,8 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
     from ..common.errors import CorralError
     from ..engines.fallback import FallbackEngine
     from .assemble import assemble_and_run
+    from .signalwatch import SignalWatch
     from .spec import RunSpec
-    from .supervisor import SignalWatch
 
     # Any signal that would kill us must instead stop the run: an orphaned
     # run is the one outcome we exist to prevent.

@@ -20,6 +20,7 @@ import stat
 import time
 
 from ..common import baton
+from ..common.errors import SetupError
 
 _READ_CHUNK = 65536
 #: Most bytes handed to one non-blocking write.
@@ -360,3 +361,25 @@ def write_all(fd: int, data: bytes, raise_broken: bool = False) -> None:
             return  # our reader went away; keep draining the command
         except InterruptedError:
             continue
+
+
+def open_output_file(path: str | None) -> int | None:
+    """--output-file's descriptor, created 0600 (replacing a regular file;
+    never following a symlink or writing into anything else): SetupError, 125."""
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise SetupError(f"--output-file {path!r}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SetupError(f"--output-file {path!r} exists and is not a regular file")
+        os.set_blocking(fd, True)
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -110,3 +110,45 @@ def usage_summary(result: RunOutcome) -> str:
     if engine.get("cpu_usage_nsec") is not None:
         parts.append(f"cpu {'>=' if cpu_sampled else ''}{engine['cpu_usage_nsec'] / 1e9:.2f} s")
     return ", ".join(parts)
+
+
+def summary_line(result: RunOutcome) -> str:
+    """The one line corral prints on stderr after a run (the service's reply carries it too)."""
+    from ..common.units import format_duration
+
+    mode = result.mode
+    unit = result.engine.get("unit")
+    if unit:
+        mode = f"{mode} {unit}"
+    if result.reason == EXITED:
+        if result.command_signal is not None:
+            what = f"command killed by signal {result.command_signal}"
+        else:
+            what = f"command exited {result.command_exit_status}"
+    elif (limit := BY_REASON.get(result.reason)) is not None:
+        what = limit.reached
+    else:
+        what = {
+            INTERRUPTED: f"interrupted by signal {result.corral_signal}",
+            SPAWN_FAILED: result.detail,
+            SETUP_FAILED: result.detail,
+            # 120 without its reason tells the user nothing to act on.
+            INTERNAL_ERROR: f"corral lost track of the run: {result.detail}",
+        }.get(result.reason, result.reason)
+    line = (
+        f"corral: {mode}: {what}; exit {result.exit_code}; {format_duration(result.wall_time)}; "
+        f"{result.processes_stopped} process{'es' if result.processes_stopped != 1 else ''} stopped"
+    )
+    if usage := usage_summary(result):
+        line += f"; {usage}"
+    if result.output_omitted_bytes:
+        line += f"; {result.output_omitted_bytes} bytes of output left out"
+        if result.output_file:
+            line += f" (all in {result.output_file})"
+    if reason := result.engine.get("auto_fallback_reason"):
+        # --cgroup-mode auto found no manager to use: say why, once (the record
+        # has it too), so a run without systemd is never silently unconfined by one.
+        line += f"; auto mode fell back: {reason}"
+    if result.remaining_pids:
+        line += f"; NOT VERIFIED, still present: {' '.join(map(str, result.remaining_pids))}"
+    return line

@@ -27,14 +27,14 @@ class RunGuard:
         spec,
         *,
         environment: dict | None = None,
-        credentials=(),
         registry: bool = True,
         owner_kind: str = "corral",
     ):
         self.spec = spec
         self.owner_kind = owner_kind
         self.environment = environment
-        self.credential_pairs = [tuple(pair) for pair in (credentials or spec.credential_requests)]
+        #: (NAME, PATH) pairs, checked where the request was read (``core.request.credential_pairs``).
+        self.credential_pairs = [tuple(pair) for pair in spec.credential_requests]
         self.use_registry = registry
         self.registration = None
         #: The record's ``registry``: "registered", "off" (--no-registry) or
@@ -47,9 +47,6 @@ class RunGuard:
 
     def __enter__(self):
         if self.credential_pairs:
-            from ..state.credentials import check_unique
-
-            check_unique(self.credential_pairs)
             if not _may_be_systemd_service(self.spec):
                 self._private_credentials()  # before the engine, so fallback counts the watcher as foreign
         return self
@@ -67,7 +64,7 @@ class RunGuard:
 
     def _credentials_for(self, engine) -> None:
         """A run that may be a systemd service: now that the engine is known, who delivers."""
-        if engine.mode == "systemd" and self.spec.unit_type == "service":
+        if engine.delivers_credentials():
             self.spec.credentials = list(self.credential_pairs)  # LoadCredential=, checked before the command
             self.delivery = "systemd"
             return
@@ -93,16 +90,13 @@ class RunGuard:
             return None
         from ..state.registry import MARK_ENV, RegistryObserver, new_mark, register
 
-        facts = engine.describe() if engine.mode != "systemd" else {}
-        # No cgroup holds a fallback run: once corral is gone, a mark in the
-        # command's environment (inherited by all it starts) is what proves a
-        # process the run's to corralctl (see registry.carries_mark).
-        mark = new_mark(self.spec.run_id) if engine.mode == "fallback" else None
+        facts = engine.registry_facts()
+        mark = new_mark(self.spec.run_id) if engine.marks_processes else None
         try:
             self.registration = register(
                 self.spec,
                 mode=engine.mode,
-                unit=getattr(engine, "unit", None),
+                unit=facts.get("unit"),
                 control_group=facts.get("control_group"),
                 environment=self.environment,
                 credentials=[n for n, _ in self.credential_pairs],
@@ -159,4 +153,4 @@ class RunGuard:
 
 def _may_be_systemd_service(spec) -> bool:
     """Could this run become a systemd service? (auto mode knows only once the engine is open)"""
-    return spec.unit_type == "service" and spec.cgroup_parent is None and spec.cgroup_mode != "fallback"
+    return spec.unit_type == "service" and spec.may_be_systemd

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
 from ..common.limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
+from ..common.unit_names import new_run_id
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
 STDIN_MODES = ("null", "inherit")
@@ -35,10 +36,6 @@ NETWORKS = ("host", "none")
 #: --output-limit keeps a head and a tail: at least one byte of each.
 MIN_OUTPUT_LIMIT = 2
 _BOUNDS = {"size": f"{MAX_SIZE} bytes (8 EiB)", "count": f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)"}
-
-
-def new_run_id() -> str:
-    return os.urandom(6).hex()
 
 
 @dataclass
@@ -144,10 +141,16 @@ class RunSpec:
 
         if not isinstance(self.properties, list) or not all(_text(p) for p in self.properties):
             raise UsageError("invalid properties: expected NAME=VALUE strings")
-        if self.cgroup_mode == "fallback" or self.cgroup_parent is not None:
+        if not self.may_be_systemd:
             raise UsageError("--property needs a systemd unit: not with --cgroup-mode fallback or --cgroup-parent")
         for text in self.properties:
             parse_property(text, self.unit_type)
+
+    @property
+    def may_be_systemd(self) -> bool:
+        """Can this run be a systemd unit? Never in fallback mode or with
+        --cgroup-parent; in auto mode only the opened engine knows if it is."""
+        return self.cgroup_mode != "fallback" and self.cgroup_parent is None
 
     def limits(self) -> dict:
         """The record's ``limits``: every limit (None: not set) and the stop timings."""

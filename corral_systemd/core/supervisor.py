@@ -20,16 +20,16 @@ asyncio; engines that talk to systemd hand their bus socket to the loop
 through ``wait_fds()`` (polled for input) and open cgroup notification
 files through ``priority_fds()`` (polled for POLLPRI only).
 
-A little over 400 lines: the run loop, its poll round (output, signals,
-cancellation, the engine's descriptors) and the observer protocol belong
-together (each step's timing is in the record); the stop sequence itself is
-``stopping.py``.
+The run loop, its poll round (output, signals, cancellation, the engine's
+descriptors) and the observer protocol belong together (each step's timing
+is in the record); the stop sequence itself is ``stopping.py``, the signal
+pipe the loop polls ``signalwatch.py``.
 """
 
+import contextlib
 import os
 import select
 import signal
-import stat
 import time
 
 from ..common import baton
@@ -37,14 +37,13 @@ from ..common.errors import SetupError, UsageError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
 from ..common.nesting import command_env, outer_run
 from ..kernel.rlimits import OwnLimits, lowered_limit
-from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError
 from . import result as R
-from .output import OutputPump
+from .output import OutputPump, open_output_file
 from .pty import Pty
+from .signalwatch import STOP_SIGNALS, SignalWatch
 from .stopping import stop_and_verify
 
-_STOP_SIGNALS = stop_signals()
 #: Longest single poll() wait (an hour; poll's own limit is INT_MAX ms).
 _MAX_POLL_MS = 3600 * 1000
 # After the run is proven empty, its pipes are read until EOF for at most
@@ -52,43 +51,6 @@ _MAX_POLL_MS = 3600 * 1000
 # open forever). Only the reading is bounded: every byte read (up to the
 # cap) is then delivered, however slow the reader (``OutputPump.flush``).
 _DRAIN_LIMIT = 0.5
-
-
-class SignalWatch:
-    """Turns every stop signal (``kernel.signals``) and SIGCHLD into bytes on a pipe the loop polls.
-
-    Only usable from the main thread (Python's signal rules). Restores the
-    previous handlers and wakeup fd on exit.
-    """
-
-    def __init__(self, extra: tuple = ()):
-        #: Further signals that count as "stop" (the library's child supervisor).
-        self.stop_signals = (*_STOP_SIGNALS, *extra)
-
-    def __enter__(self):
-        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        # SIGWINCH: a --pty run's terminal changed size (its default is to ignore).
-        watched = (*self.stop_signals, signal.SIGCHLD, signal.SIGWINCH)
-        self._old = {sig: signal.signal(sig, _ignore) for sig in watched}
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(self._old_wakeup)
-        os.close(self.read_fd)
-        os.close(self._write_fd)
-
-    def drain(self) -> list[int]:
-        try:
-            return list(os.read(self.read_fd, 512))
-        except BlockingIOError:
-            return []
-
-
-def _ignore(signum, frame):
-    pass
 
 
 #: Step names as events: what an observer is told, in this order of time.
@@ -300,11 +262,14 @@ class Supervisor:
         return self._stdin_fd
 
     def _start(self) -> OutputPump | None:
+        """The command's stdio, then the engine's start: the output pump on
+        success (the run's to close); on failure nothing of it left open."""
         spec = self.spec
-        stdin = None
-        out_w = err_w = None
-        pump = None
-        try:
+        # trio's pair: ``always_cleanup`` closes what only the command keeps
+        # (its ends of the pipes, its stdin, the pty's terminal side) once it
+        # runs or failed to; ``cleanup_on_fail`` what is the run's on success.
+        with contextlib.ExitStack() as always_cleanup, contextlib.ExitStack() as cleanup_on_fail:
+            pump = None
             shaped = spec.max_output is not None or spec.output_limit is not None or spec.output_file is not None
             if spec.pty:
                 # The command's stdio is the pty's terminal side; its output
@@ -315,30 +280,37 @@ class Supervisor:
                     stdin_fd=self._stdin_fd if spec.stdin in ("inherit", "pipe") else None,
                     typed=spec.stdin if isinstance(spec.stdin, bytes) else b"",
                 )
+                always_cleanup.callback(self._pty.close_slave)  # the command has its own
                 pump = OutputPump(
                     {self._pty.master: self._stdout},
                     spec.max_output,
                     keep=spec.output_limit,
                     copy_fd=self._open_output_file(),
                 )
+                cleanup_on_fail.callback(pump.close)
                 stdio = (self._pty.slave,) * 3
-            elif shaped or callable(self._stdout) or callable(self._stderr):
-                stdin = self._command_stdin()
-                copy_fd = self._open_output_file()
-                out_r, out_w = os.pipe2(os.O_CLOEXEC)
-                err_r, err_w = os.pipe2(os.O_CLOEXEC)
-                os.set_blocking(out_r, False)
-                os.set_blocking(err_r, False)
-                pump = OutputPump(
-                    {out_r: self._stdout, err_r: self._stderr},
-                    spec.max_output,
-                    keep=spec.output_limit,
-                    copy_fd=copy_fd,
-                )
-                stdio = (stdin, out_w, err_w)
             else:
                 stdin = self._command_stdin()
-                stdio = (stdin, self._stdout, self._stderr)
+                if stdin != self._stdin_fd:
+                    always_cleanup.callback(os.close, stdin)
+                if shaped or callable(self._stdout) or callable(self._stderr):
+                    copy_fd = self._open_output_file()
+                    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+                    always_cleanup.callback(os.close, out_w)
+                    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+                    always_cleanup.callback(os.close, err_w)
+                    os.set_blocking(out_r, False)
+                    os.set_blocking(err_r, False)
+                    pump = OutputPump(
+                        {out_r: self._stdout, err_r: self._stderr},
+                        spec.max_output,
+                        keep=spec.output_limit,
+                        copy_fd=copy_fd,
+                    )
+                    cleanup_on_fail.callback(pump.close)
+                    stdio = (stdin, out_w, err_w)
+                else:
+                    stdio = (stdin, self._stdout, self._stderr)
             self.engine.start(
                 spec.argv,
                 stdin=stdio[0],
@@ -348,18 +320,7 @@ class Supervisor:
                 cwd=spec.cwd,
             )
             self._limits.restore()  # the command may have lowered them already
-        except BaseException:
-            if pump is not None:
-                pump.close()
-            raise
-        finally:
-            if stdin is not None and stdin != self._stdin_fd:
-                os.close(stdin)
-            for fd in (out_w, err_w):
-                if fd is not None:
-                    os.close(fd)
-            if self._pty is not None:
-                self._pty.close_slave()  # the command has its own
+            cleanup_on_fail.pop_all()
         if self._pty is not None:
             self._pty.raw()
         return pump
@@ -375,27 +336,9 @@ class Supervisor:
         )
 
     def _open_output_file(self) -> int | None:
-        """--output-file, created 0600 (replacing a regular file; never
-        following a symlink or writing into anything else): SetupError, 125."""
-        path = self.spec.output_file
-        if path is None:
-            return None
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-        except OSError as exc:
-            raise SetupError(f"--output-file {path!r}: {exc.strerror or exc}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise SetupError(f"--output-file {path!r} exists and is not a regular file")
-            os.set_blocking(fd, True)
-            os.fchmod(fd, 0o600)
-            os.ftruncate(fd, 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._output_file_fd = fd
-        return fd
+        """--output-file (``output.open_output_file``), closed when the run ends."""
+        self._output_file_fd = open_output_file(self.spec.output_file)
+        return self._output_file_fd
 
     def _watch(self, pump: OutputPump | None) -> None:
         """Wait until something ends the run; record why."""
@@ -448,6 +391,9 @@ class Supervisor:
         if next_tick is not None and tick_every is not None and now >= next_tick:
             self._tell("tick", engine.processes())
             next_tick = now + tick_every
+        # The checks above read /proc and cgroup files, slow on a loaded machine:
+        # wait from now, not from before them, or the deadline is noticed late.
+        now = self._now()
         timeout = None
         for t in (deadline, next_watch, next_tick):
             if t is not None:
@@ -511,7 +457,7 @@ class Supervisor:
                 data = os.read(self.cancel_fd, 64)
                 if not data:
                     self.cancel_fd = None
-                asked = data[-1] if data and data[-1] in _STOP_SIGNALS else signal.SIGTERM
+                asked = data[-1] if data and data[-1] in STOP_SIGNALS else signal.SIGTERM
                 stop_sig = stop_sig or asked
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
@@ -557,7 +503,7 @@ class Supervisor:
             else:
                 res.command_exit_status = os.waitstatus_to_exitcode(status)
         res.processes_seen = len(engine.seen)
-        res.processes_stopped = getattr(engine, "processes_stopped", 0)
+        res.processes_stopped = engine.processes_stopped
         res.limits_enforced = dict(engine.limits_enforced)
         res.warnings = [*engine.warnings, *res.warnings]  # the engine's, then a registry failure
         try:
@@ -577,7 +523,7 @@ class Supervisor:
         return res
 
 
-__all__ = ["Supervisor", "SignalWatch"]
+__all__ = ["Supervisor"]
 
 
 class _LimitsRestored:

@@ -122,7 +122,7 @@ def _version(value: bool) -> None:
     if value:
         import typer
 
-        from .. import __version__
+        from ..common.version import __version__
 
         print(f"corralctl {__version__}")
         raise typer.Exit(0)
@@ -131,7 +131,7 @@ def _version(value: bool) -> None:
 def service_command(action: str, user: bool, system: bool, **options) -> int:
     import os
 
-    from ..client import socket_paths
+    from ..common.programs import socket_paths
     from . import service_units as units
 
     if user and system:

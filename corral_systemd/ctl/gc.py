@@ -3,6 +3,7 @@
 import json
 import os
 
+from ..common.unit_names import is_tether
 from ..state import registry as REG
 from .ps import _age
 from .reclaim import _Bus, reclaim, stop_unit
@@ -60,7 +61,7 @@ def gc(
     if bus.manager is not None:
         units = dict(bus.list_units())
         for unit, state in sorted(units.items()):
-            if unit.endswith("-tether.scope") or state in ("inactive", "failed"):
+            if is_tether(unit) or state in ("inactive", "failed"):
                 continue
             run_id = REG.normalize_run_id(unit)
             if run_id in live_ids or bus.not_corrals(unit) is not None or bus.tether_alive(unit):

@@ -34,7 +34,7 @@ def _sessions(entry: dict, events: list) -> list[tuple[int, int | None]]:
     return out
 
 
-def _session_members(entry: dict, events: list, table) -> list:
+def session_members(entry: dict, events: list, table) -> list:
     """Processes still in the run's sessions, for a fallback run whose corral is gone.
 
     A session id stays allocated while any process uses it, so processes
@@ -91,7 +91,7 @@ def run_processes(entry: dict, events: list, table) -> list:
                 members.append(p)
         return members
     if entry.get("mode") == "fallback":
-        return _session_members(entry, events, table)
+        return session_members(entry, events, table)
     return []
 
 

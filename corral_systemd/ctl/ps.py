@@ -85,12 +85,12 @@ def ps(as_json: bool, directory: str | None = None) -> int:
                 r["run_id"],
                 r["state"],
                 r["mode"] or "-",
-                _cell(r["unit"] or "-"),
+                cell(r["unit"] or "-"),
                 _age(r["age"]),
                 _deadline_cell(r),
                 str(r["processes"]),
                 _size(r["memory"]),
-                _cell(r["cwd"] or "-"),
+                cell(r["cwd"] or "-"),
                 command_text(r["command"] or []),
             )
         )
@@ -117,7 +117,7 @@ def _unsafe(ch: str) -> bool:
     return code < 0x20 or 0x7F <= code < 0xA0 or ch in "\u2028\u2029"
 
 
-def _cell(text) -> str:
+def cell(text) -> str:
     """``text`` on one table line: control characters (newline, tab, escape...)
     shown as backslash escapes (``\\n``, ``\\t``, ``\\x1b``), so no value can
     break or forge a row. ``ps --json`` has the exact text."""
@@ -142,4 +142,4 @@ def _quote(arg: str) -> str:
 
 def command_text(argv: list) -> str:
     """argv as one table cell: shell-quoted where needed, control characters escaped."""
-    return _cell(" ".join(_quote(str(a)) for a in argv))
+    return cell(" ".join(_quote(str(a)) for a in argv))

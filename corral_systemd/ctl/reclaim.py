@@ -10,9 +10,10 @@ import os
 import signal
 import time
 
+from ..common.unit_names import group_name, is_tether, run_of_unit, run_units
 from ..state import registry as REG
-from .processes import _session_members
-from .ps import _cell
+from .processes import session_members
+from .ps import cell
 
 
 # -- reclaiming what a dead corral left -------------------------------------------------
@@ -60,27 +61,21 @@ class _Bus:
         ``corral-runner-<pid>-<hex>-tether.scope``, and described ``corral: ...``.
         A unit that is gone is not corral's to stop either.
         """
-        import re
 
         from ..dbus.connection import BusError
         from ..dbus.systemd1 import UNIT
 
-        m = re.fullmatch(r"corral-([0-9a-f]{1,64})\.(scope|service)", unit or "")
-        if m is None:
+        named = run_of_unit(unit)
+        if named is None:
             return "not named like a corral run unit (corral-<run id>.scope/.service)"
-        if run_id is not None and m.group(1) != run_id:
+        if run_id is not None and named != run_id:
             return f"not this run's unit (corral-{run_id}.*)"
         try:
             bound = list(self.manager.get(unit, UNIT, "BindsTo"))
             description = self.manager.get(unit, UNIT, "Description")
         except BusError as exc:
             return f"cannot read its properties ({exc.name})"
-        tethers = [
-            b
-            for b in bound
-            if b == f"corral-{m.group(1)}-tether.scope"
-            or re.fullmatch(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope", b)
-        ]
+        tethers = [b for b in bound if is_tether(b, named)]
         if not tethers:
             return "not bound to a corral tether (BindsTo=)"
         if not str(description).startswith("corral: "):
@@ -153,26 +148,26 @@ class _UnitTarget:
 
 
 class _CgroupTarget:
-    """A ``--cgroup-parent`` run's cgroup: signalled member by member
+    """A ``--cgroup-parent`` run's cgroup, through the cgroup engine's own
+    group (``engines.unitcgroup.UnitCgroup``): signalled member by member
     through pidfds checked against its listing, killed with cgroup.kill,
-    proven empty by the kernel and removed."""
+    proven empty by the kernel's listing and removed."""
 
     def __init__(self, path: str):
+        from ..engines.unitcgroup import UnitCgroup
+
         self.path = path
+        self.group = UnitCgroup.v2_directory(path)
         self._last: list[int] = []
         self._signalled: set[int] = set()
 
     def remaining(self) -> list[int]:
-        from ..kernel import cgroupfs
-
-        self._last = cgroupfs.procs_below(self.path) if os.path.isdir(self.path) else []
+        self._last = self.group.pids()
         return self._last
 
     def _send(self, pids: list[int], sigs) -> int:
-        from ..kernel.pidfd import signal_cgroup_members
-
         self._signalled.update(pids)
-        return len(signal_cgroup_members(pids, sigs, self.path))
+        return len(self.group.signal(pids, sigs))
 
     def signal_all(self, *sigs: int) -> int:
         return self._send(self.remaining(), sigs)
@@ -181,24 +176,20 @@ class _CgroupTarget:
         return self._send([p for p in self._last if p not in self._signalled], sigs)
 
     def kill_all(self) -> None:
-        from ..kernel import cgroupfs
-
-        if os.path.isdir(self.path) and not cgroupfs.kill(self.path):
+        if not self.group.kill(use_cgroup_kill=True):
             self._send(self.remaining(), (signal.SIGKILL,))  # no cgroup.kill (Linux < 5.14)
 
     def verify_empty(self) -> list[int]:
-        from ..kernel import cgroupfs
-
         if not os.path.isdir(self.path):
             return []
-        if cgroupfs.populated(self.path):
-            return cgroupfs.procs_below(self.path) or [-1]
+        if left := self.group.remaining()[0]:
+            return left
         try:
             os.rmdir(self.path)
         except FileNotFoundError:
             pass
         except OSError:
-            return cgroupfs.procs_below(self.path) or [-1]
+            return self.group.pids() or [-1]
         return []
 
     def unproven(self) -> str | None:
@@ -207,7 +198,7 @@ class _CgroupTarget:
 
 class _SessionsTarget:
     """A fallback run's processes once its corral is gone: those in the
-    sessions its log names that carry its mark (``_session_members``), each
+    sessions its log names that carry its mark (``session_members``), each
     signalled through a pidfd re-checked against that session and mark."""
 
     def __init__(self, entry: dict, events: list):
@@ -218,7 +209,7 @@ class _SessionsTarget:
     def remaining(self) -> list[int]:
         from ..kernel import procfs
 
-        self._last = {p.pid: p for p in _session_members(self.entry, self.events, procfs.scan())}
+        self._last = {p.pid: p for p in session_members(self.entry, self.events, procfs.scan())}
         return list(self._last)
 
     def _send(self, infos, sigs) -> int:
@@ -252,7 +243,7 @@ def _not_corrals_cgroup(cg, run_id: str) -> str | None:
 
     if not isinstance(cg, str) or not os.path.isabs(cg) or os.path.normpath(cg) != cg:
         return "not a normalised absolute path"
-    if os.path.basename(cg) != f"corral-{run_id}":
+    if os.path.basename(cg) != group_name(run_id):
         return f"not named corral-{run_id}"
     unified = cgroupfs.Mounts().unified
     if unified is None or not cg.startswith(unified.rstrip("/") + "/"):
@@ -340,7 +331,7 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
 
         why = removable(creds, entry["run_id"], directory)
         if why is not None:
-            report["notes"].append(f"{_cell(creds)} left alone: {why}")
+            report["notes"].append(f"{cell(creds)} left alone: {why}")
         else:
             report["actions"].append(f"remove {creds}")
             if not dry_run:
@@ -363,7 +354,7 @@ def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
             pass  # nothing left to stop (asking is harmless, whatever unit the entry names)
         elif (why := bus.not_corrals(unit, entry["run_id"])) is not None:
             report["verified"] = False
-            report["notes"].append(f"{_cell(unit)} left alone: {why}")
+            report["notes"].append(f"{cell(unit)} left alone: {why}")
         else:
             return _UnitTarget(bus, unit), unit
     elif entry.get("mode") == "cgroup" and entry.get("control_group"):
@@ -371,7 +362,7 @@ def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
         why = _not_corrals_cgroup(cg, entry["run_id"])
         if why is not None:
             report["verified"] = False
-            report["notes"].append(f"control group {_cell(cg)} left alone: {why}")
+            report["notes"].append(f"control group {cell(cg)} left alone: {why}")
         elif os.path.isdir(cg):
             return _CgroupTarget(cg), cg
     elif entry.get("mode") == "fallback":
@@ -420,7 +411,7 @@ def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | N
 
     run_id = entry["run_id"]
     if bus is not None and bus.manager is not None:
-        for unit in (f"corral-{run_id}.scope", f"corral-{run_id}.service"):
+        for unit in run_units(run_id):
             state = bus.active_state(unit)
             if state not in ("inactive", "failed", "gone") and bus.not_corrals(unit, run_id) is None:
                 return f"its unit {unit} is {state}", unit
@@ -432,7 +423,7 @@ def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | N
         and cgroupfs.populated(cg)
     ):
         return f"its control group {cg} still has processes", None
-    members = _session_members(entry, REG.read_events(directory, run_id), procfs.scan())
+    members = session_members(entry, REG.read_events(directory, run_id), procfs.scan())
     if members:
         return f"processes of the run are alive: {' '.join(str(p.pid) for p in members)}", None
     return None, None

@@ -4,7 +4,7 @@ import sys
 import time
 
 from ..state import registry as REG
-from .ps import _cell
+from .ps import cell
 from .reclaim import _Bus, _leftovers, _seconds, _signal_owner, reclaim, stop_unit
 from .status import STATUS_EXIT
 
@@ -87,7 +87,7 @@ def _stop_library_run(directory: str, entry: dict, wait: float) -> int:
         print(f"corralctl: {run_id}: {bus.why}", file=sys.stderr)
         return 1
     if (why := bus.not_corrals(entry["unit"], run_id)) is not None:
-        print(f"corralctl: {run_id}: {_cell(entry['unit'])} left alone: {why}", file=sys.stderr)
+        print(f"corralctl: {run_id}: {cell(entry['unit'])} left alone: {why}", file=sys.stderr)
         return 1
     stop_unit(
         bus,

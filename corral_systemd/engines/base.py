@@ -18,8 +18,16 @@ if TYPE_CHECKING:
 
 
 class Engine:
-    #: "fallback", "systemd" or "cgroup" — recorded as the run's mode.
+    """What callers ask an engine is this contract, never its ``mode``: an
+    engine says what it can do through the capabilities below."""
+
+    #: "fallback", "systemd" or "cgroup" — recorded as the run's mode (a
+    #: label for the record and corralctl; no caller decides anything by it).
     mode = "?"
+    #: No cgroup holds the run: once corral is gone, only a mark in the
+    #: command's environment (inherited by all it starts) proves a process
+    #: the run's to corralctl (``registry.carries_mark``).
+    marks_processes = False
 
     def __init__(self):
         #: Per limit: "kernel" (enforced by the kernel), "watch" (corral
@@ -178,6 +186,22 @@ class Engine:
         starts (the fallback's tether): never the run's, for corralctl too
         (the registry entry's ``helper_pids``)."""
         return []
+
+    def delivers_credentials(self) -> bool:
+        """The manager makes the run's ``$CREDENTIALS_DIRECTORY`` (a
+        service's ``LoadCredential=``, given ``spec.credentials``); else
+        corral makes a private one (``state.credentials``)."""
+        return False
+
+    def registry_facts(self) -> dict:
+        """Where corralctl finds the run later, known before the command
+        starts: ``unit`` (a manager's unit) and/or ``control_group``."""
+        return {}
+
+    @property
+    def processes_stopped(self) -> int:
+        """Processes the stop signalled (the record's ``processes_stopped``)."""
+        return 0
 
     def close(self) -> None:
         """Release resources (cgroups, units, fds). Safe to call twice."""

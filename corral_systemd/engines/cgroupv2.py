@@ -14,12 +14,12 @@ memory.events is kept open and polled for POLLPRI, so an OOM kill is seen
 when it happens, not at the next limit check.
 """
 
-import copy
 import errno
 import os
 import signal
 
 from ..common.errors import SetupError
+from ..common.unit_names import group_name
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_fact, usage_facts
@@ -40,7 +40,7 @@ class CgroupEngine(CgroupLimits, Engine):
             raise SetupError(f"--cgroup-parent {parent}: not inside a cgroup v2 hierarchy")
         if not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK) or not os.access(parent, os.W_OK):
             raise SetupError(f"--cgroup-parent {parent}: not delegated to us (cannot write)")
-        self.path = os.path.join(parent, f"corral-{spec.run_id}")
+        self.path = os.path.join(parent, group_name(spec.run_id))
         try:
             os.mkdir(self.path)
         except OSError as exc:
@@ -48,10 +48,7 @@ class CgroupEngine(CgroupLimits, Engine):
         self._removed = False
         self._stopped: set[int] = set()
         self._last: list[int] = []
-        # The group lives in the unified hierarchy only: no v1 directory is its.
-        only_v2 = copy.copy(mounts)
-        only_v2.v1 = {}
-        self.group = UnitCgroup(self.path[len(mounts.unified.rstrip("/")) :], only_v2)
+        self.group = UnitCgroup.v2_directory(self.path, mounts)
         self.tracker = RunTracker("0")
         self._hold_main = True  # its session id stays ours until close() (see RunTracker)
         try:
@@ -234,6 +231,9 @@ class CgroupEngine(CgroupLimits, Engine):
         if self._child is not None and self._child.pidfd >= 0:
             os.close(self._child.pidfd)
             self._child.pidfd = -1
+
+    def registry_facts(self):
+        return {"control_group": self.path}
 
     def describe(self):
         info = {

@@ -34,6 +34,7 @@ MEMORY_WATCH_INTERVAL = 0.025
 
 class FallbackEngine(Engine):
     mode = "fallback"
+    marks_processes = True
     #: Set by ``open_engine`` when auto mode chose this engine: why not systemd.
     auto_fallback_reason: str | None = None
 

@@ -65,6 +65,19 @@ class UnitCgroup:
         self._oom_seen = False
         self._oom_signals_after_removal = 0
 
+    @classmethod
+    def v2_directory(cls, directory: str, mounts: cgroupfs.Mounts | None = None) -> "UnitCgroup":
+        """The group at ``directory``, an absolute path in the unified
+        hierarchy, and only there (a --cgroup-parent run's: no v1 directory is its)."""
+        import copy
+
+        mounts = mounts or cgroupfs.Mounts()
+        if mounts.unified is None or not directory.startswith(mounts.unified.rstrip("/") + "/"):
+            raise ValueError(f"{directory} is not in the unified cgroup hierarchy")
+        only_v2 = copy.copy(mounts)
+        only_v2.v1 = {}
+        return cls(directory[len(mounts.unified.rstrip("/")) :], only_v2)
+
     def dir(self, hierarchy: str) -> str | None:
         """The group's directory in ``hierarchy`` ("unified", "name=systemd",
         "memory", "pids"...), or None where that hierarchy is not mounted."""

@@ -1,7 +1,7 @@
 """One ``io.corral.Run.Run`` call, from its parameters to its reply.
 
-    validate the parameters  →  parse the command line (the CLI's own parser,
-    with the client's environment and cwd)  →  decide whether it is served
+    validate the parameters  →  read the command line (``core.request``, as
+    the CLI reads it, with the client's environment and cwd)  →  decide whether it is served
     here  →  accepted  →  run it on the service's Runner, the client's
     descriptors as the command's stdio, its control pipe and pidfd watched
     →  the reply: exit code, warnings, summary line, record
@@ -14,17 +14,13 @@ here), ``io.corral.Run.SetupError`` (125: nothing ran), ``io.corral.Run.Busy``.
 """
 
 import os
-import re
 
-from ..client import PROGRAMS as _PROGRAMS
 from ..common.errors import SetupError, UsageError
+from ..common.programs import PROGRAMS as _PROGRAMS
+from ..common.unit_names import run_of_cgroup
 from ..varlink.wire import VarlinkError
 
 INVALID = "org.varlink.service.InvalidParameter"
-#: Options that print and exit: the client's own process prints them.
-_PRINTING = ("--help", "-h", "--version", "--install-completion", "--show-completion")
-#: A cgroup path inside a corral run (its unit, or a --cgroup-parent group).
-_IN_A_RUN = re.compile(r"/corral-[0-9a-f]{12}(\.scope|\.service)?(/|$)")
 
 
 class NotServed(VarlinkError):
@@ -177,7 +173,7 @@ def in_a_run(pid: int) -> bool:
     """The process (the client) is inside a corral run's cgroup, as the kernel says."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
-            return any(_IN_A_RUN.search(line.rstrip("\n").split(":", 2)[-1]) for line in f)
+            return any(run_of_cgroup(line.rstrip("\n").split(":", 2)[-1]) is not None for line in f)
     except OSError:
         return True  # gone or unreadable: not served (the client, if alive, runs it itself)
 
@@ -193,28 +189,25 @@ def manager_for(spec_manager: str, environ: dict) -> str:
 
 
 def parse(checked: dict, manager_kind: str, peer_pid: int):
-    """The command line as an ``Invocation`` this service runs, or NotServed /
+    """The command line as the ``RunRequest`` this service runs, or NotServed /
     UsageError (as VarlinkError)."""
-    from ..cli import parse as parse_command_line
+    from ..core.request import Printing, parse_command_line
 
-    args = checked["argv"]
-    options = args[: args.index("--")] if "--" in args else args
-    if any(a in _PRINTING or a.split("=", 1)[0] in _PRINTING for a in options):
-        raise NotServed("help, version and completion are printed by corral itself")
     try:
-        invocation = parse_command_line(
-            args,
-            prog=checked["program"],
+        request = parse_command_line(
+            checked["argv"],
             default_mode=_PROGRAMS[checked["program"]],
             environ=checked["environment"],
             cwd=checked["cwd"],
         )
+    except Printing:
+        raise NotServed("help, version and completion are printed by corral itself") from None
     except UsageError as exc:
         raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
-    spec = invocation.spec
+    spec = request.spec
     if spec.pty:
         raise NotServed("--pty: the terminal is the client's own")
-    if spec.cgroup_mode == "fallback" or spec.cgroup_parent is not None:
+    if not spec.may_be_systemd:
         raise NotServed("the fallback and --cgroup-parent engines run in the corral process")
     if spec.network == "none" and spec.unit_type == "scope":
         raise NotServed("--network none for a scope: its command is forked by corral itself")
@@ -222,15 +215,15 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
         raise NotServed("a run inside a corral run stays inside it")
     from ..state.registry import state_dir
 
-    if invocation.registry and state_dir(checked["environment"]) != state_dir():
+    if request.registry and state_dir(checked["environment"]) != state_dir():
         raise NotServed("the caller's registry (CORRAL_STATE_DIR, XDG_RUNTIME_DIR) is not the service's")
     wanted = manager_for(spec.manager, checked["environment"])
     if wanted != manager_kind:
         raise NotServed(f"the {wanted} manager is asked for; this service uses the {manager_kind} manager")
-    return invocation
+    return request
 
 
-def execute(service, invocation, checked: dict, held, peer_pidfd: int, connection_fd: int, accepted) -> dict:
+def execute(service, request, checked: dict, held, peer_pidfd: int, connection_fd: int, accepted) -> dict:
     """Run it; the reply's parameters. ``accepted()`` is called once the run
     is taken (before anything starts). SetupError as a VarlinkError.
     Without a control pipe, the connection hanging up stops the run.
@@ -238,14 +231,13 @@ def execute(service, invocation, checked: dict, held, peer_pidfd: int, connectio
     made of; closed here whatever happens (a child never released then exits)."""
     import contextlib
 
-    from ..cli import guard_options, is_stdout, summary_line
     from ..core.record_json import record_bytes
-    from ..core.result import NEVER_RAN
+    from ..core.result import NEVER_RAN, summary_line
 
     with contextlib.ExitStack() as cleanup:
         if held is not None:
             cleanup.callback(held.close)
-        spec = invocation.spec
+        spec = request.spec
         auto = spec.cgroup_mode == "auto"
         spec.manager = service.manager_kind
         # Served runs are systemd runs: auto's fallback would run in this process.
@@ -285,7 +277,7 @@ def execute(service, invocation, checked: dict, held, peer_pidfd: int, connectio
                 stdin_fd=stdin,
                 stdout=captured.get("stdout", checked["stdout"]),
                 stderr=captured.get("stderr", checked["stderr"]),
-                guard=guard_options(invocation),
+                guard=request.guard_options(),
                 via="service",
                 held=held,
             )
@@ -308,11 +300,11 @@ def execute(service, invocation, checked: dict, held, peer_pidfd: int, connectio
         reply[name] = capture.text()
         if capture.dropped:
             reply[f"{name}_dropped_bytes"] = capture.dropped
-    if not invocation.quiet:
+    if not request.quiet:
         reply["warnings"] = list(outcome.warnings)
-    if not invocation.quiet or outcome.reason in NEVER_RAN:  # why nothing ran is never swallowed
+    if not request.quiet or outcome.reason in NEVER_RAN:  # why nothing ran is never swallowed
         reply["summary"] = summary_line(outcome)
-    if invocation.json_path is not None:
+    if request.json_path is not None:
         reply["record"] = record_bytes(outcome).decode()
-        reply["record_path"] = "-" if is_stdout(invocation.json_path) else invocation.json_path
+        reply["record_path"] = "-" if request.record_to_stdout else request.json_path
     return reply

@@ -41,7 +41,8 @@ import threading
 import time
 import traceback
 
-from .. import __version__, varlink
+from .. import varlink
+from ..common.version import __version__
 from ..varlink import INTERFACE, INTERFACE_FILE
 from ..varlink.wire import Channel, ProtocolError, VarlinkError, close_fds, peer_credentials
 
@@ -274,8 +275,8 @@ class Service:
         from .requests import check_parameters, execute, held_process, parse
 
         checked = check_parameters(message.get("parameters"), fds)
-        invocation = parse(checked, self.manager_kind, pid)
-        held = held_process(checked, pid) if invocation.spec.unit_type == "scope" else None
+        request = parse(checked, self.manager_kind, pid)
+        held = held_process(checked, pid) if request.spec.unit_type == "scope" else None
         with self._lock:
             busy = self._runs_in_flight >= self.max_runs
             if not busy:
@@ -290,7 +291,7 @@ class Service:
                 if message.get("more") is True:
                     channel.send({"parameters": {"accepted": True}, "continues": True})
 
-            reply = execute(self, invocation, checked, held, pidfd, channel.sock.fileno(), accepted)
+            reply = execute(self, request, checked, held, pidfd, channel.sock.fileno(), accepted)
             with self._lock:
                 self.runs_served += 1
             return reply

@@ -68,25 +68,6 @@ from ..common.errors import SetupError, UsageError
 _MEMORY_FS = ("tmpfs", "ramfs")
 
 
-def parse_credential(text: str, cwd: str | None = None) -> tuple[str, str]:
-    """``NAME=PATH`` as (NAME, absolute PATH: relative to ``cwd``, by default this process's)."""
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise UsageError(f"invalid --credential {text!r}: expected NAME=PATH")
-    if name in (".", "..") or len(name) > 255 or not all(c.isalnum() or c in "._-" for c in name) or not name.isascii():
-        raise UsageError(f"invalid --credential name {name!r}: letters, digits, '.', '_' and '-' only")
-    return name, os.path.abspath(os.path.join(cwd or "", path))
-
-
-def check_unique(pairs: list[tuple[str, str]]) -> list[str]:
-    """The NAMEs, or UsageError when one is given twice."""
-    names = [n for n, _ in pairs]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise UsageError(f"--credential {sorted(dup)[0]!r} given twice")
-    return names
-
-
 def fstype(path: str) -> str | None:
     """File system type of the mount that holds ``path``."""
     path = os.path.realpath(path)
@@ -215,7 +196,7 @@ class PrivateCredentials:
 
     def __init__(self, pairs: list[tuple[str, str]], run_id: str, state_directory: str):
         self.pairs = pairs
-        self.names = check_unique(pairs)
+        self.names = [name for name, _ in pairs]  # each once: core.request.credential_pairs
         self.watcher_pid: int | None = None
         self._pipe_w: int | None = None
         self._lock_fd = -1

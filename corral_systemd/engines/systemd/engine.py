@@ -41,6 +41,7 @@ import signal
 import time
 
 from ...common.errors import SetupError
+from ...common.unit_names import tether_unit, unit_name
 from ...dbus.connection import BusDisconnected, BusError
 from ...dbus.discovery import connect_manager
 from ...dbus.discovery import describe_error as _why
@@ -92,7 +93,7 @@ class SystemdEngine(CgroupLimits, Engine):
             self._subreaper = os.getpid()
         #: A Runner's SystemdSession, or None for a run of its own (the CLI).
         self.session = session
-        self.unit = f"corral-{spec.run_id}.{spec.unit_type}"
+        self.unit = unit_name(spec.run_id, spec.unit_type)
         self._unit_path = unit_path(self.unit)
         self._unit_match = (
             "type='signal',sender='org.freedesktop.systemd1',"
@@ -100,7 +101,7 @@ class SystemdEngine(CgroupLimits, Engine):
         )
         if session is None:
             self._open_own_connection()
-            self.tether_unit = f"corral-{spec.run_id}-tether.scope"
+            self.tether_unit = tether_unit(spec.run_id)
         else:
             self.manager_kind, self.conn = session.manager_kind, session.channel(self.unit, self._unit_path)
             self.manager = Manager(self.conn)
@@ -740,6 +741,12 @@ class SystemdEngine(CgroupLimits, Engine):
             self.cgroup.close()
         self.conn.close()  # a session's channel: just stop routing to it
         self.conn = None
+
+    def delivers_credentials(self) -> bool:
+        return self.spec.unit_type == "service"  # LoadCredential=; a scope's command is corral's child
+
+    def registry_facts(self):
+        return {"unit": self.unit}
 
     def describe(self):
         info = dict(self.facts)

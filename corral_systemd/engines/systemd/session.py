@@ -3,6 +3,7 @@
 import os
 
 from ...common.errors import SetupError
+from ...common.unit_names import runner_tether_unit
 from ...dbus.connection import BusError
 from ...dbus.discovery import connect_manager
 from ...dbus.discovery import describe_error as _why
@@ -38,7 +39,7 @@ class SystemdSession:
         #: Its runs take turns running Python (see ``baton.py``).
         self.baton = Baton()
         self._tether: Tether | None = None
-        self.tether_unit = f"corral-runner-{os.getpid()}-{os.urandom(4).hex()}-tether.scope"
+        self.tether_unit = runner_tether_unit()
         #: The slice's cgroup, as the kernel shows it for the tether's scope.
         self.slice_cgroup: str | None = None
         try:

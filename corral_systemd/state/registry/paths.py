@@ -2,6 +2,8 @@
 
 import os
 
+from ...common import unit_names
+
 # -- where ------------------------------------------------------------
 #: The private fallback for a user without a runtime directory (cron, ``su -c``), below $HOME.
 STATE_FALLBACK = os.path.join(".local", "state", "corral")
@@ -122,15 +124,9 @@ def ensure_state_dir(path: str | None = None, env=os.environ) -> str:
 
 
 def valid_run_id(run_id: str) -> bool:
-    return 0 < len(run_id) <= 64 and all(c in "0123456789abcdef" for c in run_id)
+    return unit_names.is_run_id(run_id)
 
 
 def normalize_run_id(text: str) -> str:
     """Accept ``<id>``, ``corral-<id>`` and unit names ``corral-<id>.scope``."""
-    text = text.strip()
-    if text.startswith("corral-"):
-        text = text[len("corral-") :]
-    for suffix in (".scope", ".service"):
-        if text.endswith(suffix):
-            text = text[: -len(suffix)]
-    return text
+    return unit_names.run_id_of(text)

@@ -1,0 +1,92 @@
+"""The names corral gives its runs' units and groups: declared once here,
+spelled and parsed by every layer through these functions.
+
+- a run's id: hex digits, 12 for a new run (6 random bytes); 1 to 64 are
+  accepted where an id is read back (the registry, corralctl, the service);
+- its unit: ``corral-<id>.scope`` or ``corral-<id>.service``;
+- its group under ``--cgroup-parent``: ``corral-<id>``;
+- the tether its unit is bound to: ``corral-<id>-tether.scope`` (one run),
+  or a library Runner's ``corral-runner-<pid>-<8 hex>-tether.scope``.
+
+A name is never proof that a unit or a group is corral's (anyone may
+create ``corral-x.scope``); callers that act on one check its marks too
+(``ctl/reclaim.py``: BindsTo= a tether, corral's description).
+"""
+
+import os
+import re
+
+PREFIX = "corral-"
+UNIT_TYPES = ("scope", "service")
+_ID = "[0-9a-f]{1,64}"
+_RUN_ID = re.compile(_ID)
+_RUN_UNIT = re.compile(rf"corral-({_ID})\.(scope|service)")
+_RUNNER_TETHER = re.compile(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope")
+#: A path component of a run's cgroup: its unit, or its --cgroup-parent group.
+_RUN_COMPONENT = re.compile(rf"corral-({_ID})(\.scope|\.service)?")
+
+
+def new_run_id() -> str:
+    return os.urandom(6).hex()
+
+
+def is_run_id(text) -> bool:
+    return isinstance(text, str) and _RUN_ID.fullmatch(text) is not None
+
+
+def unit_name(run_id: str, unit_type: str) -> str:
+    return f"{PREFIX}{run_id}.{unit_type}"
+
+
+def run_units(run_id: str) -> tuple[str, ...]:
+    """Every unit name the run may have (its unit type unknown)."""
+    return tuple(unit_name(run_id, t) for t in UNIT_TYPES)
+
+
+def group_name(run_id: str) -> str:
+    """The run's group under --cgroup-parent."""
+    return f"{PREFIX}{run_id}"
+
+
+def tether_unit(run_id: str) -> str:
+    return f"{PREFIX}{run_id}-tether.scope"
+
+
+def runner_tether_unit() -> str:
+    """A new name for a library Runner's tether (one per Runner)."""
+    return f"{PREFIX}runner-{os.getpid()}-{os.urandom(4).hex()}-tether.scope"
+
+
+def is_tether(name: str, run_id: str | None = None) -> bool:
+    """``name`` is a tether's: ``run_id``'s own, or any Runner's (a Runner's
+    tether holds many runs); with ``run_id`` None, any run's too."""
+    if _RUNNER_TETHER.fullmatch(name):
+        return True
+    if run_id is not None:
+        return name == tether_unit(run_id)
+    return name.startswith(PREFIX) and name.endswith("-tether.scope")
+
+
+def run_of_unit(name) -> str | None:
+    """The run id a run unit's name carries (``corral-<id>.scope``/``.service``), else None."""
+    m = _RUN_UNIT.fullmatch(name) if isinstance(name, str) else None
+    return m.group(1) if m else None
+
+
+def run_of_cgroup(path: str) -> str | None:
+    """The run whose unit or group ``path`` (a cgroup path) is in, else None."""
+    for part in path.split("/"):
+        if m := _RUN_COMPONENT.fullmatch(part):
+            return m.group(1)
+    return None
+
+
+def run_id_of(text: str) -> str:
+    """What a user typed for a run (``<id>``, ``corral-<id>``, a unit name) as its id."""
+    text = text.strip()
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX) :]
+    for unit_type in UNIT_TYPES:
+        if text.endswith("." + unit_type):
+            text = text[: -len(unit_type) - 1]
+    return text

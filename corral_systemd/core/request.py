@@ -1,0 +1,524 @@
+"""Every way a run is asked for becomes a ``RunRequest`` here, checked once.
+
+    a command line: corral's argv (the CLI; the corral service for a
+    client, with the client's environment and working directory)  ──┐
+    keyword arguments (the library: ``spec_from_keywords``)          ──┴─→ RunRequest / RunSpec
+
+The options are declared once (``OPTIONS``, the limits among them read
+from ``common.limits``); the parser below reads that table, and so does
+the CLI's click command, which only prints (``--help``, ``--version``,
+completion) and is built from it. A value is coerced once, by its
+``Limit`` (text parsed as the CLI parses it, a number taken as it is), and
+range-checked once, by ``RunSpec``; each choice list is ``spec.py``'s.
+No click and no typer here: a run's start-up pays for neither.
+
+The command line is read as click reads it (``allow_interspersed_args``
+off): options until ``--`` or the first argument that is not one, then the
+command; ``--opt VALUE`` or ``--opt=VALUE``, ``-pVALUE`` or ``-p VALUE``; a
+repeated single option keeps its last value; a long option names one
+option exactly (no abbreviations).
+
+Failure modes: ``UsageError`` (exit 125, one line) for anything malformed,
+before anything starts; ``Printing`` for a command line that asks corral
+to print (the CLI's click command prints it; the service leaves it to the
+client's own process).
+"""
+
+import os
+from dataclasses import dataclass, field
+
+from ..common.errors import UsageError
+from ..common.limits import LIMITS, Limit, coerce_duration, coerce_size
+from .spec import CGROUP_MODES, MANAGERS, NETWORKS, STDIN_MODES, UNIT_TYPES, RunSpec
+
+#: --json values that mean "standard output" (the record follows the command's output there).
+STDOUT_PATHS = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+#: The command's place in a usage line and in messages.
+COMMAND_METAVAR = "-- COMMAND [ARG...]"
+
+
+@dataclass(frozen=True)
+class Option:
+    #: The keyword its value is kept under (``parse_options``, the click command's parameter).
+    name: str
+    flags: tuple[str, ...]
+    #: "value" (one, the last given wins), "many" (repeatable) or "flag" (no value).
+    takes: str
+    help: str
+    metavar: str = ""
+    #: What the CLI's --help shows as the default (text, as typed); None: none.
+    default: str | None = None
+    choices: tuple[str, ...] = ()
+    #: Prints and exits (--help, --version, completion): never a run.
+    printing: bool = False
+    limit: Limit | None = None
+
+
+def _limit_option(limit: Limit) -> Option:
+    return Option(limit.field, (limit.option,), "value", limit.help, limit.metavar, limit=limit)
+
+
+_LIMIT = {limit.field: _limit_option(limit) for limit in LIMITS}
+
+#: Every option of ``corral``, in --help's order.
+OPTIONS: tuple[Option, ...] = (
+    _LIMIT["wall"],
+    Option("grace", ("--grace",), "value", "Time between SIGTERM and SIGKILL when stopping.", "DURATION", "2s"),
+    Option(
+        "verify_timeout",
+        ("--verify-timeout",),
+        "value",
+        "Bound on proving every process gone; past it, exit 120.",
+        "DURATION",
+        "2s",
+    ),
+    _LIMIT["mem"],
+    _LIMIT["pids"],
+    _LIMIT["max_output"],
+    _LIMIT["cpu_time"],
+    _LIMIT["cpus"],
+    Option(
+        "output_limit",
+        ("--output-limit",),
+        "value",
+        "Show at most SIZE bytes of stdout+stderr: the first and the last half, one marker line "
+        "between (the run is not stopped).",
+        "SIZE",
+    ),
+    Option(
+        "output_file",
+        ("--output-file",),
+        "value",
+        "Also keep the whole stdout+stderr stream here (mode 0600).",
+        "PATH",
+    ),
+    Option(
+        "property",
+        ("--property", "-p"),
+        "many",
+        "NAME=VALUE: pass a unit property, as systemd-run -p (repeatable; those corral sets are refused).",
+        "PROPERTY",
+    ),
+    Option(
+        "cgroup_mode",
+        ("--cgroup-mode",),
+        "value",
+        "auto: systemd when reachable, else fallback.",
+        default="auto",
+        choices=CGROUP_MODES,
+    ),
+    Option(
+        "cgroup_parent",
+        ("--cgroup-parent",),
+        "value",
+        "Delegated cgroup v2 directory to run in (no systemd needed).",
+        "PATH",
+    ),
+    Option(
+        "stdin",
+        ("--stdin",),
+        "value",
+        "The command's stdin: /dev/null or corral's own.",
+        default="null",
+        choices=STDIN_MODES,
+    ),
+    Option(
+        "pty",
+        ("--pty",),
+        "flag",
+        "Run the command on a pseudo-terminal of its own, relayed to corral's stdin and stdout "
+        "(a terminal stdin in raw mode, restored after).",
+    ),
+    Option(
+        "network",
+        ("--network",),
+        "value",
+        "none: the command gets a network namespace of its own with only lo (checked before it runs; "
+        "if it cannot be had, the command never runs, 125).",
+        default="host",
+        choices=NETWORKS,
+    ),
+    Option(
+        "manager",
+        ("--manager",),
+        "value",
+        "Which systemd manager to use in enforced mode.",
+        default="auto",
+        choices=MANAGERS,
+    ),
+    Option(
+        "unit_type",
+        ("--unit-type",),
+        "value",
+        "Transient unit type in enforced mode.",
+        default="scope",
+        choices=UNIT_TYPES,
+    ),
+    Option("slice", ("--slice",), "value", "Slice for the run's unit.", "SLICE", "corral.slice"),
+    Option(
+        "json",
+        ("--json",),
+        "value",
+        "Write the run record (JSON, mode 0600) here; - or /dev/stdout: to standard output.",
+        "PATH",
+    ),
+    Option("env_clear", ("--env-clear",), "flag", "Start the command with an empty environment (see --env-keep)."),
+    Option(
+        "env_keep",
+        ("--env-keep",),
+        "many",
+        "With --env-clear: keep variables matching this glob (repeatable).",
+        "NAME",
+    ),
+    Option("env_drop", ("--env-drop",), "many", "Remove variables matching this glob (repeatable).", "NAME"),
+    Option(
+        "credential",
+        ("--credential",),
+        "many",
+        "NAME=PATH: give the run a copy of PATH as $CREDENTIALS_DIRECTORY/NAME, "
+        "removed when the run ends (repeatable).",
+        "CREDENTIAL",
+    ),
+    Option("no_registry", ("--no-registry",), "flag", "Do not register the run (corralctl will not see it)."),
+    Option("quiet", ("--quiet",), "flag", "No summary line on stderr."),
+    Option("version", ("--version",), "flag", "Show the version and exit.", printing=True),
+    # Made by click and typer themselves (cli.py): here so that this parser knows them.
+    Option("install_completion", ("--install-completion",), "flag", "", printing=True),
+    Option("show_completion", ("--show-completion",), "flag", "", printing=True),
+    Option("help", ("--help", "-h"), "flag", "", printing=True),
+)
+_BY_FLAG = {flag: option for option in OPTIONS for flag in option.flags}
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+class Printing(Exception):
+    """The command line asks corral to print something (help, version,
+    completion) and exit: no run. ``option`` is the flag that asked."""
+
+    def __init__(self, option: str):
+        super().__init__(option)
+        self.option = option
+
+
+@dataclass
+class RunRequest:
+    """A run as asked for: the spec and how to report on it."""
+
+    spec: RunSpec
+    #: --json: where the record goes (absolute, or one of STDOUT_PATHS); None: nowhere.
+    json_path: str | None = None
+    quiet: bool = False
+    #: What --env-clear/--env-keep/--env-drop did (the record's ``environment``).
+    environment: dict | None = None
+    registry: bool = True
+    #: RunGuard's other keywords (``guard_options``).
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def record_to_stdout(self) -> bool:
+        return self.json_path in STDOUT_PATHS
+
+    def guard_options(self) -> dict:
+        """The RunGuard's keywords for this run."""
+        return {"environment": self.environment, "registry": self.registry}
+
+
+# -- the command line -----------------------------------------------------------------------------
+def parse_command_line(
+    args: list[str], *, default_mode: str = "auto", environ: dict | None = None, cwd: str | None = None
+) -> RunRequest:
+    """``corral``'s arguments (after the program name) as a RunRequest.
+
+    ``environ``/``cwd``: the caller's, when they are not this process's
+    (the corral service reading a client's command line); relative paths
+    are taken from ``cwd``. ``Printing`` for --help and the like;
+    ``UsageError`` for anything else that is not a run."""
+    values, command = parse_options(args)
+    values.setdefault("cgroup_mode", default_mode)
+    return from_options(values, command, environ=environ, cwd=cwd)
+
+
+def parse_options(args: list[str]) -> tuple[dict, list[str]]:
+    """(the options given, by ``Option.name``: text, a list for "many", True
+    for a flag; the command). Nothing is converted here but the split."""
+    values: dict = {}
+    value: str | bool
+    printing: list[str] = []
+    command: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            command = list(args[i + 1 :])
+            break
+        attached: str | None
+        if arg.startswith("--"):
+            flag, eq, rest = arg.partition("=")
+            attached = rest if eq else None
+        elif arg.startswith("-") and len(arg) > 1:
+            flag, attached = arg[:2], (arg[2:] or None)
+        else:
+            command = list(args[i:])
+            break
+        option = _lookup(flag)
+        if option.takes == "flag":
+            if attached is not None:
+                if flag.startswith("--"):
+                    raise UsageError(f"Option {flag!r} does not take a value.")
+                _lookup("-" + attached[0])  # -hX: click reads each letter as a flag; none of corral's others is short
+            value = True
+        elif attached is not None:
+            value = attached
+        else:
+            i += 1
+            if i == len(args):
+                raise UsageError(f"Option {flag!r} requires an argument.")
+            value = args[i]
+        if option.printing:
+            printing.append(flag)
+        elif option.takes == "many":
+            values.setdefault(option.name, []).append(value)
+        else:
+            values[option.name] = value
+        i += 1
+    # As click: the whole line is split first (an unknown option or a missing
+    # value fails there), then a printing option wins over every value check.
+    if printing:
+        raise Printing(printing[0])
+    # Checked in the order first given, as click does (its parameters are
+    # processed by invocation order): the same line gives the same first error.
+    for name, chosen in values.items():
+        option = _BY_NAME[name]
+        if option.choices and chosen not in option.choices:
+            shown = ", ".join(repr(c) for c in option.choices)
+            raise UsageError(f"Invalid value for {option.flags[0]!r}: {chosen!r} is not one of {shown}.")
+    return values, command
+
+
+def _lookup(flag: str) -> Option:
+    option = _BY_FLAG.get(flag)
+    if option is None:
+        import difflib
+
+        # click's words (corral's messages were click's before this parser).
+        message = f"No such option {flag!r}."
+        if flag.startswith("--"):
+            close = sorted(difflib.get_close_matches(flag, [f for f in _BY_FLAG if f.startswith("--")]))
+            shown = ", ".join(repr(f) for f in close)
+            if len(close) == 1:
+                message += f" Did you mean {shown}?"
+            elif close:
+                message += f" (Did you mean one of: {shown}?)"
+        raise UsageError(message)
+    return option
+
+
+def from_options(
+    values: dict, command: list[str], *, environ: dict | None = None, cwd: str | None = None
+) -> RunRequest:
+    """A RunRequest from options as ``parse_options`` returns them (or the
+    click command's parameters: the same names; None or [] for "not given")."""
+    if not command:
+        raise UsageError(f"Missing argument {COMMAND_METAVAR!r}.")
+
+    def given(name, default=None):
+        value = values.get(name)
+        return default if value is None else value
+
+    def path(text: str | None) -> str | None:
+        return None if text is None else os.path.abspath(os.path.join(cwd or "", text))
+
+    try:
+        limits = {limit.field: limit.coerce(given(limit.field)) for limit in LIMITS}
+        spec = RunSpec(
+            argv=list(command),
+            **limits,
+            grace=coerce_duration(given("grace", "2s"), "--grace"),
+            verify_timeout=coerce_duration(given("verify_timeout", "2s"), "--verify-timeout"),
+            cgroup_mode=given("cgroup_mode", "auto"),
+            cgroup_parent=given("cgroup_parent"),
+            # --pty relays corral's stdin to the terminal
+            stdin="inherit" if values.get("pty") else given("stdin", "null"),
+            manager=given("manager", "auto"),
+            unit_type=given("unit_type", "scope"),
+            slice=given("slice", "corral.slice"),
+            properties=list(given("property", [])),
+            network=given("network", "host"),
+            pty=bool(values.get("pty")),
+            output_limit=coerce_size(given("output_limit"), "--output-limit"),
+            output_file=path(given("output_file")),
+            cwd=cwd,
+            env=None if environ is None else dict(environ),
+            credential_requests=credential_pairs(given("credential", []), cwd=cwd),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    json_path = given("json")
+    if json_path is not None and json_path not in STDOUT_PATHS:
+        json_path = os.path.abspath(os.path.join(cwd or "", json_path))
+        check_output_path(json_path)
+    if spec.output_file is not None:
+        check_output_path(spec.output_file, option="--output-file")
+    environment = None
+    clear, keep, drop = bool(values.get("env_clear")), given("env_keep", []), given("env_drop", [])
+    if clear or keep or drop:
+        if keep and not clear:
+            raise UsageError("--env-keep needs --env-clear (without it every variable is kept)")
+        from ..common.envfilter import filter_environment
+
+        spec.env, environment = filter_environment(
+            os.environ if environ is None else environ, clear=clear, keep=keep, drop=drop
+        )
+    return RunRequest(
+        spec,
+        json_path=json_path,
+        quiet=bool(values.get("quiet")),
+        environment=environment,
+        registry=not values.get("no_registry"),
+    )
+
+
+def check_output_path(path: str, option: str = "--json") -> None:
+    """A file corral will write: a regular file or none yet, in a writable directory."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # EACCES on the way there, ENAMETOOLONG...
+        raise UsageError(f"{option} {path!r}: {exc.strerror or exc}") from None
+    # The record replaces the file by rename: anything but a regular file
+    # (a directory, a symlink such as /dev/stdout, a device, a fifo) would
+    # be destroyed, so refuse it.
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(f"{option} {path!r} exists and is not a regular file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path!r}: directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {path!r}: directory {parent!r} is not writable")
+
+
+# -- credentials ----------------------------------------------------------------------------------
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def credential_pairs(texts, *, cwd: str | None = None) -> list[tuple[str, str]]:
+    """``NAME=PATH`` texts (--credential; the library's ``{NAME: PATH}`` as
+    such texts) as (NAME, absolute PATH: relative to ``cwd``) pairs, each
+    NAME once. UsageError for a malformed one or a NAME given twice."""
+    pairs = []
+    for text in texts:
+        name, sep, where = text.partition("=")
+        if not sep or not name or not where:
+            raise UsageError(f"invalid --credential {text!r}: expected NAME=PATH")
+        if name in (".", "..") or len(name) > 255 or not _NAME_CHARS.issuperset(name):
+            raise UsageError(f"invalid --credential name {name!r}: letters, digits, '.', '_' and '-' only")
+        pairs.append((name, os.path.abspath(os.path.join(cwd or "", where))))
+    names = [n for n, _ in pairs]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise UsageError(f"--credential {dup[0]!r} given twice")
+    return pairs
+
+
+# -- keyword arguments (the library) ----------------------------------------------------------------
+def spec_from_keywords(
+    argv,
+    *,
+    wall=None,
+    mem=None,
+    pids=None,
+    max_output=None,
+    cpu_time=None,
+    cpus=None,
+    grace=2.0,
+    verify_timeout=2.0,
+    mode: str = "auto",
+    unit_type: str = "service",
+    manager: str = "auto",
+    slice: str = "corral.slice",
+    cgroup_parent: str | None = None,
+    stdin: None | bytes | str = None,
+    env=None,
+    cwd=None,
+    credentials=None,
+    properties=None,
+    output_limit=None,
+    output_file=None,
+    network: str = "host",
+    pty: bool = False,
+) -> RunSpec:
+    """The library's keyword arguments as a RunSpec (UsageError if bad); the
+    public ``corral_systemd.make_spec``. A limit is text (parsed as the CLI
+    parses it) or a number (seconds, bytes, a count, CPUs); paths are str or
+    os.PathLike; ``mode`` is --cgroup-mode.
+
+    ``unit_type`` defaults to "service" here (the CLI's default is "scope"):
+    the manager starts the command, so the host process, which is usually
+    multi-threaded, never forks or spawns for a run; the command's output
+    goes to pipes anyway, and a service costs the host about a third less
+    CPU per run (bench/runner_bench.py). "scope" keeps the command a child
+    of the host (its exact environment, argv[0] as resolved by the shell gate).
+
+    ``credentials`` maps NAME to a file PATH, as ``--credential NAME=PATH``:
+    the command finds a copy as ``$CREDENTIALS_DIRECTORY/NAME``, removed when
+    the run ends (a bad NAME, or one given twice, is a UsageError).
+
+    ``properties`` maps unit property names to values, as ``-p NAME=VALUE``
+    (``{"IOWeight": 50}``): systemd runs only; properties corral sets itself,
+    or that the unit type does not take, are a UsageError.
+
+    ``output_limit`` (bytes, or "128K"), as ``--output-limit``: the captured
+    stdout and stderr hold the first and the last half of that many bytes of
+    the two together, with one marker line where the middle was left out;
+    the result's ``output_omitted_bytes`` says how much (0: nothing). The run
+    is not stopped (``max_output`` stops it). ``output_file``, as
+    ``--output-file``: the whole stream is also written there (0600).
+
+    ``network="none"``, as ``--network none``: the command has only a
+    loopback interface, checked before it runs (SetupError if that cannot
+    be had). A Runner's scope runs cannot do this (the host must not fork):
+    use services, the library's default.
+
+    ``pty=True``, as ``--pty``: the command's stdin, stdout and stderr are a
+    pseudo-terminal of its own (its controlling terminal); everything it
+    writes arrives as stdout (CR LF line ends), and ``stdin="pipe"`` (what
+    ``send`` writes) or ``stdin=bytes`` is typed into it. Services (the
+    default) and fallback runs; a Runner's scope cannot (SetupError).
+    """
+    try:
+        argv = [os.fspath(a) for a in argv]
+    except TypeError:
+        raise UsageError("argv must be a sequence of strings (or paths)") from None
+    if cwd is not None:
+        text = os.fspath(cwd) if isinstance(cwd, (str, os.PathLike)) else None
+        if not isinstance(text, str) or "\0" in text or not os.path.isdir(text):
+            raise UsageError(f"cwd {cwd!r} is not a directory")
+        cwd = os.path.abspath(text)
+    if env is not None and not hasattr(env, "items"):
+        raise UsageError("env must be a mapping of names to values")
+    given = {"wall": wall, "mem": mem, "pids": pids, "max_output": max_output, "cpu_time": cpu_time, "cpus": cpus}
+    try:
+        return RunSpec(
+            argv=argv,
+            **{limit.field: limit.coerce(given[limit.field], what=limit.field) for limit in LIMITS},
+            grace=coerce_duration(grace, "grace"),
+            verify_timeout=coerce_duration(verify_timeout, "verify_timeout"),
+            cgroup_mode=mode,
+            cgroup_parent=cgroup_parent,
+            stdin="null" if stdin is None else stdin,
+            manager=manager,
+            unit_type=unit_type,
+            slice=slice,
+            env=None if env is None else {str(k): str(v) for k, v in env.items()},
+            cwd=cwd,
+            credential_requests=credential_pairs(f"{name}={os.fspath(p)}" for name, p in (credentials or {}).items()),
+            properties=[f"{name}={value}" for name, value in (properties or {}).items()],
+            output_limit=coerce_size(output_limit, "output_limit"),
+            output_file=None if output_file is None else os.path.abspath(os.fspath(output_file)),
+            network=network,
+            pty=pty,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,46 @@
+"""The stop signals as bytes on a pipe: what the supervisor's poll loop
+waits on instead of running Python code in a signal handler."""
+
+import os
+import signal
+
+from ..kernel.signals import stop_signals
+
+STOP_SIGNALS = stop_signals()
+
+
+class SignalWatch:
+    """Turns every stop signal (``kernel.signals``) and SIGCHLD into bytes on a pipe the loop polls.
+
+    Only usable from the main thread (Python's signal rules). Restores the
+    previous handlers and wakeup fd on exit.
+    """
+
+    def __init__(self, extra: tuple = ()):
+        #: Further signals that count as "stop" (the library's child supervisor).
+        self.stop_signals = (*STOP_SIGNALS, *extra)
+
+    def __enter__(self):
+        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        # SIGWINCH: a --pty run's terminal changed size (its default is to ignore).
+        watched = (*self.stop_signals, signal.SIGCHLD, signal.SIGWINCH)
+        self._old = {sig: signal.signal(sig, _ignore) for sig in watched}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
+    def drain(self) -> list[int]:
+        try:
+            return list(os.read(self.read_fd, 512))
+        except BlockingIOError:
+            return []
+
+
+def _ignore(signum, frame):
+    pass
