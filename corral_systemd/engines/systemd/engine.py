@@ -38,32 +38,21 @@ cgroup, scope vs service, the environment file, the session) lives beside it.
 
 import os
 import signal
-import time
 
 from ...common.errors import SetupError
 from ...common.unit_names import tether_unit, unit_name
 from ...dbus.connection import BusDisconnected, BusError
-from ...dbus.discovery import connect_manager
 from ...dbus.discovery import describe_error as _why
-from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
-from ...dbus.systemd1 import NO_SUCH_UNIT, PROPS, UNIT, Manager, interface_for, unit_path
+from ...dbus.jobs import wait_job
+from ...dbus.systemd1 import NO_SUCH_UNIT, UNIT, interface_for, unit_path
 from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
 from ..base import CgroupLimits, Engine, main_rusage, usage_facts
 from ..tether import Tether
 from ..unitcgroup import UnitCgroup, cgroup_of
 from . import properties as P
+from .link import RUNTIME_CALL_TIMEOUT, ManagerLink
 from .strategy import strategy_for
-
-#: Once the unit runs, a call that gets no answer within this is a lost manager.
-RUNTIME_CALL_TIMEOUT = 1.0
-#: A CLI run whose manager connection ended mid-run (daemon-reexec closes every
-#: private connection) connects again for this long before it calls the manager
-#: lost; one attempt every RECONNECT_EVERY, each bounded by RECONNECT_TIMEOUT so
-#: the watch loop (deadline, limits) is never held longer than that.
-RECONNECT_WINDOW = 60.0
-RECONNECT_EVERY = 0.5
-RECONNECT_TIMEOUT = 0.5
 
 
 class SystemdEngine(CgroupLimits, Engine):
@@ -95,30 +84,15 @@ class SystemdEngine(CgroupLimits, Engine):
         self.session = session
         self.unit = unit_name(spec.run_id, spec.unit_type)
         self._unit_path = unit_path(self.unit)
-        self._unit_match = (
-            "type='signal',sender='org.freedesktop.systemd1',"
-            f"path='{self._unit_path}',interface='{PROPS}',member='PropertiesChanged'"
-        )
-        if session is None:
-            self._open_own_connection()
-            self.tether_unit = tether_unit(spec.run_id)
-        else:
-            self.manager_kind, self.conn = session.manager_kind, session.channel(self.unit, self._unit_path)
-            self.manager = Manager(self.conn)
-            self.tether_unit = session.tether_unit
-        #: A peer-to-peer connection to the manager: no bus name, so no
-        #: AddRef/UnrefUnit; the unit may be collected as soon as it ends,
-        #: and what we need of it arrives in PropertiesChanged before UnitRemoved.
-        self.direct = self.conn.unique_name is None
+        #: The connection to the manager, and its loss and recovery (link.py).
+        self.link = ManagerLink(spec, self.unit, self._unit_path, session)
+        self.tether_unit = tether_unit(spec.run_id) if session is None else session.tether_unit
         #: Scope or service, decided here once (see strategy.py).
         self.strategy = strategy_for(self)
         self._tether: Tether | None = None  # our own tether (no session)
         #: The unit's cgroup, once located (see _locate_cgroup).
         self.cgroup: UnitCgroup | None = None
         self._main_started = False  # a service's main process was started (PropertiesChanged)
-        self._conn_dead = False  # the manager connection ended
-        self._conn_lost_at: float | None = None  # when (monotonic); see _reconnect
-        self._next_reconnect = 0.0
         self._adopted: str | None = None  # see _adopt_service
         self._start_reply_lost: str | None = None
         self._stopping = False  # corral has signalled the run
@@ -149,17 +123,22 @@ class SystemdEngine(CgroupLimits, Engine):
         if spec.properties:
             self.facts["properties"] = list(spec.properties)
 
-    # -- 1. connect ----------------------------------------------------
-    def _open_own_connection(self, timeout: float = START_TIMEOUT) -> None:
-        """A connection of this run's own (the CLI), subscribed to the unit's signals."""
-        self.manager_kind, self.conn = connect_manager(self.spec.manager, timeout)
-        self.manager = Manager(self.conn)
-        try:
-            subscribe(self.conn, self.manager)
-            self.manager.add_match(self._unit_match)
-        except BusError as exc:
-            self.conn.close()
-            raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None
+    # -- 1. connect (link.py) ------------------------------------------
+    @property
+    def conn(self):
+        return self.link.conn
+
+    @property
+    def manager(self):
+        return self.link.manager
+
+    @property
+    def manager_kind(self) -> str:
+        return self.link.manager_kind
+
+    @property
+    def direct(self) -> bool:
+        return self.link.direct
 
     # -- 2-4. start ----------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
@@ -224,15 +203,11 @@ class SystemdEngine(CgroupLimits, Engine):
         try:
             return self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
         except BusDisconnected as exc:
-            if self.session is not None:
+            if not self.link.replaceable:
                 raise
             first = f"the manager connection ended while starting {self.unit} ({exc})"
         direct = self.direct
-        self.conn.close()
-        try:
-            self._open_own_connection()
-        except SetupError as exc:
-            raise SetupError(f"{first}, and a new one failed: {exc}{self.strategy.may_have_run}") from None
+        self.link.replace(first, self.strategy.may_have_run)
         unknown = ""
         try:
             taken = self.manager.unit_loaded(self.tether_unit)
@@ -263,14 +238,10 @@ class SystemdEngine(CgroupLimits, Engine):
         try:
             return wait_job(self.conn, job, self._handle_signal, what=self.unit)
         except BusDisconnected as exc:
-            if self.session is not None:
+            if not self.link.replaceable:
                 raise
             first = f"the manager connection ended while {self.unit} was starting ({exc})"
-        self.conn.close()
-        try:
-            self._open_own_connection()
-        except SetupError as exc:
-            raise SetupError(f"{first}, and a new one failed: {exc}{self.strategy.may_have_run}") from None
+        self.link.replace(first, self.strategy.may_have_run)
         self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
         self.strategy.request_taken_reply_lost(first, True, "")
         return None
@@ -286,9 +257,9 @@ class SystemdEngine(CgroupLimits, Engine):
         why = f"{why}, after the manager had started it"
         self._adopted = why
         try:
-            loaded = self.manager.unit_loaded(self.unit)
+            loaded, state = self.link.unit_state()
             if loaded:
-                self._active_state = self.manager.get(self.unit, UNIT, "ActiveState")
+                self._active_state = state
         except BusError as exc:
             self._start_reply_lost = (
                 f"{why}; the manager could not be asked about it ({_why(exc)}), so how it ran cannot be known"
@@ -381,7 +352,7 @@ class SystemdEngine(CgroupLimits, Engine):
 
     def wait_fds(self):
         # A dead connection polls readable (EOF) forever: stop watching it.
-        fds = [*([] if self._conn_dead else [self.conn.fileno()]), *super().wait_fds()]
+        fds = [*([] if self.link.dead else [self.conn.fileno()]), *super().wait_fds()]
         if self.cgroup is not None:
             fds += self.cgroup.oom_fds()
         return fds
@@ -389,16 +360,9 @@ class SystemdEngine(CgroupLimits, Engine):
     def poll_events(self):
         if self.cgroup is not None:
             self.cgroup.read_watches()  # first: the OOM counters before the exit that may follow from them
-        try:
-            self.conn.read_pending()
-        except BusError as exc:
-            # Manager gone (or re-executing): _reconnect tries again; if it
-            # never comes back, verification tells what we can prove.
-            self._conn_dead = True
-            if self._conn_lost_at is None:
-                self._conn_lost_at = time.monotonic()
-            if self.manager.lost is None:
-                self.manager.lost = str(exc)
+        # Manager gone (or re-executing): the link is marked dead, _reconnect
+        # tries again; if it never comes back, verification tells what we can prove.
+        self.link.read_pending()
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
         if self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
@@ -414,33 +378,15 @@ class SystemdEngine(CgroupLimits, Engine):
                 self.cgroup.sample()
 
     def _reconnect(self) -> bool:
-        """The CLI's own connection ended while the run lives: connect again,
-        subscribe, and read the unit's state back (a re-executed manager
-        deserialises its units, so the run is still there). True once
+        """The CLI's own connection ended while the run lives: connect again
+        (``ManagerLink.reconnect``) and read the unit's state back. True once
         connected. A Runner's shared connection is the session's to restore."""
-        if not self._conn_dead or self.session is not None or time.monotonic() < self._next_reconnect:
-            return not self._conn_dead
-        self._next_reconnect = time.monotonic() + RECONNECT_EVERY
-        lost = self.manager.lost
-        try:
-            self.conn.close()
-        except Exception:
-            pass
-        try:
-            self._open_own_connection(RECONNECT_TIMEOUT)
-            loaded = self.manager.unit_loaded(self.unit)
-            state = self.manager.get(self.unit, UNIT, "ActiveState") if loaded else None
-        except (BusError, SetupError, OSError) as exc:
-            self.manager.lost = lost or str(exc)
+        if not self.link.dead:
+            return True
+        got = self.link.reconnect(self._pids)
+        if got is None:
             return False
-        if not loaded and self._pids():
-            # Unknown to the manager, yet its processes still run in its
-            # group: not collected (a collected unit's group is empty and
-            # gone). Ask again on the next attempt, within the window.
-            self.conn.close()
-            return False
-        self.conn.timeout = RUNTIME_CALL_TIMEOUT
-        self._conn_dead, self._conn_lost_at = False, None
+        loaded, state = got
         self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
         # The new manager's word wins: one going down for daemon-reexec frees
         # its units and says UnitRemoved for each, this one too (VM lane).
@@ -461,16 +407,16 @@ class SystemdEngine(CgroupLimits, Engine):
             return f"{self._adopted}; it ended without an exit status of its command"
         # A service's end and exit status come only from the manager: with
         # the connection gone, watching on would wait forever.
-        if self._conn_dead and self._started and self._status is None and not self._reconnect():
+        if self.link.dead and self._started and self._status is None and not self._reconnect():
             # (_unit_gone is no reason to stop waiting: see _reconnect)
-            if self.session is None and time.monotonic() - (self._conn_lost_at or 0) < RECONNECT_WINDOW:
+            if self.link.within_window():
                 return None  # a re-executing manager comes back: keep watching (the deadline still holds)
         if self.facts.get("reconnected") and self._unit_gone and from_manager and self._status is None:
             return (
                 f"the systemd manager connection was lost and {self.unit} was collected "
                 "before corral reconnected: the service's exit status cannot be known"
             )
-        if self._conn_dead and self._started and from_manager and self._status is None:
+        if self.link.dead and self._started and from_manager and self._status is None:
             return f"systemd manager lost ({self.manager.lost}): the service's exit status cannot be known; stopped it"
         return None
 
@@ -714,7 +660,7 @@ class SystemdEngine(CgroupLimits, Engine):
         if self.held is not None:  # never launched (setup failed first)
             self.held.abandon()
             self.held = None
-        if self.conn is None:
+        if self.link.closed:
             return
         if self._started and not self._unit_gone and self.manager.lost is None:
             if self.facts.get("unit_result") is None:  # not yet told by PropertiesChanged
@@ -739,8 +685,7 @@ class SystemdEngine(CgroupLimits, Engine):
         self.strategy.close()  # after the held main process is reaped through its pidfd
         if self.cgroup is not None:
             self.cgroup.close()
-        self.conn.close()  # a session's channel: just stop routing to it
-        self.conn = None
+        self.link.close()
 
     def delivers_credentials(self) -> bool:
         return self.spec.unit_type == "service"  # LoadCredential=; a scope's command is corral's child
