@@ -30,9 +30,10 @@ command started is gone, proven — or ``Unverified`` is raised.
   (``core/fallback_child.py``), because the fallback engine needs its process to own
   all of its descendants; where a run executes is ``execution.py``'s.
 
-Over 400 lines because it is the whole public surface of the library
-(``make_spec``'s keywords, ``Runner``, ``RunHandle`` and its streams, the
-module-level ``run``/``arun``/``start``), each face thin over ``Execution``.
+It is the whole public surface of the library (``make_spec``'s keywords,
+``Runner``, ``RunHandle`` and its streams, the module-level
+``run``/``arun``/``start``), each face thin over ``Execution``; a Runner's
+shared manager session is ``core/sessions.py``'s, as the corral service's.
 """
 
 import asyncio
@@ -42,9 +43,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from .common.errors import CannotExecute, NotFound, SetupError, Unverified
 from .core import result as R
-from .core.execution import _NO_SYSTEMD, Execution
+from .core.execution import Execution
 from .core.record import RunRecord, from_result
 from .core.request import spec_from_keywords as make_spec
+from .core.sessions import NOT_READY, SharedSession
 from .core.spec import RunSpec
 
 __all__ = ["RunHandle", "RunResult", "Runner", "arun", "make_spec", "run", "start"]
@@ -90,69 +92,23 @@ def _to_result(outcome: R.RunOutcome, stdout: bytes, stderr: bytes) -> RunResult
     return result
 
 
-_NOT_READY = object()  # see Runner._session_if_ready
-
-
 class Runner:
     """Runs commands under corral, sharing what can be shared.
 
     In enforced (or auto, with a reachable manager) mode, one tether and a
     pool of bus connections serve every run: a run costs one
-    StartTransientUnit and no extra process. Defaults given here apply to
+    StartTransientUnit and no extra process (``core/sessions.py``, shared
+    with the corral service). Defaults given here apply to
     every run unless overridden per call. Close it (or use ``with``) to end
     the tether; units still running then are stopped by the manager.
     """
 
     def __init__(self, **defaults):
         self._defaults = defaults
-        self._lock = threading.Lock()
-        self._session = None
-        self._closed = False
-
-    # -- session -------------------------------------------------------
-    def _session_for(self, spec: RunSpec):
-        if not spec.may_be_systemd:
-            return None
-        with self._lock:
-            if self._closed:
-                raise SetupError("runner is closed")
-            if self._session not in (None, _NO_SYSTEMD) and self._session.lost:
-                # The manager went away or re-executed (daemon-reexec closes
-                # every private connection): runs from now on need a new one.
-                stale, self._session = self._session, None
-                stale.close()
-            if self._session is None:
-                from .engines.systemd import SystemdSession
-
-                try:
-                    self._session = SystemdSession(spec.manager, spec.slice)
-                except SetupError:
-                    if spec.cgroup_mode == "enforced":
-                        raise
-                    self._session = _NO_SYSTEMD
-            return self._session
-
-    def _session_if_ready(self, spec: RunSpec):
-        """``_session_for`` when it would not block, else ``_NOT_READY``."""
-        if not spec.may_be_systemd:
-            return None
-        if not self._lock.acquire(blocking=False):  # a session is being made: that blocks
-            return _NOT_READY
-        try:
-            if self._session not in (None, _NO_SYSTEMD) and self._session.lost:
-                return _NOT_READY  # reconnecting blocks
-            if self._session is not None and not self._closed:
-                return self._session
-        finally:
-            self._lock.release()
-        return _NOT_READY
+        self._shared = SharedSession()
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            session, self._session = self._session, None
-        if session is not None and session is not _NO_SYSTEMD:
-            session.close()
+        self._shared.close()
 
     def __enter__(self):
         return self
@@ -174,40 +130,9 @@ class Runner:
         return make_spec(argv, **merged), capture, register
 
     def _execution(self, spec, capture, register, out: list, err: list) -> Execution:
-        session = self._session_for(spec)
         if capture:
-            return Execution(spec, session, out.append, err.append, register=register, renew_session=self._session_for)
-        return Execution(spec, session, _writer(1), _writer(2), register=register, renew_session=self._session_for)
-
-    def execution(
-        self,
-        spec: RunSpec,
-        *,
-        stdin_fd: int,
-        stdout,
-        stderr,
-        guard: dict | None = None,
-        via: str,
-        held=None,
-    ) -> Execution:
-        """A run of ``spec`` on this Runner's session whose command gets the
-        given descriptors as its stdio, uncaptured (the corral service runs
-        its clients' command lines so). ``guard``: what else the RunGuard is
-        told (a command line's environment report and credentials).
-        ``held``: the command's process, forked by the caller and held at a
-        gate (``kernel.held.HeldProcess``), which the run's scope is made of.
-        SetupError if the session cannot be had (enforced mode)."""
-        return Execution(
-            spec,
-            self._session_for(spec),
-            stdout,
-            stderr,
-            stdin_fd=stdin_fd,
-            renew_session=self._session_for,
-            via=via,
-            guard=guard,
-            held=held,
-        )
+            return self._shared.execution(spec, out.append, err.append, register=register)
+        return self._shared.execution(spec, _writer(1), _writer(2), register=register)
 
     def run(self, argv: Sequence[str], **kwargs) -> RunResult:
         """Run to completion in this thread. See ``make_spec`` for the options;
@@ -298,20 +223,15 @@ class RunHandle:
             on_out, on_err = self.stdout._feed_threadsafe, self.stderr._feed_threadsafe
         else:
             on_out, on_err = _writer(1), _writer(2)
-        session = self._runner._session_if_ready(self._spec)
-        if session is _NOT_READY:  # first systemd run of this Runner: connecting blocks
-            session = await asyncio.to_thread(self._runner._session_for, self._spec)
+        shared = self._runner._shared
+        session = shared.get_if_ready(self._spec)
+        if session is NOT_READY:  # first systemd run of this Runner: connecting blocks
+            session = await asyncio.to_thread(shared.get, self._spec)
         stdin_r = 0
         if self._spec.stdin == "pipe":
             stdin_r, self._stdin_w = os.pipe2(os.O_CLOEXEC)
-        self._execution = Execution(
-            self._spec,
-            session,
-            on_out,
-            on_err,
-            stdin_fd=stdin_r,
-            register=self._register,
-            renew_session=self._runner._session_for,
+        self._execution = shared.execution(
+            self._spec, on_out, on_err, session=session, stdin_fd=stdin_r, register=self._register
         )
 
         def work():

@@ -13,6 +13,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
+from ..engines.kinds import MODES
 from .record_json import RECORD_VERSION, record_data
 
 
@@ -141,7 +142,7 @@ class EnvironmentNames(_Strict):
 class RunRecord(_Strict):
     version: Literal[1] = RECORD_VERSION
     run_id: str
-    mode: Literal["fallback", "systemd", "cgroup"]
+    mode: Literal[MODES]  # type: ignore[valid-type]  # the engines, declared once (engines/kinds.py)
     #: The command line, with secret-looking arguments replaced by "[redacted]"
     #: (as in the registry and ``corralctl ps``).
     argv: list[str]

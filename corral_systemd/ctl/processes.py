@@ -3,6 +3,7 @@
 import os
 import time
 
+from ..engines.kinds import leftovers_of
 from ..state import registry as REG
 
 
@@ -13,8 +14,8 @@ def _cgroup_dirs(entry: dict, events: list) -> list[str]:
     )
     if not cg:
         return []
-    if entry.get("mode") == "cgroup":
-        return [cg] if os.path.isdir(cg) else []
+    if leftovers_of(entry) == "cgroup":
+        return [cg] if os.path.isdir(cg) else []  # a unit's is named in two hierarchies: below
     from ..kernel import cgroupfs
 
     mounts = cgroupfs.Mounts()
@@ -78,7 +79,9 @@ def run_processes(entry: dict, events: list, table) -> list:
         for d in dirs:
             pids.update(cgroupfs.procs_below(d))
         return [table[p] for p in sorted(pids) if p in table]
-    if entry.get("mode") == "fallback" and REG.owner_alive(entry):
+    if leftovers_of(entry) != "sessions":
+        return []
+    if REG.owner_alive(entry):
         owner = entry["owner"]["pid"]
         helpers = set(entry.get("helper_pids") or [])
         skip = set()
@@ -90,9 +93,7 @@ def run_processes(entry: dict, events: list, table) -> list:
             if p.alive:
                 members.append(p)
         return members
-    if entry.get("mode") == "fallback":
-        return session_members(entry, events, table)
-    return []
+    return session_members(entry, events, table)
 
 
 def run_memory(entry: dict, events: list, procs: list) -> int:

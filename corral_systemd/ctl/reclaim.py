@@ -11,6 +11,7 @@ import signal
 import time
 
 from ..common.unit_names import group_name, is_tether, run_of_unit, run_units
+from ..engines.kinds import kind_of, leftovers_of
 from ..state import registry as REG
 from .processes import session_members
 from .ps import cell
@@ -320,11 +321,8 @@ def reclaim(directory: str, entry: dict, *, bus: "_Bus | None", dry_run: bool, b
             report["remaining"] = outcome.remaining
             if outcome.unproven:
                 report["notes"].append(outcome.unproven)
-    if entry.get("mode") == "fallback":
-        report["notes"].append(
-            "fallback: only processes still in the command's session, or in the session of a "
-            "detached process the log recorded, can be found once corral is gone"
-        )
+    if (kind := kind_of(entry)) is not None and kind.reclaim_note:
+        report["notes"].append(kind.reclaim_note)
     creds = entry.get("credentials_directory")
     if creds and isinstance(creds, str) and os.path.lexists(creds):
         from ..state.credentials import removable, remove_tree
@@ -345,7 +343,7 @@ def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
     """(what to stop, how to name it in actions) for a run's leftovers, or
     (None, None) when there is nothing to stop or it is not proven the
     run's (then the report says why, and is unverified)."""
-    unit = entry.get("unit")
+    unit, leftovers = entry.get("unit"), leftovers_of(entry)
     if unit:
         if bus is None or bus.manager is None:
             report["verified"] = False
@@ -357,7 +355,7 @@ def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
             report["notes"].append(f"{cell(unit)} left alone: {why}")
         else:
             return _UnitTarget(bus, unit), unit
-    elif entry.get("mode") == "cgroup" and entry.get("control_group"):
+    elif leftovers == "cgroup" and entry.get("control_group"):
         cg = entry["control_group"]
         why = _not_corrals_cgroup(cg, entry["run_id"])
         if why is not None:
@@ -365,7 +363,7 @@ def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
             report["notes"].append(f"control group {cell(cg)} left alone: {why}")
         elif os.path.isdir(cg):
             return _CgroupTarget(cg), cg
-    elif entry.get("mode") == "fallback":
+    elif leftovers == "sessions":
         return _SessionsTarget(entry, events), None
     return None, None
 
@@ -417,7 +415,7 @@ def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | N
                 return f"its unit {unit} is {state}", unit
     cg = entry.get("control_group")
     if (
-        entry.get("mode") == "cgroup"
+        leftovers_of(entry) == "cgroup"
         and isinstance(cg, str)
         and _not_corrals_cgroup(cg, run_id) is None
         and cgroupfs.populated(cg)

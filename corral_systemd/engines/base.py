@@ -21,8 +21,9 @@ class Engine:
     """What callers ask an engine is this contract, never its ``mode``: an
     engine says what it can do through the capabilities below."""
 
-    #: "fallback", "systemd" or "cgroup" — recorded as the run's mode (a
-    #: label for the record and corralctl; no caller decides anything by it).
+    #: Its kind (``kinds.KINDS``: "fallback", "systemd" or "cgroup"), recorded
+    #: as the run's mode. Nothing decides by the name: corralctl reads what a
+    #: registered run leaves from its kind's declaration, the core this contract.
     mode = "?"
     #: No cgroup holds the run: once corral is gone, only a mark in the
     #: command's environment (inherited by all it starts) proves a process

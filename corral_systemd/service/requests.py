@@ -274,9 +274,9 @@ def execute(service, request, checked: dict, held, peer_pidfd: int, connection_f
         try:
             execution = service.runner.execution(
                 spec,
+                captured.get("stdout", checked["stdout"]),
+                captured.get("stderr", checked["stderr"]),
                 stdin_fd=stdin,
-                stdout=captured.get("stdout", checked["stdout"]),
-                stderr=captured.get("stderr", checked["stderr"]),
                 guard=request.guard_options(),
                 via="service",
                 held=held,

@@ -60,7 +60,7 @@ class Service:
         max_runs: int = 64,
         max_connections: int = 256,
     ):
-        from ..api import Runner
+        from ..core.sessions import SharedSession
         from .watch import Watcher
 
         self.listener = listener
@@ -68,7 +68,8 @@ class Service:
         self.idle_exit = idle_exit
         self.max_runs = max_runs
         self.max_connections = max_connections
-        self.runner = Runner()
+        #: The manager session every run of the service shares (one tether).
+        self.runner = SharedSession()
         self.watcher = Watcher(on_failure=self._part_failed)
         #: Why a part of the service died (its watcher thread): it stops taking
         #: runs and stops those in flight rather than go on without it.

@@ -31,9 +31,10 @@ CLI makes both per run (the tether scope then rides in the same
 StartTransientUnit call as an auxiliary unit), and reconnects if its
 connection ends mid-run (a manager's daemon-reexec).
 
-Longer than the other modules because it is the one place the manager's
-word and the kernel's meet; what is not that (properties, the unit's
-cgroup, scope vs service, the environment file, the session) lives beside it.
+This is the one place the manager's word and the kernel's meet; the rest
+lives beside it: the connection and its loss (``link.py``), what the manager
+said about the unit (``unit_state.py``), its properties, its cgroup
+(``unitcgroup.py``), scope vs service, the environment file, the session.
 """
 
 import os
@@ -41,10 +42,9 @@ import signal
 
 from ...common.errors import SetupError
 from ...common.unit_names import tether_unit, unit_name
-from ...dbus.connection import BusDisconnected, BusError
+from ...dbus.connection import BusError
 from ...dbus.discovery import describe_error as _why
-from ...dbus.jobs import wait_job
-from ...dbus.systemd1 import NO_SUCH_UNIT, UNIT, interface_for, unit_path
+from ...dbus.systemd1 import NO_SUCH_UNIT, interface_for, unit_path
 from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
 from ..base import CgroupLimits, Engine, main_rusage, usage_facts
@@ -53,6 +53,7 @@ from ..unitcgroup import UnitCgroup, cgroup_of
 from . import properties as P
 from .link import RUNTIME_CALL_TIMEOUT, ManagerLink
 from .strategy import strategy_for
+from .unit_state import UnitState
 
 
 class SystemdEngine(CgroupLimits, Engine):
@@ -92,18 +93,8 @@ class SystemdEngine(CgroupLimits, Engine):
         self._tether: Tether | None = None  # our own tether (no session)
         #: The unit's cgroup, once located (see _locate_cgroup).
         self.cgroup: UnitCgroup | None = None
-        self._main_started = False  # a service's main process was started (PropertiesChanged)
-        self._adopted: str | None = None  # see _adopt_service
-        self._start_reply_lost: str | None = None
         self._stopping = False  # corral has signalled the run
-        #: The figures the manager reported (the kernel's are the cgroup's).
-        self._manager_figures: dict[str, int] = {}
         self._exit_sampled = False
-        self._unit_gone = False
-        self._active_state: str | None = None  # from PropertiesChanged
-        self._inactive_checks = 0
-        #: The manager's figures were read once the unit was inactive.
-        self._final_sampled = False
         self._started = False
         self._stopped_count = 0
         self._signalled: set[int] = set()
@@ -122,6 +113,8 @@ class SystemdEngine(CgroupLimits, Engine):
         }
         if spec.properties:
             self.facts["properties"] = list(spec.properties)
+        #: The manager's word on the unit: its state, end and figures (the kernel's are the cgroup's).
+        self.unit_state = UnitState(self.link, self._unit_path, self.facts, self.warnings)
 
     # -- 1. connect (link.py) ------------------------------------------
     @property
@@ -157,8 +150,11 @@ class SystemdEngine(CgroupLimits, Engine):
         )
         try:
             command_props, fds = strategy.launch(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
-            job = self._start_transient_unit(props + command_props, aux, fds)
-            result = self._wait_start_job(job) if job is not None else None  # None: adopted
+            # None from either: the connection ended and the strategy took over (a service adopted)
+            job = self.link.start_unit(props + command_props, aux, fds, self.tether_unit, strategy, self.warnings)
+            result = self.link.wait_started(job, self._handle_signal, strategy) if job is not None else None
+            if job is not None and result is None:
+                self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
             if result is not None:
                 # The start job is over: the manager has exec'd the command
                 # (or given up), and read the environment file for good.
@@ -172,7 +168,7 @@ class SystemdEngine(CgroupLimits, Engine):
             self._abandon()
             raise
         finally:
-            if not self._adopted:  # else the manager may not have read it yet: close() removes it
+            if not self.unit_state.adopted:  # else the manager may not have read it yet: close() removes it
                 self.strategy.remove_env_file()
         # From here on the unit exists and (for a service) the command runs:
         # no failure may be reported as "not started" (125) any more.
@@ -184,92 +180,6 @@ class SystemdEngine(CgroupLimits, Engine):
         # socket will not poll readable for them: handle them now (a fast
         # service's exit status may be among them).
         self.poll_events()
-
-    def _start_transient_unit(self, props, aux, fds) -> str | None:
-        """StartTransientUnit; once more on a fresh connection if ours ended under the call.
-
-        A connection of the CLI's own can end mid-call (seen once in CI:
-        ECONNRESET from the private socket, the manager busy with 8 runs).
-        The command never starts twice: whether the first request reached
-        the manager is read from this run's tether scope, created by the
-        same call and kept while our tether process lives (the unit itself
-        may already be collected if its command exited at once). Not taken:
-        the call is made again. Taken: the strategy decides (a scope's
-        command is still held at its gate, never ran: 125; a service was
-        started by that request: adopted, and None is returned). A Runner's
-        shared connection is not retried: the session counts as lost, and
-        the Runner reconnects for later runs.
-        """
-        try:
-            return self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
-        except BusDisconnected as exc:
-            if not self.link.replaceable:
-                raise
-            first = f"the manager connection ended while starting {self.unit} ({exc})"
-        direct = self.direct
-        self.link.replace(first, self.strategy.may_have_run)
-        unknown = ""
-        try:
-            taken = self.manager.unit_loaded(self.tether_unit)
-        except BusError as exc:
-            taken = None
-            unknown = f"{first}; whether the manager had taken it could not be asked ({_why(exc)})"
-        if taken is False:
-            if (self.conn.unique_name is None) != direct:
-                # The unit's properties were chosen for the first transport (AddRef only on the bus).
-                raise SetupError(
-                    f"{first}; the manager had not taken it, and it is not asked again: a new "
-                    "connection would use another transport"
-                )
-            job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
-            self.warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
-            return job
-        self.strategy.request_taken_reply_lost(first, taken, unknown)
-        return None
-
-    def _wait_start_job(self, job: str) -> str | None:
-        """The start job's result; None when the connection ended while it ran.
-
-        The manager had taken the request (its reply named the job), so the
-        unit exists: on a new connection the strategy decides as after a
-        lost reply (a scope's command is still held at its gate, never ran:
-        125; a service is adopted and watched). A Runner's shared connection
-        is not replaced here (see ``_start_transient_unit``)."""
-        try:
-            return wait_job(self.conn, job, self._handle_signal, what=self.unit)
-        except BusDisconnected as exc:
-            if not self.link.replaceable:
-                raise
-            first = f"the manager connection ended while {self.unit} was starting ({exc})"
-        self.link.replace(first, self.strategy.may_have_run)
-        self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
-        self.strategy.request_taken_reply_lost(first, True, "")
-        return None
-
-    def _adopt_service(self, why: str) -> None:
-        """The manager took our StartTransientUnit, its reply was lost: the
-        service was started by that request. Watch it as any run: its end
-        arrives on the new connection (subscribed before we looked), its
-        status read as usual if it has already ended but is still loaded.
-        If it was collected, or cannot be asked about, how it ended cannot
-        be known: ``lost_track`` says so, and the run is stopped and proven
-        empty from its cgroup (exit 120)."""
-        why = f"{why}, after the manager had started it"
-        self._adopted = why
-        try:
-            loaded, state = self.link.unit_state()
-            if loaded:
-                self._active_state = state
-        except BusError as exc:
-            self._start_reply_lost = (
-                f"{why}; the manager could not be asked about it ({_why(exc)}), so how it ran cannot be known"
-            )
-            return
-        if not loaded:
-            self._unit_gone = True
-            self._start_reply_lost = f"{why}; it ended unseen and was collected, so its exit status cannot be known"
-        else:
-            self.warnings.append(f"{why}; watching that start")
 
     def _abandon(self):
         """Undo a start that failed after StartTransientUnit may have been accepted."""
@@ -323,7 +233,7 @@ class SystemdEngine(CgroupLimits, Engine):
     def _ended_per_signals(self) -> bool:
         """The manager has told us the unit ended (a service that exited at once)."""
         self.poll_events()
-        return self._unit_gone or self._active_state in ("inactive", "failed")
+        return self.unit_state.ended()
 
     def _cgroup_beside_tether(self) -> str:
         """The service's cgroup, from the tether scope's when both share a slice."""
@@ -365,7 +275,7 @@ class SystemdEngine(CgroupLimits, Engine):
         self.link.read_pending()
         while self.conn.signals:
             self._handle_signal(self.conn.signals.popleft())
-        if self._status is None and self._active_state in ("inactive", "failed", "deactivating"):
+        if self._status is None and self.unit_state.active in ("inactive", "failed", "deactivating"):
             self.strategy.refresh_status()  # it ended, yet no ExecMain* change reached us: ask
         self._reap_child()
         self._oom_event()
@@ -386,13 +296,9 @@ class SystemdEngine(CgroupLimits, Engine):
         got = self.link.reconnect(self._pids)
         if got is None:
             return False
-        loaded, state = got
         self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
-        # The new manager's word wins: one going down for daemon-reexec frees
-        # its units and says UnitRemoved for each, this one too (VM lane).
-        self._unit_gone = not loaded  # not loaded: it ended and was collected while we were away
-        if loaded:
-            self._active_state = state
+        self.unit_state.read_back(*got)
+        if not self.unit_state.gone:
             self.strategy.refresh_status()
         return True
 
@@ -400,18 +306,15 @@ class SystemdEngine(CgroupLimits, Engine):
         from_manager = self.strategy.status_from_manager
         if self._child is not None and self._status is None and (why := self._child.lost()) is not None:
             return why  # a caller's held process whose end cannot be known
-        if self._start_reply_lost is not None and self._status is None:
-            return self._start_reply_lost
-        if self._adopted and self._status is None and (self._unit_gone or self._active_state in ("inactive", "failed")):
-            # Its start job may have failed before the command ran (we never saw the job).
-            return f"{self._adopted}; it ended without an exit status of its command"
+        if self._status is None and (why := self.unit_state.lost_track()) is not None:
+            return why
         # A service's end and exit status come only from the manager: with
         # the connection gone, watching on would wait forever.
         if self.link.dead and self._started and self._status is None and not self._reconnect():
-            # (_unit_gone is no reason to stop waiting: see _reconnect)
+            # (a unit gone is no reason to stop waiting: see UnitState.read_back)
             if self.link.within_window():
                 return None  # a re-executing manager comes back: keep watching (the deadline still holds)
-        if self.facts.get("reconnected") and self._unit_gone and from_manager and self._status is None:
+        if self.facts.get("reconnected") and self.unit_state.gone and from_manager and self._status is None:
             return (
                 f"the systemd manager connection was lost and {self.unit} was collected "
                 "before corral reconnected: the service's exit status cannot be known"
@@ -421,24 +324,9 @@ class SystemdEngine(CgroupLimits, Engine):
         return None
 
     def _handle_signal(self, msg):
-        """Track the unit from its PropertiesChanged signals, so that the
-        common path needs no Get round trips: ActiveState (Unit), Result and,
-        for a service, ExecMainCode/ExecMainStatus all emit changes."""
-        if msg.member == "UnitRemoved" and msg.body[0] == self.unit:
-            self._unit_gone = True  # collected: inactive, and no more calls about it
-            return
-        if msg.member != "PropertiesChanged" or msg.path != self._unit_path:
-            return
-        interface, changed = msg.body[0], {k: v.value for k, v in msg.body[1].items()}
-        if interface == UNIT:
-            if "ActiveState" in changed:
-                self._active_state = changed["ActiveState"]
-            if changed.get("InvocationID") and "invocation_id" not in self.facts:
-                self.facts["invocation_id"] = bytes(changed["InvocationID"]).hex()
-            return
-        if "Result" in changed:
-            self.facts["unit_result"] = changed["Result"]
-        self.strategy.unit_changed(changed)
+        changed = self.unit_state.handle(msg)
+        if changed is not None:
+            self.strategy.unit_changed(changed)
 
     def _sigkilled_unprompted(self) -> bool:
         """The main process died of a SIGKILL corral did not send (the OOM killer's signal)."""
@@ -470,26 +358,12 @@ class SystemdEngine(CgroupLimits, Engine):
             v
             for v in (
                 figures.get("cpu_usage_nsec"),
-                self._manager_figures.get("cpu_usage_nsec"),
+                self.unit_state.figures.get("cpu_usage_nsec"),
                 main_rusage(self._child).get("cpu_usage_nsec"),
             )
             if v
         ]
         return max(readings) if readings else None
-
-    def _sample_manager(self, props):
-        """Keep the manager's figures (see ``usage_facts``: the larger reading
-        wins); systemd 252 has no MemoryPeak and reports unset values as 2**64-1."""
-        figures = self._manager_figures
-        for prop_name, name in (
-            ("CPUUsageNSec", "cpu_usage_nsec"),
-            ("TasksCurrent", "tasks_peak"),
-            ("IOReadBytes", "io_read_bytes"),
-            ("IOWriteBytes", "io_write_bytes"),
-        ):
-            value = props.get(prop_name)
-            if value is not None and value < 2**63:
-                figures[name] = max(figures.get(name, 0), value)
 
     # -- 6. stop -------------------------------------------------------
     def _pids(self) -> list[int]:
@@ -501,7 +375,7 @@ class SystemdEngine(CgroupLimits, Engine):
     def signal_all(self, *sigs):
         self._stopping = True
         self._sample_cgroup()
-        self._sample_unit()
+        self.unit_state.sample()
         pids = self._pids()
         self.seen.update(pids)
         self._track(pids)
@@ -562,11 +436,7 @@ class SystemdEngine(CgroupLimits, Engine):
             self.poll_events()
             if not self._unit_inactive():
                 return [-1]
-        if not self._final_sampled and not self._unit_gone and self.manager.lost is None:
-            # Still referenced (AddRef): the manager's figures are final too,
-            # its CPU total included where the group went between samples.
-            self._final_sampled = True
-            self._sample_unit()
+        self.unit_state.sample_final()
         # Whatever of the run still lives is outside the group: find and kill it.
         if self.tracker is not None and (escaped := self._sweep()):
             self._stopped_count = max(self._stopped_count, len(self.tracker.escaped))
@@ -602,53 +472,9 @@ class SystemdEngine(CgroupLimits, Engine):
         self._not_orphans.add(pid)
 
     def _unit_inactive(self) -> bool:
-        """The unit is inactive, failed or gone (a vanished manager has no units)."""
-        if self._unit_gone:
-            return True
-        if self._active_state in ("inactive", "failed"):
-            return True
-        self._inactive_checks += 1
-        if (
-            self._inactive_checks == 2
-            and self.strategy.nudge_when_empty
-            and self.cgroup is not None
-            and self._started
-            and self.manager.lost is None
-        ):
-            # An empty scope is stopped by the manager once it notices the
-            # empty cgroup; nudge it rather than wait for that. The reply
-            # does not matter (PropertiesChanged tells), so none is awaited.
-            try:
-                self.manager.stop_unit_nowait(self.unit)
-            except BusError:
-                pass
-        if self._inactive_checks <= 4:
-            return False  # PropertiesChanged will say "inactive"; see poll_events
-        try:
-            state = self.manager.get(self.unit, UNIT, "ActiveState")
-        except BusError as exc:
-            if exc.name in (NO_SUCH_UNIT, "org.freedesktop.DBus.Error.UnknownObject"):
-                self._unit_gone = True
-                return True
-            if self.manager.lost is not None:
-                # No manager, no unit: the kernel's word on the cgroup decides.
-                self._unit_gone = True
-                self.warnings.append(
-                    f"systemd manager lost during the run ({self.manager.lost}); emptiness proven from the cgroup alone"
-                )
-                return True
-            return False
-        self._active_state = state
-        return state in ("inactive", "failed")
-
-    def _sample_unit(self):
-        try:
-            props = self.manager.get_all(self.unit, interface_for(self.unit))
-        except BusError:
-            return
-        self._sample_manager(props)
-        if props.get("Result"):
-            self.facts["unit_result"] = props["Result"]
+        return self.unit_state.inactive(
+            nudge=lambda: self.strategy.nudge_when_empty and self.cgroup is not None and self._started
+        )
 
     # -- cleanup -------------------------------------------------------
     def _end_tether(self):
@@ -662,22 +488,7 @@ class SystemdEngine(CgroupLimits, Engine):
             self.held = None
         if self.link.closed:
             return
-        if self._started and not self._unit_gone and self.manager.lost is None:
-            if self.facts.get("unit_result") is None:  # not yet told by PropertiesChanged
-                try:
-                    self.facts["unit_result"] = self.manager.get(self.unit, interface_for(self.unit), "Result")
-                except BusError:
-                    pass
-            if not self.direct:
-                try:
-                    self.manager.unref_unit(self.unit)
-                except BusError:
-                    pass
-        if self.strategy.keep_failed and not self._unit_gone and self.manager.lost is None:
-            try:
-                self.manager.reset_failed_unit(self.unit)
-            except BusError:
-                pass  # not failed (already collected) or gone
+        self.unit_state.release(started=self._started, keep_failed=self.strategy.keep_failed)
         self._end_tether()
         if self.tracker is not None:
             self.tracker.close()
@@ -696,7 +507,7 @@ class SystemdEngine(CgroupLimits, Engine):
     def describe(self):
         info = dict(self.facts)
         figures = self.cgroup.usage.figures if self.cgroup is not None else {}
-        info.update(usage_facts(figures, self._manager_figures, main_rusage(self._child)))
+        info.update(usage_facts(figures, self.unit_state.figures, main_rusage(self._child)))
         info["accounting_final"] = self.cgroup.final if self.cgroup is not None else None
         info.update(self.strategy.network_fact())
         if self.tracker is not None:

@@ -6,8 +6,9 @@ PropertiesChanged is missed. That connection can end under the run: a
 manager's daemon-reexec closes every private connection, and a busy manager
 has reset one mid-call (seen once in CI). Then:
 
-- during the start, ``replace()`` opens another at once (the engine decides
-  from the manager's word whether its request had been taken);
+- during the start (``start_unit``, ``wait_started``), ``replace()`` opens
+  another at once, and the manager's word says whether its request had been
+  taken: not taken, it is made again; taken, the strategy decides;
 - once the unit runs, ``reconnect()`` tries again on the watch loop's clock,
   one bounded attempt every RECONNECT_EVERY, so the deadline and the limits
   are never held up; ``within_window()`` says whether to keep waiting for a
@@ -22,10 +23,10 @@ import time
 from collections.abc import Callable
 
 from ...common.errors import SetupError
-from ...dbus.connection import BusError
+from ...dbus.connection import BusDisconnected, BusError
 from ...dbus.discovery import connect_manager
 from ...dbus.discovery import describe_error as _why
-from ...dbus.jobs import START_TIMEOUT, subscribe
+from ...dbus.jobs import START_TIMEOUT, subscribe, wait_job
 from ...dbus.systemd1 import PROPS, UNIT, Manager
 
 #: Once the unit runs, a call that gets no answer within this is a lost manager.
@@ -89,6 +90,67 @@ class ManagerLink:
             self.open()
         except SetupError as exc:
             raise SetupError(f"{first}, and a new one failed: {exc}{may_have_run}") from None
+
+    # -- the start, across a connection that ends under it --------------
+    def start_unit(self, props, aux, fds, tether_unit: str, strategy, warnings: list[str]) -> str | None:
+        """StartTransientUnit (the start job's path); once more on a fresh
+        connection if ours ended under the call.
+
+        A connection of the CLI's own can end mid-call (seen once in CI:
+        ECONNRESET from the private socket, the manager busy with 8 runs).
+        The command never starts twice: whether the first request reached
+        the manager is read from this run's tether scope, created by the
+        same call and kept while our tether process lives (the unit itself
+        may already be collected if its command exited at once). Not taken:
+        the call is made again. Taken: the strategy decides
+        (``request_taken_reply_lost``: a scope's command is still held at
+        its gate, never ran: 125; a service was started by that request:
+        adopted, and None is returned). A Runner's shared connection is not
+        retried: the session counts as lost, and the Runner reconnects for
+        later runs.
+        """
+        try:
+            return self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+        except BusDisconnected as exc:
+            if not self.replaceable:
+                raise
+            first = f"the manager connection ended while starting {self.unit} ({exc})"
+        direct = self.direct
+        self.replace(first, strategy.may_have_run)
+        unknown = ""
+        try:
+            taken = self.manager.unit_loaded(tether_unit)
+        except BusError as exc:
+            taken = None
+            unknown = f"{first}; whether the manager had taken it could not be asked ({_why(exc)})"
+        if taken is False:
+            if (self.conn.unique_name is None) != direct:
+                # The unit's properties were chosen for the first transport (AddRef only on the bus).
+                raise SetupError(
+                    f"{first}; the manager had not taken it, and it is not asked again: a new "
+                    "connection would use another transport"
+                )
+            job = self.manager.start_transient_unit(self.unit, props, aux, fds=fds)
+            warnings.append(f"{first}; the manager had not taken the request: asked again on a new connection")
+            return job
+        strategy.request_taken_reply_lost(first, taken, unknown)
+        return None
+
+    def wait_started(self, job: str, handle_signal: Callable, strategy) -> str | None:
+        """The start job's result; None when the connection ended while it ran.
+
+        The manager had taken the request (its reply named the job), so the
+        unit exists: on a new connection the strategy decides as after a
+        lost reply (see ``start_unit``)."""
+        try:
+            return wait_job(self.conn, job, handle_signal, what=self.unit)
+        except BusDisconnected as exc:
+            if not self.replaceable:
+                raise
+            first = f"the manager connection ended while {self.unit} was starting ({exc})"
+        self.replace(first, strategy.may_have_run)
+        strategy.request_taken_reply_lost(first, True, "")
+        return None
 
     def unit_state(self) -> tuple[bool, str | None]:
         """(the unit is loaded, its ActiveState if so): BusError if the manager cannot say."""

@@ -169,6 +169,7 @@ class ServiceStrategy:
         self._environment: dict[str, str] = {}
         self._env_file: EnvFile | None = None
         self._main_pid = 0  # ExecMainPID, once the manager says it
+        self._main_started = False  # the manager says it started the main process
 
     @property
     def keep_failed(self) -> bool:
@@ -300,11 +301,11 @@ class ServiceStrategy:
         pump_signals(
             engine.conn,
             engine._handle_signal,
-            lambda: engine._main_started or engine._unit_gone or engine._active_state in ("failed", "inactive"),
+            lambda: self._main_started or engine.unit_state.ended(),
             SETTLE_TIMEOUT,
         )
-        if engine._main_started or engine._unit_gone:
-            return engine._main_started
+        if self._main_started or engine.unit_state.gone:
+            return self._main_started
         try:
             started = engine.manager.get(engine.unit, interface_for(engine.unit), "ExecMainStartTimestampMonotonic")
         except BusError:
@@ -324,9 +325,12 @@ class ServiceStrategy:
         """
         engine = self.engine
         pump_signals(
-            engine.conn, engine._handle_signal, lambda: engine._status is not None or engine._unit_gone, SETTLE_TIMEOUT
+            engine.conn,
+            engine._handle_signal,
+            lambda: engine._status is not None or engine.unit_state.gone,
+            SETTLE_TIMEOUT,
         )
-        if engine._status is None and not engine._unit_gone:
+        if engine._status is None and not engine.unit_state.gone:
             self.refresh_status()
         status = engine._status
         if status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_EXEC:
@@ -404,12 +408,11 @@ class ServiceStrategy:
     def request_taken_reply_lost(self, first: str, taken: bool | None, unknown: str) -> None:
         """The manager may have taken the start request whose reply was lost:
         that request started the service. Adopt it (see the engine's
-        ``_adopt_service``), or say that how it ran cannot be known."""
-        engine = self.engine
+        ``UnitState.adopt``), or say that how it ran cannot be known."""
         if taken is None:
-            engine._adopted = engine._start_reply_lost = f"{unknown}: how the service ran cannot be known"
+            self.engine.unit_state.unknowable(unknown)
         else:
-            engine._adopt_service(first)
+            self.engine.unit_state.adopt(first)
 
     def started(self) -> None:
         """The manager started the command: nothing to release."""
@@ -438,8 +441,8 @@ class ServiceStrategy:
         if changed.get("ExecMainPID"):
             self._main_pid = changed["ExecMainPID"]
         if changed.get("ExecMainPID") or changed.get("ExecMainStartTimestampMonotonic"):
-            engine._main_started = True
-        engine._sample_manager(changed)
+            self._main_started = True
+        engine.unit_state.keep_figures(changed)
         self._status_from(changed)
 
     def main_sessions(self) -> tuple:

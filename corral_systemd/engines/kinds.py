@@ -1,0 +1,53 @@
+"""The engines by the name a record and a registry entry give them (``mode``),
+and what a run of each leaves for corralctl once its corral is gone.
+
+Declared once, importing nothing, so that corralctl and the record read it
+without loading an engine (the systemd one loads dbus-fast). Each engine
+class names its kind (``Engine.mode``); a test checks they agree.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    mode: str
+    #: Where a registered run's processes are found, and how they are stopped,
+    #: once its corral is gone (corralctl ps, stop, reclaim):
+    #: "unit": its systemd unit, through the manager (checked to be corral's);
+    #: "cgroup": the control group its entry names (checked to be corral's);
+    #: "sessions": the sessions its log names, marked processes only (while its
+    #: corral lives: the owner's descendants).
+    leftovers: str
+    #: What corralctl says about a reclaim of such a run ("" for nothing).
+    reclaim_note: str = ""
+
+
+KINDS = {
+    kind.mode: kind
+    for kind in (
+        EngineKind("systemd", "unit"),
+        EngineKind("cgroup", "cgroup"),
+        EngineKind(
+            "fallback",
+            "sessions",
+            "fallback: only processes still in the command's session, or in the session of a "
+            "detached process the log recorded, can be found once corral is gone",
+        ),
+    )
+}
+#: Every engine's mode, as the record declares its ``mode`` field.
+MODES = tuple(KINDS)
+
+
+def kind_of(entry: dict) -> EngineKind | None:
+    """A registry entry's kind; None for a mode no engine has (the entry is
+    a file the run's uid can write: nothing is found through it)."""
+    mode = entry.get("mode")
+    return KINDS.get(mode) if isinstance(mode, str) else None
+
+
+def leftovers_of(entry: dict) -> str | None:
+    """A registry entry's ``EngineKind.leftovers`` (see ``kind_of``)."""
+    kind = kind_of(entry)
+    return kind.leftovers if kind is not None else None

@@ -1,0 +1,33 @@
+"""engines/kinds.py declares each engine's kind once; the engines and corralctl read it."""
+
+import pytest
+
+from corral_systemd.core.record import RunRecord
+from corral_systemd.engines.cgroupv2 import CgroupEngine
+from corral_systemd.engines.fallback import FallbackEngine
+from corral_systemd.engines.kinds import KINDS, MODES, leftovers_of
+from corral_systemd.engines.systemd import SystemdEngine
+
+ENGINES = (SystemdEngine, CgroupEngine, FallbackEngine)
+
+
+def test_every_engine_has_one_kind_and_every_kind_an_engine():
+    assert sorted(e.mode for e in ENGINES) == sorted(KINDS)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.mode)
+def test_a_run_found_by_its_sessions_is_one_whose_processes_carry_its_mark(engine):
+    # Without a cgroup, only the mark proves a process the run's once corral is gone.
+    assert engine.marks_processes == (KINDS[engine.mode].leftovers == "sessions")
+
+
+def test_an_entry_of_no_known_kind_leads_nowhere():
+    assert leftovers_of({"mode": "systemd"}) == "unit"
+    assert leftovers_of({"mode": "bogus"}) is None
+    assert leftovers_of({"mode": ["fallback"]}) is None  # an entry is a file the run's uid can write
+    assert leftovers_of({}) is None
+
+
+def test_the_record_takes_exactly_the_declared_modes():
+    field = RunRecord.model_fields["mode"].annotation
+    assert field.__args__ == MODES
