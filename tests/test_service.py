@@ -204,6 +204,25 @@ def test_the_interface_is_described(service):
     assert err.value.name == "org.varlink.service.InterfaceNotFound"
 
 
+def test_a_refusal_sent_before_the_call_is_the_answer_not_a_broken_pipe():
+    """The service refuses a peer (PermissionDenied, Busy) at once and closes,
+    before the peer's call arrives: the call's send then fails with EPIPE, and
+    the refusal waiting unread is what the caller gets (seen in CI: a
+    BrokenPipeError traceback instead of PermissionDenied)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        Channel(theirs).send({"error": "io.corral.Run.PermissionDenied", "parameters": {"uid": 65534}})
+        theirs.close()
+        with pytest.raises(VarlinkError) as refused:
+            Channel(ours).call("io.corral.Run.Status", {})
+    assert refused.value.name == "io.corral.Run.PermissionDenied"
+    # No refusal waiting: the broken pipe is the answer.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.close()
+    with ours, pytest.raises(BrokenPipeError):
+        Channel(ours).call("io.corral.Run.Status", {})
+
+
 def test_a_second_user_is_refused():
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to act as another user")

@@ -19,10 +19,12 @@ import os
 import signal
 
 from ..common.errors import SetupError
+from ..common.limits import BY_FIELD
 from ..common.unit_names import group_name
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_fact, usage_facts
+from .cgroup_limits import asked
 from .unitcgroup import UnitCgroup
 
 
@@ -59,40 +61,11 @@ class CgroupEngine(CgroupLimits, Engine):
         self.group.arm(oom_eventfd=False)  # memory.events (if delegated) and cgroup.events
 
     def _apply_limits(self, parent):
-        spec = self.spec
-        available = cgroupfs.controllers(self.path)
-        if spec.mem is not None:
-            if "memory" in available:
-                self._write("memory.max", str(spec.mem))
-                if os.path.exists(os.path.join(self.path, "memory.swap.max")):
-                    self._write("memory.swap.max", "0")
-                self.limits_enforced["mem"] = "kernel"
-            else:
-                self.limits_enforced["mem"] = "watch"
-                self.warnings.append(
-                    f"--mem: {parent} does not delegate the memory controller; memory is watched by corral instead"
-                )
-        if spec.cpu_time is not None:
+        enforced, warnings = write_limits(self.path, self.spec, parent)
+        self.limits_enforced.update(enforced)
+        self.warnings += warnings
+        if self.spec.cpu_time is not None:
             self.limits_enforced["cpu_time"] = "watch"
-        if spec.cpus is not None:
-            if "cpu" in available:
-                # The kernel's default period (100 ms); its smallest quota is 1 ms.
-                self._write("cpu.max", f"{max(1000, round(spec.cpus * 100_000))} 100000")
-                self.limits_enforced["cpus"] = "kernel"
-            else:
-                self.limits_enforced["cpus"] = "none"
-                self.warnings.append(
-                    f"--cpus: {parent} does not delegate the cpu controller; the quota is not enforced"
-                )
-        if spec.pids is not None:
-            if "pids" in available:
-                self._write("pids.max", str(spec.pids))
-                self.limits_enforced["pids"] = "kernel"
-            else:
-                self.limits_enforced["pids"] = "none"
-                self.warnings.append(
-                    f"--pids: {parent} does not delegate the pids controller; the limit is not enforced"
-                )
 
     def _write(self, name, value):
         try:
@@ -250,3 +223,33 @@ class CgroupEngine(CgroupLimits, Engine):
     @property
     def processes_stopped(self) -> int:
         return len(self._stopped)
+
+
+def write_limits(path: str, spec, parent: str) -> tuple[dict[str, str], list[str]]:
+    """Each cgroup limit of ``spec`` (``cgroup_limits.py``) written in the
+    group ``path`` where ``parent`` delegates its controller ("kernel"), else
+    its ``otherwise`` and a warning. SetupError if a write is refused."""
+    enforced, warnings = {}, []
+    available = cgroupfs.controllers(path)
+
+    def write(name: str, value: str) -> None:
+        try:
+            with open(os.path.join(path, name), "w") as f:
+                f.write(value)
+        except OSError as exc:
+            raise SetupError(f"cannot set {name} in {path}: {exc.strerror}") from None
+
+    for limit, value in asked(spec):
+        if limit.controller in available:
+            write(limit.v2_file, limit.v2_value(value))
+            for name, also in limit.v2_also:
+                if os.path.exists(os.path.join(path, name)):
+                    write(name, also)
+            enforced[limit.field] = "kernel"
+        else:
+            enforced[limit.field] = limit.otherwise
+            warnings.append(
+                f"{BY_FIELD[limit.field].option}: {parent} does not delegate the {limit.controller} "
+                f"controller; {limit.otherwise_words}"
+            )
+    return enforced, warnings

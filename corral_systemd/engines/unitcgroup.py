@@ -25,9 +25,11 @@ every file is optional (no controller, no such file: nothing is claimed).
 import os
 import signal
 
+from ..common.limits import BY_FIELD
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import signal_cgroup_members
+from .cgroup_limits import CgroupLimit, asked
 
 
 def cgroup_of(pid: int, unit: str) -> str:
@@ -121,52 +123,34 @@ class UnitCgroup:
 
     # -- the limits ----------------------------------------------------
     def limits_set(self, spec) -> tuple[dict[str, str], list[str]]:
-        """How each limit is enforced ("kernel" when it reads back as set, in
-        cgroup v2 or v1; else "watch" for memory, "none" for pids) and the
-        warnings that go with it."""
-        unified = self.dir("unified")
-        v2_ctrls = cgroupfs.controllers(unified) if unified else set()
-
-        def kernel_has(controller: str, v2_file: str, v1_file: str, value: int, granule: int = 1) -> bool:
-            """The file reads back ``value`` (rounded down to ``granule``, as the kernel stores it)."""
-            want = value - value % granule
-            v1 = self.dir(controller)
-            in_v2 = unified is not None and controller in v2_ctrls
-            return (in_v2 and cgroupfs.read_int(os.path.join(unified or "", v2_file)) == want) or (
-                v1 is not None and cgroupfs.read_int(os.path.join(v1, v1_file)) == want
-            )
-
+        """How each cgroup limit is enforced (``cgroup_limits.py``: "kernel"
+        when it reads back as set, in cgroup v2 or v1; else its ``otherwise``)
+        and the warnings that go with it."""
         enforced, warnings = {}, []
-        if spec.mem is not None:
-            # memory.max (v2) and memory.limit_in_bytes (v1) keep whole pages:
-            # --mem 100000000 reads back as 99999744 and is enforced there.
-            page = os.sysconf("SC_PAGE_SIZE")
-            kernel = kernel_has("memory", "memory.max", "memory.limit_in_bytes", spec.mem, page)
-            enforced["mem"] = "kernel" if kernel else "watch"
-            if not kernel:
-                warnings.append("--mem: no memory controller for the unit; memory is watched by corral instead")
-        if spec.pids is not None:
-            kernel = kernel_has("pids", "pids.max", "pids.max", spec.pids)
-            enforced["pids"] = "kernel" if kernel else "none"
-            if not kernel:
-                warnings.append("--pids: no pids controller for the unit; the limit is not enforced")
-        if spec.cpus is not None:
-            kernel = self.cpu_quota_set()
-            enforced["cpus"] = "kernel" if kernel else "none"
-            if not kernel:
-                warnings.append("--cpus: no cpu controller for the unit; the quota is not enforced")
+        for limit, value in asked(spec):
+            held = self.holds(limit, value)
+            enforced[limit.field] = "kernel" if held else limit.otherwise
+            if not held:
+                option = BY_FIELD[limit.field].option
+                warnings.append(f"{option}: no {limit.controller} controller for the unit; {limit.otherwise_words}")
         return enforced, warnings
 
-    def cpu_quota_set(self) -> bool:
-        """A CPU quota is in force on the group: v2 ``cpu.max`` not "max", or
-        v1 ``cpu.cfs_quota_us`` not -1."""
-        unified, v1 = self.dir("unified"), self.dir("cpu")
-        try:
-            if unified is not None and "cpu" in cgroupfs.controllers(unified):
-                with open(os.path.join(unified, "cpu.max")) as f:
+    def holds(self, limit: CgroupLimit, value) -> bool:
+        """The kernel holds ``limit`` at ``value`` in this group: in the
+        unified hierarchy where the controller is there, else in its v1 one."""
+        unified, v1 = self.dir("unified"), self.dir(limit.controller)
+        in_v2 = unified is not None and limit.controller in cgroupfs.controllers(unified)
+        if limit.read_back == "exact":
+            want = limit.expected(value)
+            return (in_v2 and cgroupfs.read_int(os.path.join(unified or "", limit.v2_file)) == want) or (
+                v1 is not None and cgroupfs.read_int(os.path.join(v1, limit.v1_file)) == want
+            )
+        try:  # "set": any limit in force ("max" in v2, -1 in v1: none)
+            if in_v2:
+                with open(os.path.join(unified or "", limit.v2_file)) as f:
                     return f.read().split()[0] != "max"
             if v1 is not None:
-                return cgroupfs.read_int(os.path.join(v1, "cpu.cfs_quota_us")) not in (None, -1)
+                return cgroupfs.read_int(os.path.join(v1, limit.v1_file)) not in (None, -1)
         except (OSError, IndexError):
             pass
         return False

@@ -176,9 +176,24 @@ class Channel:
 
     def call(self, method: str, parameters: dict, fds=()) -> tuple[dict, list[int]]:
         """Send a call and wait for its one reply: (parameters, fds), or
-        VarlinkError for an error reply, ProtocolError if none came."""
-        self.send({"method": method, "parameters": parameters}, fds)
-        got = self.receive()
+        VarlinkError for an error reply, ProtocolError if none came.
+
+        A service that refuses a connection (PermissionDenied, Busy) says so
+        at once and closes: a call sent after that fails with EPIPE, and the
+        refusal waiting unread is the answer, not the broken pipe."""
+        try:
+            self.send({"method": method, "parameters": parameters}, fds)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            try:
+                got = self.receive()
+            except (OSError, ProtocolError):
+                got = None
+            if got is None or "error" not in got[0]:
+                if got is not None:
+                    close_fds(got[1])
+                raise exc from None
+        else:
+            got = self.receive()
         if got is None:
             raise ProtocolError("the service closed the connection without a reply")
         reply, reply_fds = got

@@ -11,6 +11,7 @@ import os
 
 from ...common.redact import redact_argv
 from ...dbus.systemd1 import prop
+from ..cgroup_limits import asked
 
 _USEC = 1_000_000
 #: The longest Description corral writes (the argv, redacted, is cut there).
@@ -78,18 +79,9 @@ def limit_properties(spec) -> list:
     if spec.wall is not None:
         backstop = spec.wall + spec.grace + spec.verify_timeout
         props.append(prop("RuntimeMaxUSec", "t", int(backstop * _USEC)))
-    if spec.mem is not None:
-        props += [prop("MemoryMax", "t", spec.mem), prop("MemorySwapMax", "t", 0)]
-    if spec.pids is not None:
-        props.append(prop("TasksMax", "t", spec.pids))
-    if spec.cpus is not None:
-        props.append(prop("CPUQuotaPerSecUSec", "t", cpu_quota_per_sec_usec(spec.cpus)))
+    for limit, value in asked(spec):
+        props += [prop(*p) for p in limit.unit_properties(value)]
     return props
-
-
-def cpu_quota_per_sec_usec(cpus: float) -> int:
-    """CPUQuota= as the manager takes it over D-Bus: microseconds of CPU per second."""
-    return max(1, round(cpus * _USEC))
 
 
 def scope_properties(main_pid: int) -> list:
