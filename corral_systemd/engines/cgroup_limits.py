@@ -15,7 +15,7 @@ watches them (RuntimeMaxSec is only a backstop, properties.py).
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 _USEC = 1_000_000
 #: The kernel's default CFS period for cpu.max (µs); its smallest quota is 1 ms.
@@ -25,10 +25,6 @@ CPU_PERIOD_USEC = 100_000
 def cpu_quota_per_sec_usec(cpus: float) -> int:
     """CPUQuota= as the manager takes it over D-Bus: microseconds of CPU per second."""
     return max(1, round(cpus * _USEC))
-
-
-def _page() -> int:
-    return os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -48,14 +44,15 @@ class CgroupLimit:
     otherwise_words: str
     #: Further v2 files written where they exist (name, value).
     v2_also: tuple[tuple[str, str], ...] = ()
-    #: "exact": the file reads back the value, rounded down to ``granule()``
-    #: (as the kernel stores it); "set": it reads as any limit ("max" or -1 not).
+    #: "exact": the file reads back the value (rounded down to whole pages
+    #: where ``in_pages``, as the kernel stores it); "set": it reads as any
+    #: limit ("max" or -1: none).
     read_back: str = "exact"
-    granule: Callable[[], int] = field(default=lambda: 1)
+    in_pages: bool = False
 
     def expected(self, value) -> int:
         """What an "exact" file reads once the kernel holds ``value``."""
-        granule = self.granule()
+        granule = os.sysconf("SC_PAGE_SIZE") if self.in_pages else 1
         return value - value % granule
 
 
@@ -73,7 +70,7 @@ CGROUP_LIMITS: tuple[CgroupLimit, ...] = (
         "watch",
         "memory is watched by corral instead",
         v2_also=(("memory.swap.max", "0"),),
-        granule=_page,
+        in_pages=True,
     ),
     CgroupLimit(
         "pids",
