@@ -399,4 +399,5 @@ def test_connection_lost_while_the_start_job_runs(corral, cutting_proxy, tmp_pat
     else:
         assert run.returncode == 125, run.stderr
         assert "the command never ran" in run.stderr.decode() and not witness.exists()
+        assert run.record["engine"].get("reconnected") == 1, run.record["engine"]  # the record says so too
         _wait_unit_gone(proxy.cut_unit)

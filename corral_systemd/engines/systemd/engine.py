@@ -152,9 +152,9 @@ class SystemdEngine(CgroupLimits, Engine):
             command_props, fds = strategy.launch(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
             # None from either: the connection ended and the strategy took over (a service adopted)
             job = self.link.start_unit(props + command_props, aux, fds, self.tether_unit, strategy, self.warnings)
-            result = self.link.wait_started(job, self._handle_signal, strategy) if job is not None else None
-            if job is not None and result is None:
-                self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
+            result = None
+            if job is not None:
+                result = self.link.wait_started(job, self._handle_signal, strategy, self._count_reconnect)
             if result is not None:
                 # The start job is over: the manager has exec'd the command
                 # (or given up), and read the environment file for good.
@@ -296,11 +296,14 @@ class SystemdEngine(CgroupLimits, Engine):
         got = self.link.reconnect(self._pids)
         if got is None:
             return False
-        self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
+        self._count_reconnect()
         self.unit_state.read_back(*got)
         if not self.unit_state.gone:
             self.strategy.refresh_status()
         return True
+
+    def _count_reconnect(self) -> None:
+        self.facts["reconnected"] = self.facts.get("reconnected", 0) + 1
 
     def lost_track(self):
         from_manager = self.strategy.status_from_manager

@@ -136,11 +136,12 @@ class ManagerLink:
         strategy.request_taken_reply_lost(first, taken, unknown)
         return None
 
-    def wait_started(self, job: str, handle_signal: Callable, strategy) -> str | None:
+    def wait_started(self, job: str, handle_signal: Callable, strategy, replaced: Callable[[], None]) -> str | None:
         """The start job's result; None when the connection ended while it ran.
 
         The manager had taken the request (its reply named the job), so the
-        unit exists: on a new connection the strategy decides as after a
+        unit exists: on a new connection (``replaced()`` told, for the
+        record, before anything may raise) the strategy decides as after a
         lost reply (see ``start_unit``)."""
         try:
             return wait_job(self.conn, job, handle_signal, what=self.unit)
@@ -149,6 +150,7 @@ class ManagerLink:
                 raise
             first = f"the manager connection ended while {self.unit} was starting ({exc})"
         self.replace(first, strategy.may_have_run)
+        replaced()
         strategy.request_taken_reply_lost(first, True, "")
         return None
 
