@@ -33,7 +33,7 @@ from .output import OutputPump
 from .spec import RunSpec
 
 #: A Runner's session when no manager answered (auto mode).
-_NO_SYSTEMD = object()
+NO_SYSTEMD = object()
 
 
 class Execution:
@@ -178,7 +178,7 @@ class Execution:
         spec = self.spec
         if spec.cgroup_parent is not None or spec.cgroup_mode == "enforced":
             return False
-        return spec.cgroup_mode == "fallback" or self._session in (None, _NO_SYSTEMD)
+        return spec.cgroup_mode == "fallback" or self._session in (None, NO_SYSTEMD)
 
     def _in_child(self) -> R.RunOutcome:
         spec = self.spec

@@ -18,8 +18,7 @@ keeper is closed; in auto mode a manager that cannot be had is remembered
 import threading
 
 from ..common.errors import SetupError
-from .execution import _NO_SYSTEMD as NO_SYSTEMD
-from .execution import Execution
+from .execution import NO_SYSTEMD, Execution
 from .spec import RunSpec
 
 #: ``get_if_ready``: getting the session would block (it is being made or replaced).

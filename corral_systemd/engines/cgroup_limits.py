@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..common.limits import BY_FIELD
+
 _USEC = 1_000_000
 #: The kernel's default CFS period for cpu.max (µs); its smallest quota is 1 ms.
 CPU_PERIOD_USEC = 100_000
@@ -49,6 +51,11 @@ class CgroupLimit:
     #: limit ("max" or -1: none).
     read_back: str = "exact"
     in_pages: bool = False
+
+    @property
+    def option(self) -> str:
+        """Its CLI option, for the warnings (``common/limits.py``)."""
+        return BY_FIELD[self.field].option
 
     def expected(self, value) -> int:
         """What an "exact" file reads once the kernel holds ``value``."""

@@ -19,7 +19,6 @@ import os
 import signal
 
 from ..common.errors import SetupError
-from ..common.limits import BY_FIELD
 from ..common.unit_names import group_name
 from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
@@ -249,7 +248,6 @@ def write_limits(path: str, spec, parent: str) -> tuple[dict[str, str], list[str
         else:
             enforced[limit.field] = limit.otherwise
             warnings.append(
-                f"{BY_FIELD[limit.field].option}: {parent} does not delegate the {limit.controller} "
-                f"controller; {limit.otherwise_words}"
+                f"{limit.option}: {parent} does not delegate the {limit.controller} controller; {limit.otherwise_words}"
             )
     return enforced, warnings

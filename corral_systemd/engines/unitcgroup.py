@@ -25,7 +25,6 @@ every file is optional (no controller, no such file: nothing is claimed).
 import os
 import signal
 
-from ..common.limits import BY_FIELD
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import signal_cgroup_members
@@ -131,8 +130,8 @@ class UnitCgroup:
             held = self.holds(limit, value)
             enforced[limit.field] = "kernel" if held else limit.otherwise
             if not held:
-                option = BY_FIELD[limit.field].option
-                warnings.append(f"{option}: no {limit.controller} controller for the unit; {limit.otherwise_words}")
+                why = f"no {limit.controller} controller for the unit; {limit.otherwise_words}"
+                warnings.append(f"{limit.option}: {why}")
         return enforced, warnings
 
     def holds(self, limit: CgroupLimit, value) -> bool:

@@ -272,7 +272,7 @@ def execute(service, request, checked: dict, held, peer_pidfd: int, connection_f
         # "nothing ran": the client then runs it itself.
         accepted()
         try:
-            execution = service.runner.execution(
+            execution = service.sessions.execution(
                 spec,
                 captured.get("stdout", checked["stdout"]),
                 captured.get("stderr", checked["stderr"]),

@@ -69,7 +69,7 @@ class Service:
         self.max_runs = max_runs
         self.max_connections = max_connections
         #: The manager session every run of the service shares (one tether).
-        self.runner = SharedSession()
+        self.sessions = SharedSession()
         self.watcher = Watcher(on_failure=self._part_failed)
         #: Why a part of the service died (its watcher thread): it stops taking
         #: runs and stops those in flight rather than go on without it.
@@ -120,7 +120,7 @@ class Service:
                 stopped_by = signal.SIGTERM
             self._close_connections(stopped_by)
         finally:
-            self.runner.close()
+            self.sessions.close()
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
