@@ -4,7 +4,7 @@ what is signalled when, and what the outcome claims."""
 
 import signal
 
-from corral_systemd.core.stopping import stop_and_verify
+from corral_systemd.common.stopping import stop_and_verify
 
 
 class FakeClock:

@@ -36,13 +36,13 @@ from ..common import baton
 from ..common.errors import SetupError, UsageError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
 from ..common.nesting import command_env, outer_run
+from ..common.stopping import stop_and_verify
 from ..kernel.rlimits import OwnLimits, lowered_limit
 from ..kernel.spawn import ExecError
 from . import result as R
 from .output import OutputPump, open_output_file
 from .pty import Pty
 from .signalwatch import STOP_SIGNALS, SignalWatch
-from .stopping import stop_and_verify
 
 #: Longest single poll() wait (an hour; poll's own limit is INT_MAX ms).
 _MAX_POLL_MS = 3600 * 1000

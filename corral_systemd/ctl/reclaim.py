@@ -4,7 +4,7 @@ cross-checked against the manager or the kernel before anything is signalled or 
 About 450 lines, kept together: what proves a unit, a cgroup or a process the run's
 (``_Bus.not_corrals``, ``_not_corrals_cgroup``, the run mark) sits beside the three stop
 targets that act on that proof, so no action can be reached without it. The stop
-sequence itself is the supervisor's (``core.stopping``)."""
+sequence itself is shared with the supervisor (``common.stopping``)."""
 
 import os
 import signal
@@ -267,7 +267,7 @@ def stop_target(target, *, grace: float, verify: float, label: str | None, actio
     """Stop ``target`` with the supervisor's own sequence (``stopping``:
     TERM and CONT, the grace period, KILL, verification), listing what was
     sent in ``actions`` ("SIGTERM <label or pids>", "SIGKILL ...")."""
-    from ..core.stopping import stop_and_verify
+    from ..common.stopping import stop_and_verify
 
     def step(name: str, pids=(), **_):
         if name in ("term_sent", "kill_sent"):

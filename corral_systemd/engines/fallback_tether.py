@@ -9,7 +9,7 @@ session of its own (terminal signals are corral's), holding the read end of
 a pipe only corral writes to. corral ends the run and writes ``d`` (done):
 the tether exits. corral dies without it (SIGKILL, a crash): end of file,
 and the tether stops the run itself with the stop sequence
-(``core.stopping``: TERM and CONT, the grace period, KILL, verification)
+(``common.stopping``: TERM and CONT, the grace period, KILL, verification)
 on every process carrying the run's mark, ``CORRAL_RUN_ID=<run id>`` in its
 environment (every process the command started inherits it), each
 signalled through a pidfd re-checked against that mark: what ``corralctl
@@ -78,7 +78,7 @@ def _tether(parent: int, done_r: int, run_id: str, grace: float, verify_timeout:
     if said == _DONE:
         return
     # End of file without "done": corral is gone (however it died).
-    from ..core.stopping import stop_and_verify
+    from ..common.stopping import stop_and_verify
 
     stop_and_verify(MarkedProcesses(run_id), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
 
@@ -90,7 +90,7 @@ def _sleep(seconds: float) -> bool:
 
 class MarkedProcesses:
     """Every live process carrying ``CORRAL_RUN_ID=<run id>`` in its
-    environment (but this one), as a stop target (``core.stopping.StopTarget``)."""
+    environment (but this one), as a stop target (``common.stopping.StopTarget``)."""
 
     def __init__(self, run_id: str):
         from ..common.nesting import RUN_ENV
