@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: s
 
 def run(request: RunRequest) -> int:
     """Run ``request`` here; print its warnings, record and summary; its exit code."""
+    if request.background is not None:
+        return _run_in_background(request)
     from . import dbus
     from .core.assemble import assemble_and_run
     from .core.result import NEVER_RAN, summary_line
@@ -75,6 +77,32 @@ def run(request: RunRequest) -> int:
     if not request.quiet or result.reason in NEVER_RAN:  # why nothing ran is never swallowed
         print(summary_line(result), file=sys.stderr)
     return result.exit_code
+
+
+def _run_in_background(request: RunRequest) -> int:
+    """--background: the run detached (``core.background``); its id (or the
+    start record) on stdout once it is ready; else why not, and the log's tail."""
+    import json
+
+    from .core import background
+
+    start_record = request.record_to_stdout
+    try:
+        started = background.launch(request, run)
+    except (background.EndedEarly, background.NotReady) as exc:
+        if exc.tail:
+            sys.stderr.flush()
+            sys.stderr.buffer.write(exc.tail if exc.tail.endswith(b"\n") else exc.tail + b"\n")
+        print(f"corral: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"corral: --background: {exc}", file=sys.stderr)
+        return 125
+    if start_record:
+        print(json.dumps(started.record(), sort_keys=True))
+    else:
+        print(started.run_id)
+    return 0
 
 
 def _print_record(result) -> None:

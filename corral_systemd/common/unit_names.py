@@ -34,6 +34,12 @@ def is_run_id(text) -> bool:
     return isinstance(text, str) and _RUN_ID.fullmatch(text) is not None
 
 
+def looks_like_run(text: str) -> bool:
+    """Would ``text`` be read as naming a run by its id (a name must not be):
+    the form ``new_run_id`` makes, or anything with corral's unit prefix."""
+    return text.startswith(PREFIX) or re.fullmatch("[0-9a-f]{12}", text) is not None
+
+
 def unit_name(run_id: str, unit_type: str) -> str:
     return f"{PREFIX}{run_id}.{unit_type}"
 

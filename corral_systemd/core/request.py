@@ -180,6 +180,39 @@ OPTIONS: tuple[Option, ...] = (
         "CREDENTIAL",
     ),
     Option("no_registry", ("--no-registry",), "flag", "Do not register the run (corralctl will not see it)."),
+    Option(
+        "background",
+        ("--background",),
+        "flag",
+        "Detach the run from this corral: wait until it is ready (--ready-*), print its id and exit 0; "
+        "its output goes to a log (corralctl logs), its end to corralctl wait.",
+    ),
+    Option("name", ("--name",), "value", "A name for the run (corralctl logs/wait/stop NAME).", "NAME"),
+    Option(
+        "ready_port",
+        ("--ready-port",),
+        "value",
+        "--background: ready once this TCP port accepts a connection on 127.0.0.1 or ::1.",
+        "PORT",
+    ),
+    Option("ready_file", ("--ready-file",), "value", "--background: ready once this file exists.", "PATH"),
+    Option("ready_log", ("--ready-log",), "value", "--background: ready once a line of its output matches.", "REGEX"),
+    Option(
+        "ready_timeout",
+        ("--ready-timeout",),
+        "value",
+        "--background: not ready by then: stopped, exit 124.",
+        "DURATION",
+        "30s",
+    ),
+    Option(
+        "log_max",
+        ("--log-max",),
+        "value",
+        "--background: keep at most SIZE bytes of its output in the log (head and tail, one marker line).",
+        "SIZE",
+        "16M",
+    ),
     Option("quiet", ("--quiet",), "flag", "No summary line on stderr."),
     Option("version", ("--version",), "flag", "Show the version and exit.", printing=True),
     # Made by click and typer themselves (cli.py): here so that this parser knows them.
@@ -213,6 +246,10 @@ class RunRequest:
     registry: bool = True
     #: RunGuard's other keywords (``guard_options``).
     extra: dict = field(default_factory=dict)
+    #: --background and its readiness (``core.background``); None: a foreground run.
+    background: "Background | None" = None
+    #: --name: the run's name in the registry.
+    name: str | None = None
 
     @property
     def record_to_stdout(self) -> bool:
@@ -220,7 +257,83 @@ class RunRequest:
 
     def guard_options(self) -> dict:
         """The RunGuard's keywords for this run."""
-        return {"environment": self.environment, "registry": self.registry}
+        labels: dict[str, object] = {"name": self.name} if self.name is not None else {}
+        if self.background is not None:
+            labels.update(background=True, output_log=self.background.log)
+        return {"environment": self.environment, "registry": self.registry, "labels": labels}
+
+
+#: READY_KINDS: how a background run says it is ready (the option that asks for each).
+READY_KINDS = {"port": "--ready-port", "file": "--ready-file", "log": "--ready-log"}
+
+
+@dataclass
+class Background:
+    """--background: the run detached from this corral, and when it counts as ready."""
+
+    #: One of READY_KINDS, or None: ready once the command has started.
+    ready: str | None
+    #: The port (int), the file (absolute path) or the compiled pattern.
+    target: object
+    ready_timeout: float
+    log_max: int
+    #: The output log (``<state dir>/<run id>.out``); set when the run is launched.
+    log: str | None = None
+
+
+def _name(text: str | None) -> str | None:
+    """--name: 1 to 64 of letters, digits, '.', '_', '-'; not a run id's shape."""
+    if text is None:
+        return None
+    from ..common import unit_names
+
+    if not 0 < len(text) <= 64 or not _NAME_CHARS.issuperset(text) or text[0] in ".-":
+        raise UsageError(f"invalid --name {text!r}: 1 to 64 letters, digits, '.', '_' and '-', not first '.' or '-'")
+    if unit_names.looks_like_run(text):
+        raise UsageError(f"invalid --name {text!r}: it reads as a run id")
+    return text
+
+
+def _background(values: dict, given, path, request: RunRequest) -> Background | None:
+    asked = [kind for kind, flag in READY_KINDS.items() if values.get(f"ready_{kind}") is not None]
+    if not values.get("background"):
+        # (--ready-timeout and --log-max have defaults: given or not, they say nothing here)
+        if asked:
+            raise UsageError(f"{READY_KINDS[asked[0]]} is for --background runs")
+        return None
+    if len(asked) > 1:
+        raise UsageError(f"{READY_KINDS[asked[0]]} and {READY_KINDS[asked[1]]}: one readiness test at a time")
+    spec = request.spec
+    if not request.registry:
+        raise UsageError("--background needs the registry (corralctl logs, wait and stop find the run there)")
+    if spec.pty or spec.stdin != "null":
+        raise UsageError("--background: the command's stdin is /dev/null (no --pty, no --stdin inherit)")
+    if spec.output_file is not None or spec.output_limit is not None:
+        raise UsageError("--background: its output goes to the run's log (--log-max caps it)")
+    kind = asked[0] if asked else None
+    target: object = None
+    if kind == "port":
+        text = given("ready_port")
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise UsageError(f"invalid --ready-port {text!r}: a TCP port, 1 to 65535")
+        target = int(text)
+    elif kind == "file":
+        target = path(given("ready_file"))
+    elif kind == "log":
+        import re
+
+        try:
+            target = re.compile(given("ready_log"))
+        except re.error as exc:
+            raise UsageError(f"invalid --ready-log {given('ready_log')!r}: {exc}") from None
+    try:
+        timeout = coerce_duration(given("ready_timeout", "30s"), "--ready-timeout")
+        log_max = coerce_size(given("log_max", "16M"), "--log-max")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if log_max is None or log_max <= 0:
+        raise UsageError("--log-max must be greater than 0")
+    return Background(kind, target, timeout, log_max)
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -369,13 +482,16 @@ def from_options(
         spec.env, environment = filter_environment(
             os.environ if environ is None else environ, clear=clear, keep=keep, drop=drop
         )
-    return RunRequest(
+    request = RunRequest(
         spec,
         json_path=json_path,
         quiet=bool(values.get("quiet")),
         environment=environment,
         registry=not values.get("no_registry"),
+        name=_name(given("name")),
     )
+    request.background = _background(values, given, path, request)
+    return request
 
 
 def check_output_path(path: str, option: str = "--json") -> None:

@@ -29,8 +29,11 @@ class RunGuard:
         environment: dict | None = None,
         registry: bool = True,
         owner_kind: str = "corral",
+        labels: dict | None = None,
     ):
         self.spec = spec
+        #: The registry entry's labels (``RunRequest.guard_options``).
+        self.labels = labels or {}
         self.owner_kind = owner_kind
         self.environment = environment
         #: (NAME, PATH) pairs, checked where the request was read (``core.request.credential_pairs``).
@@ -105,6 +108,7 @@ class RunGuard:
                 helper_pids=[*engine.helper_pids(), *([self.creds.watcher_pid] if self.creds else [])],
                 owner_kind=self.owner_kind,
                 mark=mark,
+                labels=self.labels,
             )
         except OSError as exc:
             if os.environ.get("CORRAL_STATE_DIR"):  # asked for by name: that one, or nothing runs

@@ -5,6 +5,7 @@ import sys
 from ..state import registry as REG
 from .audit import audit_verify
 from .gc import gc, parse_keep
+from .logs import logs, wait
 from .ps import ps
 from .status import CtlError, status
 from .stop import stop
@@ -90,6 +91,25 @@ def _app():
         """Stop a run through its owner (its corral, or its unit when corral is gone), verified."""
         raise typer.Exit(stop(run, timeout))
 
+    @app.command("logs")
+    def _logs(
+        run: str = typer.Argument(..., metavar="RUN"),
+        follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run has ended."),
+        tail: int | None = typer.Option(None, "--tail", metavar="N", min=0, help="Start at the last N lines."),
+    ):
+        """A --background run's output log (RUN: its id or --name)."""
+        raise typer.Exit(logs(run, follow, tail))
+
+    @app.command("wait")
+    def _wait(
+        run: str = typer.Argument(..., metavar="RUN"),
+        timeout: str | None = typer.Option(
+            None, "--timeout", metavar="DURATION", help="Give up after this long: exit 124."
+        ),
+    ):
+        """Wait for a run to end; exit with its exit code, as corral returned it."""
+        raise typer.Exit(wait(run, _duration(timeout, "--timeout")))
+
     @app.command("gc")
     def _gc(
         dry_run: bool = typer.Option(False, "--dry-run", help="Report only; stop and remove nothing."),
@@ -116,6 +136,17 @@ def _app():
         raise typer.Exit(audit_verify(run))
 
     return app
+
+
+def _duration(text: str | None, what: str) -> float | None:
+    if text is None:
+        return None
+    from ..common.units import parse_duration
+
+    try:
+        return parse_duration(text, what=what)
+    except ValueError as exc:
+        raise CtlError(str(exc)) from None
 
 
 def _version(value: bool) -> None:

@@ -17,8 +17,15 @@ def stop(run: str, timeout: float | None = None, directory: str | None = None) -
     run_id = REG.normalize_run_id(run)
     entry = REG.read_entry(directory, run_id) if REG.valid_run_id(run_id) else None
     if entry is None:
-        print(f"corralctl: unknown run {run!r}", file=sys.stderr)
-        return STATUS_EXIT["unknown"]
+        from .logs import find_run
+        from .status import CtlError
+
+        try:
+            entry = find_run(run, directory)  # a --name
+        except CtlError as exc:
+            print(f"corralctl: {exc}", file=sys.stderr)
+            return STATUS_EXIT["unknown"]
+        run_id = entry["run_id"]
     bus = None
     token = REG.owner_token(entry)
     if entry.get("state") == "finished" and (token is None or token.get("state") == "finished"):

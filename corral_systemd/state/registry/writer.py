@@ -60,6 +60,7 @@ def register(
     directory: str | None = None,
     owner_kind: str = "corral",
     mark: str | None = None,
+    labels: dict | None = None,
 ) -> Registration:
     """Write the run's entry (state ``active``) and its ``registered`` event.
 
@@ -110,6 +111,9 @@ def register(
         "helper_pids": list(helper_pids),
         # SHA-256 of the CORRAL_RUN_MARK the command got (fallback runs): see carries_mark()
         "mark_sha256": mark_hash(mark) if mark else None,
+        # What the caller named the run by (--name; --background's output log):
+        # for finding it, never a reason to act on anything.
+        **(labels or {}),
     }
     log = EventLog(log_path(directory, run_id), run_id, create=True)
     token = OwnerToken(run_id)
@@ -131,6 +135,7 @@ def register(
                     "environment",
                     "credentials",
                     "credentials_delivery",
+                    *(labels or {}),
                 )
             },
         )

@@ -1,0 +1,292 @@
+"""``corral --background``: the run detached from the calling corral, handed back once ready.
+
+    corral (the front)  ──fork──→  corral (the run's own: setsid, stdin /dev/null,
+        │                            stdout+stderr → <state dir>/<run id>.out)
+        │                            runs the request as a foreground run would
+        ├─ waits: the command started (the registry's ``started`` event), then
+        │  ready (a port, a file, a line of the log), or the run's corral exited
+        └─ the run id (or the start record) on stdout; exit 0
+
+The detached corral is the run's supervisor for its whole life: the same
+engine, limits, stop sequence, proof, registry entry and record as a
+foreground run; it ends with its own ``--wall``, ``corralctl stop`` or a
+signal, never with the front. It holds none of the caller's descriptors
+(only the log and /dev/null), so a caller reading corral's stdout to its end
+does not wait for the background run.
+
+Failure modes (the front's exit code): the run's corral exited before the
+run was ready: its exit code, the log's tail on stderr (``EndedEarly``); not
+ready within ``--ready-timeout``, or the front was asked to stop (SIGINT,
+SIGTERM, SIGHUP) while waiting: the run is stopped through its corral (its
+own verified stop sequence) and the front says 124 (128+N for a signal), or
+120 when that stop could not be proven. A readiness target that already
+answers before the run starts (a port something else listens on, a file that
+exists) is a ``UsageError``: corral could not tell that the run made it.
+
+Nothing here prints: ``cli`` reports what ``launch`` returns or raises.
+"""
+
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+from ..common.errors import CorralError, UsageError
+
+#: How often the front looks (growing from the first to the last).
+FIRST_LOOK = 0.005
+LAST_LOOK = 0.05
+#: Bytes of the log shown when the run ends before it is ready.
+TAIL_BYTES = 4096
+
+
+@dataclass
+class Started:
+    """A background run that is ready: what ``--json -`` prints."""
+
+    run_id: str
+    name: str | None
+    log: str
+    unit: str | None
+    mode: str | None
+    #: The run's own corral (it supervises the run to its end).
+    corral_pid: int
+
+    def record(self) -> dict:
+        return {
+            "run_id": self.run_id,
+            "name": self.name,
+            "log": self.log,
+            "unit": self.unit,
+            "mode": self.mode,
+            "corral_pid": self.corral_pid,
+        }
+
+
+class NotReady(CorralError):
+    """The run never became ready: stopped (``exit_code``: 124, 128+N, or 120 unproven)."""
+
+    def __init__(self, message: str, exit_code: int, tail: bytes = b""):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.tail = tail
+
+
+class EndedEarly(CorralError):
+    """The run's corral exited before the run was ready: its exit code, the log's tail."""
+
+    def __init__(self, message: str, exit_code: int, tail: bytes):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.tail = tail
+
+
+def launch(request, run_here) -> Started:
+    """Start ``request`` (``request.background`` set) detached; return once it is ready.
+
+    ``run_here(request)`` runs a request in this process and returns its
+    exit code (``cli.run``): the detached corral calls it."""
+    from ..state import registry as REG
+
+    bg = request.background
+    _check_target_free(bg)
+    directory = REG.ensure_state_dir()
+    if request.name is not None:
+        for entry in REG.list_entries(directory):
+            if entry.get("name") == request.name and REG.effective_state(entry)[0] != "finished":
+                raise UsageError(f"--name {request.name!r}: run {entry.get('run_id')} of that name is still going")
+    run_id = request.spec.run_id
+    bg.log = os.path.join(directory, f"{run_id}.out")
+    log_fd = os.open(bg.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    # The detached run shows at most --log-max bytes: head and tail, one marker.
+    request.spec.output_limit = bg.log_max
+    if request.json_path is not None and request.record_to_stdout:
+        request.json_path = None  # --json -: the start record, printed by the front
+    # Asked to stop while waiting (SIGINT, SIGTERM, SIGHUP): the run is stopped
+    # too. Caught from before the fork, so no moment leaves it running unready.
+    asked: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
+    try:
+        try:
+            pid = _fork_detached(request, run_here, log_fd)
+        finally:
+            os.close(log_fd)
+        return _await_ready(request, directory, pid, asked)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _fork_detached(request, run_here, log_fd: int) -> int:
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 125
+    try:  # the run's own corral, from here to os._exit
+        os.setsid()  # no terminal, no process group of the caller's: its signals are not ours
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.closerange(3, _fd_limit())  # none of the caller's descriptors stays open in the run
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        request.background = None
+        code = run_here(request)
+    except BaseException as exc:  # pragma: no cover - reported in the log
+        try:
+            os.write(2, f"corral: the background run could not start: {exc!r}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _fd_limit() -> int:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if 0 < soft < (1 << 20) else 1 << 20
+
+
+def _check_target_free(bg) -> None:
+    if bg.ready == "port" and _port_answers(bg.target):
+        raise UsageError(f"--ready-port {bg.target}: something already accepts connections there")
+    if bg.ready == "file" and os.path.lexists(bg.target):
+        raise UsageError(f"--ready-file {bg.target!r} already exists: remove it first")
+
+
+def _port_answers(port: int) -> bool:
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.settimeout(0.5)
+                if s.connect_ex((host, port)) == 0:
+                    return True
+        except OSError:
+            continue  # no IPv6 here
+    return False
+
+
+class _LogLines:
+    """Complete lines of the log as they are appended (for --ready-log)."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._partial = b""
+
+    def new_lines(self) -> list[str]:
+        chunks = []
+        while chunk := os.read(self._fd, 65536):
+            chunks.append(chunk)
+        if not chunks:
+            return []
+        *lines, self._partial = (self._partial + b"".join(chunks)).split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _await_ready(request, directory: str, pid: int, asked: list[int]) -> Started:
+    from ..state import registry as REG
+
+    bg = request.background
+    run_id = request.spec.run_id
+    lines = _LogLines(bg.log) if bg.ready == "log" else None
+    deadline = time.monotonic() + bg.ready_timeout
+    look = FIRST_LOOK
+    started = False
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                code = code if code >= 0 else 128 - code
+                raise EndedEarly(f"{run_id} ended before it was ready (exit {code})", code, _tail(bg.log))
+            if not started:
+                started = any(e.get("event") == "started" for e in REG.read_events(directory, run_id))
+            if started and _ready(bg, lines):
+                entry = REG.read_entry(directory, run_id) or {}
+                return Started(run_id, request.name, bg.log, entry.get("unit"), entry.get("mode"), pid)
+            if asked:
+                code = _stop(request, pid)
+                raise NotReady(
+                    f"{run_id}: stopped before it was ready ({signal.Signals(asked[0]).name})",
+                    120 if code == 120 else 128 + asked[0],
+                    _tail(bg.log),
+                )
+            if time.monotonic() >= deadline:
+                code = _stop(request, pid)
+                raise NotReady(
+                    f"{run_id} was not {_awaited(bg) if started else 'started'} within {bg.ready_timeout:g}s: stopped",
+                    120 if code == 120 else 124,
+                    _tail(bg.log),
+                )
+            time.sleep(min(look, max(0.0, deadline - time.monotonic())))
+            look = min(look * 2, LAST_LOOK)
+    finally:
+        if lines is not None:
+            lines.close()
+
+
+def _awaited(bg) -> str:
+    if bg.ready == "port":
+        return f"accepting connections on port {bg.target}"
+    if bg.ready == "file":
+        return f"showing {bg.target}"
+    return f"printing a line matching {bg.target.pattern!r}"
+
+
+def _ready(bg, lines: "_LogLines | None") -> bool:
+    if bg.ready is None:
+        return True
+    if bg.ready == "port":
+        return _port_answers(bg.target)
+    if bg.ready == "file":
+        return os.path.lexists(bg.target)
+    assert lines is not None
+    return any(bg.target.search(line) for line in lines.new_lines())
+
+
+def _stop(request, pid: int) -> int:
+    """Stop the run through its corral (SIGTERM: its verified stop sequence); its exit code.
+
+    ``pid`` is this process's unreaped child: the number cannot have been
+    reused. A corral that does not finish its stop in time is SIGKILLed (its
+    engine's tether or unit ends the run then) and the stop counts as unproven."""
+    spec = request.spec
+    os.kill(pid, signal.SIGTERM)
+    give_up = time.monotonic() + spec.grace + spec.verify_timeout + 10
+    while time.monotonic() < give_up:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return 120
+
+
+def _tail(path: str | None) -> bytes:
+    if path is None:
+        return b""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, TAIL_BYTES, max(0, size - TAIL_BYTES))
+    finally:
+        os.close(fd)

@@ -1,0 +1,144 @@
+"""``corralctl logs`` and ``corralctl wait``: a (background) run's output and its end.
+
+A run is named by its id or its ``--name`` (``find_run``). The output log read
+is always ``<state dir>/<run id>.out``, the name the id gives, opened without
+following a symlink and only if it is a regular file of this uid: the entry's
+own ``output_log`` (a file the run's uid can rewrite) is never a path to open.
+``wait`` believes a run finished only as ``registry.effective_state`` does
+(the owner's sealed token while the owner lives) and, once its corral is
+gone, only when nothing the kernel shows is left of it (``stop._leftovers``).
+"""
+
+import os
+import stat
+import sys
+import time
+
+from ..state import registry as REG
+from .status import CtlError
+
+#: ``wait``'s exit code when the run is still going at --timeout (as timeout(1)).
+STILL_RUNNING = 124
+POLL = 0.05
+
+
+def find_run(text: str, directory: str) -> dict:
+    """The entry for a run id (any form ``normalize_run_id`` takes) or a name:
+    of the runs so named, the one still going, else the newest. CtlError (125) if none
+    or if two live runs share the name."""
+    run_id = REG.normalize_run_id(text)
+    if REG.valid_run_id(run_id):
+        entry = REG.read_entry(directory, run_id)
+        if entry is not None and entry.get("run_id") == run_id:
+            return entry
+    named = [e for e in REG.list_entries(directory) if e.get("name") == text and REG.valid_run_id(e.get("run_id", ""))]
+    if not named:
+        raise CtlError(f"unknown run {text!r}")
+    live = [e for e in named if REG.effective_state(e)[0] != "finished"]
+    if len(live) > 1:
+        ids = ", ".join(sorted(e["run_id"] for e in live))
+        raise CtlError(f"{text!r} names {len(live)} runs still going ({ids}): give the run id")
+    pool = live or named
+    return max(pool, key=lambda e: e.get("registered_at") or 0)
+
+
+def output_log(directory: str, run_id: str) -> int:
+    """The run's output log, open for reading; CtlError if it has none."""
+    path = os.path.join(directory, f"{run_id}.out")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise CtlError(f"{run_id} has no output log (only --background runs keep one)") from None
+    except OSError as exc:
+        raise CtlError(f"{run_id}: cannot open its output log: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise CtlError(f"{run_id}: its output log is not a regular file of this user")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def finished(directory: str, entry: dict) -> dict | None:
+    """The entry, once the run is over as an authorisation check sees it, else None."""
+    fresh = REG.read_entry(directory, entry["run_id"]) or entry
+    if REG.effective_state(fresh)[0] != "finished":
+        return None
+    if fresh.get("state") != "finished":
+        return None  # the owner's token says finished, its entry is being written
+    if REG.owner_alive(fresh) and REG.owner_token(fresh) is not None:
+        return fresh  # its corral says so, from the token only it holds
+    from .reclaim import _Bus, _leftovers
+
+    left, _ = _leftovers(directory, fresh, _Bus() if fresh.get("unit") else None)
+    return None if left else fresh
+
+
+def logs(run: str, follow: bool = False, tail: int | None = None, directory: str | None = None) -> int:
+    directory = directory or REG.state_dir()
+    entry = find_run(run, directory)
+    fd = output_log(directory, entry["run_id"])
+    out = sys.stdout.buffer
+    try:
+        if tail is not None:
+            os.lseek(fd, _start_of_last_lines(fd, tail), os.SEEK_SET)
+        while True:
+            while chunk := os.read(fd, 65536):
+                out.write(chunk)
+            out.flush()
+            if not follow or finished(directory, entry) is not None:
+                while chunk := os.read(fd, 65536):  # what came between the last read and the end
+                    out.write(chunk)
+                out.flush()
+                return 0
+            time.sleep(POLL)
+    except BrokenPipeError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _start_of_last_lines(fd: int, lines: int) -> int:
+    """The offset of the last ``lines`` lines (a final line without newline counts)."""
+    size = os.fstat(fd).st_size
+    if lines <= 0:
+        return size
+    pos, seen = size, 0
+    ends_open = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+    need = lines if ends_open else lines + 1
+    while pos > 0:
+        step = min(65536, pos)
+        block = os.pread(fd, step, pos - step)
+        for i in range(len(block) - 1, -1, -1):
+            if block[i] == 0x0A:
+                seen += 1
+                if seen == need:
+                    return pos - step + i + 1
+        pos -= step
+    return 0
+
+
+def wait(run: str, timeout: float | None = None, directory: str | None = None) -> int:
+    """Until the run is over: its exit code as corral returned it (124 at --timeout)."""
+    directory = directory or REG.state_dir()
+    entry = find_run(run, directory)
+    end = None if timeout is None else time.monotonic() + timeout
+    while (done := finished(directory, entry)) is None:
+        if end is not None and time.monotonic() >= end:
+            print(f"corralctl: {entry['run_id']} still running after {timeout:g}s", file=sys.stderr)
+            return STILL_RUNNING
+        if REG.effective_state(REG.read_entry(directory, entry["run_id"]) or entry)[0] == "expired" and not (
+            REG.owner_alive(entry)
+        ):
+            print(
+                f"corralctl: {entry['run_id']}: its corral is gone without finishing it "
+                f"(corralctl stop {entry['run_id']} reclaims what is left)",
+                file=sys.stderr,
+            )
+            return 120
+        time.sleep(POLL)
+    code = done.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+        print(f"corralctl: {done['run_id']}: finished ({done.get('outcome')}), exit status unknown", file=sys.stderr)
+        return 120
+    return code
