@@ -106,3 +106,21 @@ def test_runner_bench_smoke(tmp_path):
     for name in ("runner-scope x8", "runner-service x8"):
         row = data["throughput"][name]
         assert len(row["ratio_to_xargs_per_round"]) == 2 and row["cpu_ms_per_run"] > 0
+
+
+def test_session_bench_smoke(tmp_path):
+    """bench/session_bench.py runs, and its session end leaves nothing (the figures are not judged here)."""
+    out = tmp_path / "session.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "session_bench.py"), "--rounds", "1", "--runs", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode == 2 and "needs nc" in proc.stderr:
+        pytest.fail(proc.stderr)  # tests/run installs netcat-openbsd
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["session_end"]["survivors_after_session_end"] == 0
+    assert data["start_to_ready"]["ratio_to_nohup_nc"] > 0

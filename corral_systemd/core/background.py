@@ -36,7 +36,7 @@ from ..common.errors import CorralError, UsageError
 
 #: How often the front looks (growing from the first to the last).
 FIRST_LOOK = 0.005
-LAST_LOOK = 0.05
+LAST_LOOK = 0.02
 #: Bytes of the log shown when the run ends before it is ready.
 TAIL_BYTES = 4096
 
@@ -139,7 +139,7 @@ def _fork_detached(request, run_here, log_fd: int) -> int:
         os.closerange(3, _fd_limit())  # none of the caller's descriptors stays open in the run
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
-        request.background = None
+        request.background, request.output_log = None, request.background.log
         code = run_here(request)
     except BaseException as exc:  # pragma: no cover - reported in the log
         try:

@@ -181,6 +181,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("no_registry", ("--no-registry",), "flag", "Do not register the run (corralctl will not see it)."),
     Option(
+        "session",
+        ("--session",),
+        "value",
+        "Run in this session (its id or name; default: $CORRAL_SESSION): it ends with the session "
+        "(corralctl session start/end).",
+        "SESSION",
+    ),
+    Option(
         "background",
         ("--background",),
         "flag",
@@ -250,6 +258,10 @@ class RunRequest:
     background: "Background | None" = None
     #: --name: the run's name in the registry.
     name: str | None = None
+    #: A --background run's output log, once its corral is detached (``core.background``).
+    output_log: str | None = None
+    #: --session (or $CORRAL_SESSION): the session the run joins, as given (an id or a name).
+    session: str | None = None
 
     @property
     def record_to_stdout(self) -> bool:
@@ -258,9 +270,9 @@ class RunRequest:
     def guard_options(self) -> dict:
         """The RunGuard's keywords for this run."""
         labels: dict[str, object] = {"name": self.name} if self.name is not None else {}
-        if self.background is not None:
-            labels.update(background=True, output_log=self.background.log)
-        return {"environment": self.environment, "registry": self.registry, "labels": labels}
+        if self.output_log is not None:  # the detached corral of a --background run
+            labels.update(background=True, output_log=self.output_log)
+        return {"environment": self.environment, "registry": self.registry, "labels": labels, "session": self.session}
 
 
 #: READY_KINDS: how a background run says it is ready (the option that asks for each).
@@ -281,16 +293,16 @@ class Background:
     log: str | None = None
 
 
-def _name(text: str | None) -> str | None:
-    """--name: 1 to 64 of letters, digits, '.', '_', '-'; not a run id's shape."""
+def check_name(text: str | None, option: str = "--name") -> str | None:
+    """A run's or a session's name: 1 to 64 of letters, digits, '.', '_', '-'; not an id's shape."""
     if text is None:
         return None
     from ..common import unit_names
 
     if not 0 < len(text) <= 64 or not _NAME_CHARS.issuperset(text) or text[0] in ".-":
-        raise UsageError(f"invalid --name {text!r}: 1 to 64 letters, digits, '.', '_' and '-', not first '.' or '-'")
+        raise UsageError(f"invalid {option} {text!r}: 1 to 64 letters, digits, '.', '_' and '-', not first '.' or '-'")
     if unit_names.looks_like_run(text):
-        raise UsageError(f"invalid --name {text!r}: it reads as a run id")
+        raise UsageError(f"invalid {option} {text!r}: it reads as a run id")
     return text
 
 
@@ -488,8 +500,11 @@ def from_options(
         quiet=bool(values.get("quiet")),
         environment=environment,
         registry=not values.get("no_registry"),
-        name=_name(given("name")),
+        name=check_name(given("name")),
     )
+    request.session = given("session") or (os.environ if environ is None else environ).get("CORRAL_SESSION") or None
+    if request.session is not None and not request.registry:
+        raise UsageError("a run in a session needs the registry (the session learns its runs there): no --no-registry")
     request.background = _background(values, given, path, request)
     return request
 

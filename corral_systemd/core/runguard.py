@@ -30,8 +30,11 @@ class RunGuard:
         registry: bool = True,
         owner_kind: str = "corral",
         labels: dict | None = None,
+        session: str | None = None,
     ):
         self.spec = spec
+        #: The session the run joins, as asked (an id or a name): ``_join``.
+        self.session = session
         #: The registry entry's labels (``RunRequest.guard_options``).
         self.labels = labels or {}
         self.owner_kind = owner_kind
@@ -95,6 +98,9 @@ class RunGuard:
 
         facts = engine.registry_facts()
         mark = new_mark(self.spec.run_id) if engine.marks_processes else None
+        session_id = self._session_open(engine) if self.session is not None else None
+        if session_id is not None:
+            self.labels = dict(self.labels, session=session_id)
         try:
             self.registration = register(
                 self.spec,
@@ -122,11 +128,49 @@ class RunGuard:
                 "set CORRAL_STATE_DIR to a private directory to register runs"
             )
             return None
-        if mark is not None:
+        if session_id is not None:
+            self._session_open(engine, joining=session_id)  # again: it may have begun to end meanwhile
+        if mark is not None or session_id is not None:
             env = dict(os.environ if self.spec.env is None else self.spec.env)
-            env[MARK_ENV] = mark
+            if mark is not None:
+                env[MARK_ENV] = mark
+            if session_id is not None:
+                from ..state.sessions import SESSION_ENV
+
+                env[SESSION_ENV] = session_id  # nested corrals join it too
             self.spec.env = env
         return RegistryObserver(self.registration)
+
+    def _session_open(self, engine, joining: str | None = None) -> str:
+        """The id of the session asked for, if it is open (its holder's token says so)
+        and, once this run is registered (``joining``), has room for it; else the
+        engine is closed and SetupError says why (125: the command never starts)."""
+        from ..state import registry as REG
+        from ..state import sessions as S
+
+        directory = REG.state_dir()
+        entry = S.find(joining or self.session or "", directory)
+        token = S.holder_token(entry)
+        why = None
+        if entry is None:
+            why = f"no session {self.session!r}"
+        elif token is None:
+            why = f"session {entry['session']} has ended"
+        elif token.get("state") != "open":
+            why = f"session {entry['session']} is ending"
+        elif joining is not None and isinstance(max_runs := token.get("max_runs"), int):
+            running = [
+                m
+                for m in token.get("members", [])
+                if m != joining and REG.effective_state(REG.read_entry(directory, m))[0] != "finished"
+            ]
+            if len(running) >= max_runs:
+                why = f"session {joining} has {len(running)} runs, its --max-runs"
+        if why is not None:
+            engine.close()
+            raise SetupError(why)
+        assert entry is not None
+        return entry["session"]
 
     def annotate(self, result) -> None:
         result.registry = self.registry_state

@@ -91,6 +91,50 @@ def _app():
         """Stop a run through its owner (its corral, or its unit when corral is gone), verified."""
         raise typer.Exit(stop(run, timeout))
 
+    session = typer.Typer(
+        help="Sessions: runs that end together, when the session is ended, its owner exits or it is idle.",
+        no_args_is_help=True,
+    )
+    app.add_typer(session, name="session")
+
+    @session.command("start")
+    def _session_start(
+        name: str | None = typer.Option(None, "--name", metavar="NAME", help="A name for the session."),
+        owner: int | None = typer.Option(
+            None, "--owner", metavar="PID", help="End the session when this process exits (watched by pidfd)."
+        ),
+        idle_timeout: str = typer.Option(
+            "30m",
+            "--idle-timeout",
+            metavar="DURATION",
+            help="End the session after this long with no run started and none in the foreground.",
+        ),
+        max_runs: int | None = typer.Option(
+            None, "--max-runs", metavar="N", help="At most N runs of the session at once; one more is refused (125)."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="The session's entry as JSON instead of its id."),
+    ):
+        """Start a session; print its id. Runs join with --session ID or CORRAL_SESSION=ID."""
+        from .sessions import start
+
+        timeout = _duration(idle_timeout, "--idle-timeout")
+        assert timeout is not None
+        raise typer.Exit(start(name, owner, timeout, max_runs, as_json))
+
+    @session.command("ls")
+    def _session_ls(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")):
+        """Open sessions: id, name, state, owner, runs going, age."""
+        from .sessions import ls
+
+        raise typer.Exit(ls(as_json))
+
+    @session.command("end")
+    def _session_end(session_id: str = typer.Argument(..., metavar="SESSION")):
+        """End a session: stop every run of it; 0 when every process is proven gone, else 120."""
+        from .sessions import end
+
+        raise typer.Exit(end(session_id))
+
     @app.command("logs")
     def _logs(
         run: str = typer.Argument(..., metavar="RUN"),

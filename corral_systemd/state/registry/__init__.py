@@ -75,6 +75,7 @@ from .identity import (  # noqa: F401
     MARK_ENV,
     TOKEN_PREFIX,
     OwnerToken,
+    SealedToken,
     boot_id,
     carries_mark,
     looks_like_corral,
@@ -86,6 +87,7 @@ from .identity import (  # noqa: F401
     owner_verified,
     proc_stat,
     process_mark,
+    sealed_token,
 )
 from .paths import (  # noqa: F401
     STATE_FALLBACK,

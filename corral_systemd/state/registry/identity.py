@@ -78,28 +78,20 @@ def _seals() -> int:
     return fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-class OwnerToken:
-    """The owner's side: a sealed memfd describing the run, held while the run is not finished."""
+class SealedToken:
+    """A sealed memfd named ``name`` holding JSON, held by this process; each
+    ``update`` replaces it atomically (``dup2`` onto the same descriptor)."""
 
-    def __init__(self, run_id: str):
-        self.run_id = run_id
+    def __init__(self, name: str):
+        self.name = name
         self.fd = -1
 
-    def update(self, entry: dict) -> None:
+    def write(self, data: dict) -> None:
         import fcntl
 
-        data = _canonical(
-            {
-                "run_id": self.run_id,
-                "state": entry.get("state"),
-                "deadline_monotonic": entry.get("deadline_monotonic"),
-                "boot_id": boot_id(),
-                "pid": os.getpid(),
-            }
-        )
-        fd = os.memfd_create(TOKEN_PREFIX + self.run_id, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.write(fd, data)
+            os.write(fd, _canonical(data))
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _seals())
             if self.fd < 0:
                 self.fd, fd = fd, -1
@@ -115,29 +107,43 @@ class OwnerToken:
             self.fd = -1
 
 
-def owner_token(entry: dict) -> dict | None:
-    """The live owner's own word on the run (its sealed token), or None.
+class OwnerToken(SealedToken):
+    """The owner's side: a sealed memfd describing the run, held while the run is not finished."""
 
-    None when the owner named by the entry is gone, is another process
-    (pid reused), or holds no sealed token for this run: then the entry
-    alone says who owns the run, and nothing destructive may rest on that.
-    """
+    def __init__(self, run_id: str):
+        super().__init__(TOKEN_PREFIX + run_id)
+        self.run_id = run_id
+
+    def update(self, entry: dict) -> None:
+        self.write(
+            {
+                "run_id": self.run_id,
+                "state": entry.get("state"),
+                "deadline_monotonic": entry.get("deadline_monotonic"),
+                "boot_id": boot_id(),
+                "pid": os.getpid(),
+                # A session's runs: its holder believes this, never the entry (``state.sessions``).
+                "session": entry.get("session"),
+            }
+        )
+
+
+def sealed_token(pid: int, name: str) -> dict | None:
+    """The JSON object in a sealed memfd ``name`` that process ``pid`` holds, or None.
+
+    Only a descriptor sealed against writing counts (anyone holding an
+    unsealed one could have written it), and only a token that names ``pid``
+    itself (as ``SealedToken`` writers do): the caller still checks that
+    ``pid`` is the process it means (start time) after reading."""
     import fcntl
 
-    owner = entry.get("owner") if isinstance(entry, dict) else None
-    run_id = entry.get("run_id") if isinstance(entry, dict) else None
-    if not isinstance(owner, dict) or not isinstance(run_id, str) or not valid_run_id(run_id):
-        return None
-    pid = owner.get("pid")
-    if not _is_pid(pid) or not owner_alive(entry):
-        return None
-    want = f"/memfd:{TOKEN_PREFIX}{run_id} (deleted)"
+    want = f"/memfd:{name} (deleted)"
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
-    for name in names:
-        path = f"/proc/{pid}/fd/{name}"
+    for fd_name in names:
+        path = f"/proc/{pid}/fd/{fd_name}"
         try:
             if os.readlink(path) != want:
                 continue
@@ -146,18 +152,37 @@ def owner_token(entry: dict) -> dict | None:
             continue
         try:
             if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _seals() != _seals():
-                continue  # not sealed: anyone holding it could have written it
-            token = json.loads(os.pread(fd, 65536, 0))
+                continue
+            token = json.loads(os.pread(fd, 1 << 20, 0))
         except (OSError, ValueError):
             continue
         finally:
             os.close(fd)
-        if not isinstance(token, dict) or token.get("run_id") != run_id or token.get("pid") != pid:
-            continue
-        if token.get("boot_id") not in ("", boot_id()) or not owner_alive(entry):
-            return None  # read from a process that has since gone (its pid reused)
-        return token
+        if isinstance(token, dict) and token.get("pid") == pid and token.get("boot_id") in ("", boot_id()):
+            return token
     return None
+
+
+def owner_token(entry: dict) -> dict | None:
+    """The live owner's own word on the run (its sealed token), or None.
+
+    None when the owner named by the entry is gone, is another process
+    (pid reused), or holds no sealed token for this run: then the entry
+    alone says who owns the run, and nothing destructive may rest on that.
+    """
+    owner = entry.get("owner") if isinstance(entry, dict) else None
+    run_id = entry.get("run_id") if isinstance(entry, dict) else None
+    if not isinstance(owner, dict) or not isinstance(run_id, str) or not valid_run_id(run_id):
+        return None
+    pid = owner.get("pid")
+    if not _is_pid(pid) or not owner_alive(entry):
+        return None
+    token = sealed_token(pid, TOKEN_PREFIX + run_id)
+    if token is None or token.get("run_id") != run_id:
+        return None
+    if not owner_alive(entry):
+        return None  # read from a process that has since gone (its pid reused)
+    return token
 
 
 def looks_like_corral(pid: int) -> bool:

@@ -1,0 +1,278 @@
+"""Issue 27 (part): sessions: ``corralctl session start/ls/end``, ``--session``/``CORRAL_SESSION``,
+ended by ``session end``, by its owner's exit and by its idle timeout; the cap; forged entries.
+
+Each ending is proven from /proc: no process carrying any of the session's
+runs' markers is left, and a server's port is free again.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_background import SERVER, free_port, port_accepts
+
+from conftest import CORRAL
+from modes import all_modes, mode_flags
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+CTL = [sys.executable, "-m", "corral_systemd.ctl"]
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """A stand-in agent: a private state directory, corral and corralctl calls, cleanup of what it started."""
+    markers: list[str] = []
+    procs: list[subprocess.Popen] = []
+
+    class Agent:
+        directory = tmp_path / "state"
+        env = dict(os.environ, CORRAL_STATE_DIR=str(tmp_path / "state"))
+
+        def ctl(self, *args, env=None, timeout=120):
+            return subprocess.run(
+                [*CTL, *args], env=dict(self.env, **(env or {})), capture_output=True, text=True, timeout=timeout
+            )
+
+        def corral(self, args, *, env=None, timeout=60):
+            marker = new_marker()
+            markers.append(marker)
+            proc = subprocess.run(
+                [*CORRAL, *args],
+                env=dict(self.env, **(env or {}), **{MARKER_ENV: marker}),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+            proc.marker = marker
+            return proc
+
+        def owner(self):
+            p = subprocess.Popen(["sleep", "1000"])
+            procs.append(p)
+            return p
+
+        def alive(self) -> list[int]:
+            return [pid for m in markers for pid in marked_pids(m)]
+
+        def session_entry(self, sid: str) -> dict:
+            return json.loads((self.directory / "sessions" / f"{sid}.json").read_text())
+
+        def wait_ended(self, sid: str, within: float = 30) -> dict:
+            end = time.monotonic() + within
+            while time.monotonic() < end:
+                entry = self.session_entry(sid)
+                if entry.get("state") == "ended":
+                    return entry
+                time.sleep(0.05)
+            raise AssertionError(f"session {sid} did not end within {within}s")
+
+    yield Agent()
+    for p in procs:
+        p.kill()
+        p.wait()
+    for m in markers:
+        kill_marked(m)
+
+
+def gone_within(agent, seconds: float = 5) -> list[int]:
+    end = time.monotonic() + seconds
+    while (left := agent.alive()) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
+def start_session(agent, *args) -> str:
+    r = agent.ctl("session", "start", *args)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip()
+    assert len(sid) == 12
+    return sid
+
+
+def the_agents_day(agent, mode, sid: str) -> int:
+    """A server, a page fetched from it, its log, a leaked TERM-ignoring daemon, a run waited for."""
+    flags = mode_flags(mode)
+    port = free_port()
+    env = {"CORRAL_SESSION": sid}
+    server = agent.corral(
+        [*flags, "--background", "--name", "web", "--ready-port", str(port), "--", *SERVER, str(port)], env=env
+    )
+    assert server.returncode == 0, server.stderr
+    fetch = agent.corral(
+        [
+            *flags,
+            "--",
+            sys.executable,
+            "-c",
+            f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/').status)",
+        ],
+        env=env,
+    )
+    assert fetch.stdout.strip() == "200", fetch.stderr
+    deadline = time.monotonic() + 10
+    while '"GET / HTTP' not in agent.ctl("logs", "web").stdout and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert '"GET / HTTP/1.1" 200' in agent.ctl("logs", "web").stdout
+    leak = agent.corral(
+        [
+            *flags,
+            "--session",
+            sid,
+            "--background",
+            "--",
+            "sh",
+            "-c",
+            "setsid sh -c 'trap \"\" TERM; while :; do sleep 1; done' & trap '' TERM; sleep 1000",
+        ]
+    )
+    assert leak.returncode == 0, leak.stderr
+    third = agent.corral([*flags, "--background", "--", "sh", "-c", "sleep 0.3; exit 4"], env=env)
+    assert agent.ctl("wait", third.stdout.strip()).returncode == 4
+    assert agent.alive(), "the session's background runs are gone before it ended"
+    return port
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_session_end_leaves_nothing(agent, mode):
+    owner = agent.owner()
+    sid = start_session(agent, "--owner", str(owner.pid), "--name", "agent-1")
+    port = the_agents_day(agent, mode, sid)
+    ls = json.loads(agent.ctl("session", "ls", "--json").stdout)
+    assert [s["session"] for s in ls] == [sid] and ls[0]["runs"] == 2 and ls[0]["owner"] == owner.pid
+    end = agent.ctl("session", "end", "agent-1")
+    assert end.returncode == 0, end.stdout + end.stderr
+    assert "every process proven gone" in end.stdout
+    assert agent.alive() == []
+    assert not port_accepts(port)
+    assert agent.session_entry(sid)["state"] == "ended"
+    joined_late = agent.corral(["--session", sid, "--", "true"])
+    assert joined_late.returncode == 125 and f"session {sid} has ended" in joined_late.stderr
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_the_agent_killed_ends_its_session(agent, mode):
+    owner = agent.owner()
+    sid = start_session(agent, "--owner", str(owner.pid))
+    port = the_agents_day(agent, mode, sid)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    entry = agent.wait_ended(sid)
+    assert entry["why"] == f"its owner (pid {owner.pid}) exited" and entry["not_proven"] == []
+    assert gone_within(agent) == []
+    assert not port_accepts(port)
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_an_idle_session_ends(agent, mode):
+    sid = start_session(agent, "--idle-timeout", "2s")
+    port = the_agents_day(agent, mode, sid)
+    entry = agent.wait_ended(sid)
+    assert entry["why"] == "idle for 2s"
+    assert gone_within(agent) == []
+    assert not port_accepts(port)
+
+
+def test_a_foreground_run_keeps_a_session_busy(agent):
+    sid = start_session(agent, "--idle-timeout", "1s")
+    r = agent.corral(["--session", sid, "--", "sh", "-c", "sleep 2.5; echo $CORRAL_SESSION"])
+    assert r.returncode == 0 and r.stdout.strip() == sid, r.stderr
+    assert agent.session_entry(sid)["state"] == "open"  # idle 1s, but the run went on for 2.5s
+    assert agent.wait_ended(sid)["why"] == "idle for 1s"
+
+
+def test_a_nested_corral_joins_the_session(agent):
+    """CORRAL_SESSION is in every command's environment: a corral inside a run joins too."""
+    sid = start_session(agent)
+    outer = agent.corral(["--background", "--session", sid, "--", *CORRAL, "--", "sleep", "1000"])
+    assert outer.returncode == 0, outer.stderr
+    deadline = time.monotonic() + 20
+    while len(entries := [json.loads(p.read_text()) for p in agent.directory.glob("*.json")]) < 2:
+        assert time.monotonic() < deadline, "the nested corral never registered"
+        time.sleep(0.05)
+    assert {e["session"] for e in entries} == {sid}
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert agent.alive() == []
+
+
+def test_the_sessions_cap(agent):
+    env = {"CORRAL_MAX_SESSIONS": "2"}
+    first, second = (start_session(agent) for _ in range(2))
+    r = agent.ctl("session", "start", env=env)
+    assert r.returncode == 125 and r.stderr.count("\n") == 1 and "CORRAL_MAX_SESSIONS=2" in r.stderr
+    assert agent.ctl("session", "end", first).returncode == 0
+    assert agent.ctl("session", "start", env=env).returncode == 0
+    assert agent.ctl("session", "end", second).returncode == 0
+
+
+def test_max_runs(agent):
+    sid = start_session(agent, "--max-runs", "1")
+    one = agent.corral(["--session", sid, "--background", "--", "sleep", "1000"])
+    assert one.returncode == 0, one.stderr
+    time.sleep(0.5)  # the holder has seen it join
+    two = agent.corral(["--session", sid, "--", "true"])
+    assert two.returncode == 125 and "--max-runs" in two.stderr
+    assert agent.ctl("session", "end", sid).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--session", "nosuch", "--", "true"], "no session 'nosuch'"),
+        (["--session", "x", "--no-registry", "--", "true"], "needs the registry"),
+    ],
+)
+def test_bad_session_input(agent, args, says):
+    r = agent.corral(args)
+    assert r.returncode == 125 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--owner", "0"], ["--owner", str(2**22 + 5)], ["--max-runs", "0"], ["--idle-timeout", "soon"], ["--name", "-x"]],
+)
+def test_bad_session_start_input(agent, args):
+    r = agent.ctl("session", "start", *args)
+    assert r.returncode == 125 and r.stderr.count("\n") == 1, r.stderr
+    assert agent.ctl("session", "ls", "--json").stdout.strip() in ("[]", "")
+
+
+def test_a_run_relabelled_into_a_session_is_not_stopped_with_it(agent):
+    """A run's entry is its uid's to rewrite: labelling another session's run, or a
+    run of no session, as this session's makes session end act on nothing of it."""
+    sid = start_session(agent)
+    other = start_session(agent)
+    bystander = agent.corral(["--session", other, "--background", "--", "sleep", "1000"])
+    lone = agent.corral(["--background", "--", "sleep", "1000"])
+    for r in (bystander, lone):
+        assert r.returncode == 0, r.stderr
+        path = agent.directory / f"{r.stdout.strip()}.json"
+        entry = json.loads(path.read_text())
+        entry["session"] = sid
+        path.write_text(json.dumps(entry))
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert marked_pids(bystander.marker) and marked_pids(lone.marker)
+    assert agent.ctl("session", "end", other).returncode == 0
+    assert marked_pids(bystander.marker) == []
+    assert agent.ctl("stop", lone.stdout.strip()).returncode == 0
+
+
+def test_a_forged_session_entry_opens_nothing(agent):
+    """A session entry naming a live process that holds no session token: no run joins it,
+    and session end signals nothing."""
+    sid = start_session(agent)
+    decoy = agent.owner()
+    path = agent.directory / "sessions" / f"{sid}.json"
+    forged = json.loads(path.read_text())
+    assert agent.ctl("session", "end", sid).returncode == 0
+    st = open(f"/proc/{decoy.pid}/stat").read().rsplit(")", 1)[1].split()
+    forged.update(state="open", holder={"pid": decoy.pid, "starttime": int(st[19])})
+    path.write_text(json.dumps(forged))
+    r = agent.corral(["--session", sid, "--", "true"])
+    assert r.returncode == 125 and "has ended" in r.stderr
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert decoy.poll() is None  # not signalled
