@@ -19,7 +19,8 @@ _ERRORS = {
     "CannotExecute",
     "Unverified",
 }
-__all__ = sorted(_API | _ERRORS | {"__version__"})
+_SESSION = {"Session", "BackgroundRun"}
+__all__ = sorted(_API | _ERRORS | _SESSION | {"__version__"})
 
 
 def __getattr__(name):
@@ -27,6 +28,10 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name in _SESSION:
+        from . import session
+
+        return getattr(session, name)
     if name in _ERRORS:
         from .common import errors
 

@@ -56,7 +56,7 @@ def test_the_service_environment_is_listed(where):
 def _help_options(argv: list[str]) -> list[str]:
     text = subprocess.run(CTL + argv + ["--help"], capture_output=True, text=True, timeout=60).stdout
     body = text.split("Options:", 1)[1]
-    return [m for m in re.findall(r"^\s+(--[a-z][a-z-]*)", body, re.M) if m != "--help"]
+    return [m for m in re.findall(r"^\s+(?:-[a-z], )?(--[a-z][a-z-]*)", body, re.M) if m != "--help"]
 
 
 def test_readme_corralctl_synopsis_matches_help():
@@ -65,10 +65,21 @@ def test_readme_corralctl_synopsis_matches_help():
     block = "corralctl ps" + block
     synopsis = {}
     for line in block.splitlines():
-        m = re.match(r"^corralctl ((?:audit )?[a-z]+)(.*)$", line)
+        m = re.match(r"^corralctl ((?:audit |session )?[a-z]+)(.*)$", line)
         if m:
             synopsis[m.group(1)] = m.group(2).split("  ")[0] if "  " in m.group(2) else m.group(2)
-    assert sorted(synopsis) == ["audit verify", "gc", "ps", "status", "stop"]
+    assert sorted(synopsis) == [
+        "audit verify",
+        "gc",
+        "logs",
+        "ps",
+        "session end",
+        "session ls",
+        "session start",
+        "status",
+        "stop",
+        "wait",
+    ]
     for command, text in synopsis.items():
         assert sorted(re.findall(r"--[a-z][a-z-]*", text)) == sorted(_help_options(command.split())), command
 

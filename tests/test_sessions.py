@@ -276,3 +276,97 @@ def test_a_forged_session_entry_opens_nothing(agent):
     assert r.returncode == 125 and "has ended" in r.stderr
     assert agent.ctl("session", "end", sid).returncode == 0
     assert decoy.poll() is None  # not signalled
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_a_background_runs_corral_killed_is_still_ended_with_the_session(agent, mode):
+    """SIGKILL of the corral that supervises a background run: its engine's
+    tether or unit stops the run, and the session's end proves it (or reclaims it)."""
+    sid = start_session(agent)
+    r = agent.corral(
+        [
+            *mode_flags(mode),
+            "--session",
+            sid,
+            "--background",
+            "--json",
+            "-",
+            "--",
+            "sh",
+            "-c",
+            "setsid sh -c 'trap \"\" TERM; while :; do sleep 1; done' & sleep 1000",
+        ]
+    )
+    assert r.returncode == 0, r.stderr
+    started = json.loads(r.stdout)
+    time.sleep(0.5)  # the holder has seen it join
+    os.kill(started["corral_pid"], signal.SIGKILL)
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stdout + end.stderr
+    assert gone_within(agent) == []
+
+
+def test_a_removed_session_entry_is_written_again_by_its_holder(agent):
+    sid = start_session(agent)
+    r = agent.corral(["--session", sid, "--background", "--", "sleep", "1000"])
+    assert r.returncode == 0, r.stderr
+    (agent.directory / "sessions" / f"{sid}.json").unlink()
+    deadline = time.monotonic() + 10
+    while not (agent.directory / "sessions" / f"{sid}.json").exists():
+        assert time.monotonic() < deadline, "the holder did not write its entry again"
+        time.sleep(0.05)
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert agent.alive() == []
+
+
+def test_ps_of_a_session(agent):
+    sid = start_session(agent)
+    mine = agent.corral(["--session", sid, "--background", "--name", "w", "--", "sleep", "1000"])
+    other = agent.corral(["--background", "--", "sleep", "1000"])
+    rows = json.loads(agent.ctl("ps", "--session", sid, "--json").stdout)
+    assert [(r["run_id"], r["name"], r["session"]) for r in rows] == [(mine.stdout.strip(), "w", sid)]
+    # inside the session, a name means that session's run
+    assert agent.ctl("logs", "w", env={"CORRAL_SESSION": "0" * 12}).returncode == 125
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert agent.ctl("stop", other.stdout.strip()).returncode == 0
+    assert agent.alive() == []
+
+
+def test_the_library_session(agent, monkeypatch):
+    """corral_systemd.Session: a server started in the background, a foreground run
+    fetching from it, its logs, a run waited for; leaving the block ends it all."""
+    import asyncio
+
+    import corral_systemd as corral
+
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(agent.directory))
+    marker = new_marker()
+    env = dict(os.environ, **{MARKER_ENV: marker})
+    port = free_port()
+    with corral.Session(idle_timeout="5m") as session:
+        web = session.start([*SERVER, str(port)], ready={"port": port}, env=env, name="web")
+        fetch = [
+            sys.executable,
+            "-c",
+            f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/').status)",
+        ]
+        assert session.run(fetch, env=env).stdout == b"200\n"
+        assert '"GET / HTTP/1.1" 200' in web.logs()
+        quick = session.start(["sh", "-c", "sleep 0.3; exit 5"], env=env)
+        assert quick.wait() == 5
+        with pytest.raises(TimeoutError):
+            session.start(["sleep", "100"], env=env).wait(timeout=0.1)
+        assert marked_pids(marker)
+    assert marked_pids(marker) == []
+    assert not port_accepts(port)
+
+    async def agent_day():
+        async with corral.Session() as s:
+            await s.astart(["sleep", "100"], env=env)
+            assert (await s.arun(["sh", "-c", "echo $CORRAL_SESSION"], env=env)).stdout.decode().strip() == s.id
+            assert marked_pids(marker)
+
+    asyncio.run(agent_day())
+    assert marked_pids(marker) == []
+    with pytest.raises(corral.UsageError):
+        corral.Session().start(["true"])  # not started

@@ -260,8 +260,6 @@ class RunRequest:
     name: str | None = None
     #: A --background run's output log, once its corral is detached (``core.background``).
     output_log: str | None = None
-    #: --session (or $CORRAL_SESSION): the session the run joins, as given (an id or a name).
-    session: str | None = None
 
     @property
     def record_to_stdout(self) -> bool:
@@ -272,7 +270,7 @@ class RunRequest:
         labels: dict[str, object] = {"name": self.name} if self.name is not None else {}
         if self.output_log is not None:  # the detached corral of a --background run
             labels.update(background=True, output_log=self.output_log)
-        return {"environment": self.environment, "registry": self.registry, "labels": labels, "session": self.session}
+        return {"environment": self.environment, "registry": self.registry, "labels": labels}
 
 
 #: READY_KINDS: how a background run says it is ready (the option that asks for each).
@@ -502,8 +500,8 @@ def from_options(
         registry=not values.get("no_registry"),
         name=check_name(given("name")),
     )
-    request.session = given("session") or (os.environ if environ is None else environ).get("CORRAL_SESSION") or None
-    if request.session is not None and not request.registry:
+    spec.session = given("session") or (os.environ if environ is None else environ).get("CORRAL_SESSION") or None
+    if spec.session is not None and not request.registry:
         raise UsageError("a run in a session needs the registry (the session learns its runs there): no --no-registry")
     request.background = _background(values, given, path, request)
     return request
@@ -579,6 +577,7 @@ def spec_from_keywords(
     output_file=None,
     network: str = "host",
     pty: bool = False,
+    session: str | None = None,
 ) -> RunSpec:
     """The library's keyword arguments as a RunSpec (UsageError if bad); the
     public ``corral_systemd.make_spec``. A limit is text (parsed as the CLI
@@ -611,6 +610,11 @@ def spec_from_keywords(
     loopback interface, checked before it runs (SetupError if that cannot
     be had). A Runner's scope runs cannot do this (the host must not fork):
     use services, the library's default.
+
+    ``session`` (an id or a name), as ``--session``: the run joins that open
+    session and ends with it; default: ``$CORRAL_SESSION`` of this process
+    (so a tool running inside a session's run joins it, as corral does);
+    ``""`` joins none.
 
     ``pty=True``, as ``--pty``: the command's stdin, stdout and stderr are a
     pseudo-terminal of its own (its controlling terminal); everything it
@@ -650,6 +654,8 @@ def spec_from_keywords(
             output_file=None if output_file is None else os.path.abspath(os.fspath(output_file)),
             network=network,
             pty=pty,
+            # as corral: a tool inside a session's run joins it too
+            session=(os.environ.get("CORRAL_SESSION") or None) if session is None else (session or None),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -30,11 +30,8 @@ class RunGuard:
         registry: bool = True,
         owner_kind: str = "corral",
         labels: dict | None = None,
-        session: str | None = None,
     ):
         self.spec = spec
-        #: The session the run joins, as asked (an id or a name): ``_join``.
-        self.session = session
         #: The registry entry's labels (``RunRequest.guard_options``).
         self.labels = labels or {}
         self.owner_kind = owner_kind
@@ -98,7 +95,7 @@ class RunGuard:
 
         facts = engine.registry_facts()
         mark = new_mark(self.spec.run_id) if engine.marks_processes else None
-        session_id = self._session_open(engine) if self.session is not None else None
+        session_id = self._session_open(engine) if self.spec.session is not None else None
         if session_id is not None:
             self.labels = dict(self.labels, session=session_id)
         try:
@@ -149,11 +146,11 @@ class RunGuard:
         from ..state import sessions as S
 
         directory = REG.state_dir()
-        entry = S.find(joining or self.session or "", directory)
+        entry = S.find(joining or self.spec.session or "", directory)
         token = S.holder_token(entry)
         why = None
         if entry is None:
-            why = f"no session {self.session!r}"
+            why = f"no session {self.spec.session!r}"
         elif token is None:
             why = f"session {entry['session']} has ended"
         elif token.get("state") != "open":

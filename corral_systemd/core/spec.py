@@ -80,6 +80,9 @@ class RunSpec:
     network: str = "host"
     #: --pty: the command on a pseudo-terminal of its own (core/pty.py).
     pty: bool = False
+    #: --session / $CORRAL_SESSION / the library's ``session=``: the session the
+    #: run joins, as asked (an id or a name; RunGuard checks it is open).
+    session: str | None = None
 
     def __post_init__(self):
         self.validate()
@@ -100,6 +103,8 @@ class RunSpec:
         _check_choice("manager", self.manager, MANAGERS)
         _check_choice("unit_type", self.unit_type, UNIT_TYPES)
         _check_choice("network", self.network, NETWORKS)
+        if self.session is not None and (not _text(self.session) or not self.session):
+            raise UsageError(f"invalid session {self.session!r}")
         if not isinstance(self.pty, bool):
             raise UsageError(f"invalid pty {self.pty!r}: expected True or False")
         if not isinstance(self.stdin, bytes):

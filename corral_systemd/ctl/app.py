@@ -69,9 +69,12 @@ def _app():
         raise typer.Exit(service_command("uninstall", user, system))
 
     @app.command("ps")
-    def _ps(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")):
+    def _ps(
+        as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+        session: str | None = typer.Option(None, "--session", metavar="SESSION", help="Only this session's runs."),
+    ):
         """Live runs: id, mode, unit, age, time to deadline, processes, memory, cwd, command."""
-        raise typer.Exit(ps(as_json))
+        raise typer.Exit(ps(as_json, session=session))
 
     @app.command("status")
     def _status(run: str = typer.Argument(..., metavar="RUN")):

@@ -24,7 +24,8 @@ POLL = 0.05
 
 def find_run(text: str, directory: str) -> dict:
     """The entry for a run id (any form ``normalize_run_id`` takes) or a name:
-    of the runs so named, the one still going, else the newest. CtlError (125) if none
+    of the runs so named (in the caller's session, when ``CORRAL_SESSION`` is
+    set), the one still going, else the newest. CtlError (125) if none
     or if two live runs share the name."""
     run_id = REG.normalize_run_id(text)
     if REG.valid_run_id(run_id):
@@ -32,6 +33,8 @@ def find_run(text: str, directory: str) -> dict:
         if entry is not None and entry.get("run_id") == run_id:
             return entry
     named = [e for e in REG.list_entries(directory) if e.get("name") == text and REG.valid_run_id(e.get("run_id", ""))]
+    if session := os.environ.get("CORRAL_SESSION"):  # inside a session, its names are the ones meant
+        named = [e for e in named if e.get("session") == session]
     if not named:
         raise CtlError(f"unknown run {text!r}")
     live = [e for e in named if REG.effective_state(e)[0] != "finished"]

@@ -32,8 +32,11 @@ def _size(n: float) -> str:
     return str(n)
 
 
-def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
+def ps_rows(directory: str, include_finished: bool = False, session: str | None = None) -> list[dict]:
+    """Live runs (and finished ones if asked); with ``session``, only that session's:
+    proven by the run's own corral's token while it lives, else as its entry says."""
     from ..kernel import procfs
+    from ..state import sessions as S
 
     table = procfs.scan()
     now, mono = time.time(), time.monotonic()
@@ -42,12 +45,18 @@ def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
         state, why = REG.effective_state(entry, now_monotonic=mono)
         if state == "finished" and not include_finished:  # as its owner says, while it holds its token
             continue
+        if session is not None and not (
+            S.member_of(entry, session) or (REG.owner_token(entry) is None and entry.get("session") == session)
+        ):
+            continue
         events = REG.read_events(directory, entry["run_id"])
         procs = run_processes(entry, events, table)
         deadline = entry.get("deadline_monotonic")
         rows.append(
             {
                 "run_id": entry["run_id"],
+                "name": entry.get("name"),
+                "session": entry.get("session"),
                 "state": state,
                 "why": why,
                 "owner_alive": REG.owner_alive(entry),
@@ -67,13 +76,21 @@ def ps_rows(directory: str, include_finished: bool = False) -> list[dict]:
     return rows
 
 
-def ps(as_json: bool, directory: str | None = None) -> int:
+def ps(as_json: bool, directory: str | None = None, session: str | None = None) -> int:
     directory = directory or REG.state_dir()
     if not os.path.isdir(directory):
         from .status import no_registry
 
         print(f"corralctl: {no_registry(directory)}", file=sys.stderr)
-    rows = ps_rows(directory)
+    if session is not None:
+        from ..state import sessions as S
+        from .status import CtlError
+
+        found = S.find(session, directory)
+        if found is None:
+            raise CtlError(f"unknown session {session!r}")
+        session = found["session"]
+    rows = ps_rows(directory, session=session)
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0

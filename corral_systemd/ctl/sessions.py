@@ -188,6 +188,11 @@ def _hold(directory, session_id, name, owner, owner_start, owner_fd, idle_timeou
         if asked:
             why = "ended by corralctl session end"
             break
+        if S.read_entry(directory, session_id) != entry:  # removed or rewritten: the holder's is the entry
+            try:
+                S.write_entry(directory, entry)
+            except OSError:
+                pass  # the state directory itself is gone: the token still holds the session
         joined, foreground = _scan(directory, session_id, members, seen)
         if joined:
             members.extend(joined)

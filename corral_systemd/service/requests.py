@@ -207,7 +207,7 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
     spec = request.spec
     if spec.pty:
         raise NotServed("--pty: the terminal is the client's own")
-    if request.session is not None:
+    if spec.session is not None:
         raise NotServed("a run in a session: its corral joins the session itself")
     if request.background is not None:
         raise NotServed("--background: the run's corral is a process of its own, detached from the caller")

@@ -1,0 +1,206 @@
+"""``corral_systemd.Session``: the library's face of a session (``corralctl session``).
+
+    with corral_systemd.Session(idle_timeout="10m") as session:      # owner: this process
+        web = session.start([... "http.server", "8000"], ready={"port": 8000})
+        session.run(["curl", "-s", "localhost:8000"])                  # a foreground run in it
+        print(web.logs(tail=5)); web.stop()
+    # leaving the block ends the session: every run of it stopped, proven (else Unverified)
+
+The session and its background runs are corral's own processes, started as
+``corralctl session start`` and ``corral --background`` are (this process never
+forks for them: a host is usually multi-threaded), so each run is the same run
+as on the command line: the same limits, stop sequence, proof and record.
+Foreground runs are the library's own (``Runner.run`` with ``session=``).
+
+Failure modes: ``UsageError`` for bad input (as the CLI's 125 says it);
+``SetupError`` when the session cannot be started (the cap, ``CORRAL_MAX_SESSIONS``)
+or a background run cannot start or be ready (its exit code and the log's tail
+in the message); ``Unverified`` when ending the session could not prove every
+process gone (exit 120).
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from .common.errors import SetupError, Unverified, UsageError
+
+_CTL = [sys.executable, "-m", "corral_systemd.ctl"]
+_CORRAL = [sys.executable, "-m", "corral_systemd"]
+#: The library's keywords a background run takes, as the CLI's options.
+_OPTIONS = {
+    "wall": "--wall",
+    "mem": "--mem",
+    "pids": "--pids",
+    "cpus": "--cpus",
+    "cpu_time": "--cpu-time",
+    "max_output": "--max-output",
+    "grace": "--grace",
+    "verify_timeout": "--verify-timeout",
+    "mode": "--cgroup-mode",
+    "unit_type": "--unit-type",
+    "manager": "--manager",
+    "network": "--network",
+    "name": "--name",
+    "ready_timeout": "--ready-timeout",
+    "log_max": "--log-max",
+}
+_READY = {"port": "--ready-port", "file": "--ready-file", "log": "--ready-log"}
+
+
+def _value(value) -> str:
+    """A keyword's value as the CLI reads it (numbers: seconds, bytes, a count)."""
+    if isinstance(value, float):
+        return f"{value}s" if value else "0"
+    return str(value)
+
+
+class Session:
+    """Runs that end together: when this object's session ends (``end()``,
+    leaving ``with``), when its owner exits (default: this process), or when
+    idle for ``idle_timeout``. ``defaults`` apply to every run of it."""
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        owner: int | None = None,
+        idle_timeout: str | float = "30m",
+        max_runs: int | None = None,
+        **defaults,
+    ):
+        self.name = name
+        self.owner = os.getpid() if owner is None else owner
+        self.idle_timeout = idle_timeout
+        self.max_runs = max_runs
+        self._defaults = defaults
+        #: The session's id, once started.
+        self.id: str | None = None
+
+    # -- the session --------------------------------------------------------------------
+    def open(self) -> "Session":
+        args = ["session", "start", "--owner", str(self.owner), "--idle-timeout", _value(self.idle_timeout), "--json"]
+        if self.name is not None:
+            args += ["--name", self.name]
+        if self.max_runs is not None:
+            args += ["--max-runs", str(self.max_runs)]
+        r = _ctl(args)
+        if r.returncode != 0:
+            raise (UsageError if r.returncode == 125 and "CORRAL_MAX_SESSIONS" not in r.stderr else SetupError)(
+                r.stderr.strip() or f"corralctl session start: exit {r.returncode}"
+            )
+        self.id = json.loads(r.stdout)["session"]
+        return self
+
+    def end(self) -> None:
+        """Stop every run of the session and prove each gone; Unverified if that cannot be proven."""
+        if self.id is None:
+            return
+        r = _ctl(["session", "end", self.id])
+        if r.returncode == 120:
+            raise Unverified(r.stderr.strip())
+        if r.returncode != 0:
+            raise SetupError(r.stderr.strip() or f"corralctl session end: exit {r.returncode}")
+
+    def __enter__(self) -> "Session":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.end()
+
+    async def __aenter__(self) -> "Session":
+        return await asyncio.to_thread(self.open)
+
+    async def __aexit__(self, *exc) -> None:
+        await asyncio.to_thread(self.end)
+
+    # -- runs -----------------------------------------------------------------------------
+    def _id(self) -> str:
+        if self.id is None:
+            raise UsageError("the session is not started (use it in a with block, or call open())")
+        return self.id
+
+    def run(self, argv: Sequence[str], **kwargs):
+        """A foreground run in the session (``corral_systemd.run``'s keywords)."""
+        from .api import run
+
+        return run(argv, **{**self._defaults, **kwargs, "session": self._id()})
+
+    async def arun(self, argv: Sequence[str], **kwargs):
+        from .api import arun
+
+        return await arun(argv, **{**self._defaults, **kwargs, "session": self._id()})
+
+    def start(self, argv: Sequence[str], *, background: bool = True, ready=None, env=None, cwd=None, **kwargs):
+        """A background run in the session; returns once it is ready: ``ready`` is
+        ``{"port": N}``, ``{"file": PATH}``, ``{"log": REGEX}`` or None (once started).
+        Its corral is a process of its own (``corral --background``)."""
+        if not background:
+            raise UsageError("Session.start runs in the background; use run() or arun() for a foreground run")
+        args = [*_CORRAL, "--background", "--session", self._id(), "--json", "-"]
+        for key, value in {**self._defaults, **kwargs}.items():
+            if key not in _OPTIONS:
+                raise UsageError(f"Session.start: unknown keyword {key!r}")
+            if value is not None:
+                args += [_OPTIONS[key], _value(value)]
+        if ready is not None:
+            if not isinstance(ready, dict) or len(ready) != 1 or next(iter(ready)) not in _READY:
+                raise UsageError('ready must be {"port": N}, {"file": PATH} or {"log": REGEX}')
+            ((kind, target),) = ready.items()
+            args += [_READY[kind], os.fspath(target) if kind == "file" else str(target)]
+        args += ["--", *[os.fspath(a) for a in argv]]
+        r = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+        )
+        if r.returncode == 125:
+            raise UsageError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "bad input")
+        if r.returncode != 0:
+            raise SetupError(f"the background run did not become ready (exit {r.returncode}): {r.stderr.strip()}")
+        return BackgroundRun(json.loads(r.stdout), self)
+
+    async def astart(self, argv: Sequence[str], **kwargs):
+        return await asyncio.to_thread(self.start, argv, **kwargs)
+
+
+class BackgroundRun:
+    """A started background run of a Session: ``logs()``, ``wait()``, ``stop()``."""
+
+    def __init__(self, record: dict, session: Session):
+        self.id: str = record["run_id"]
+        self.name: str | None = record.get("name")
+        self.log: str = record["log"]
+        self.unit: str | None = record.get("unit")
+        self.session = session
+
+    def logs(self, tail: int | None = None) -> str:
+        r = _ctl(["logs", self.id, *([] if tail is None else ["--tail", str(tail)])])
+        if r.returncode != 0:
+            raise SetupError(r.stderr.strip())
+        return r.stdout
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code, as corral returned it (TimeoutError if still going at ``timeout``)."""
+        r = _ctl(["wait", self.id, *([] if timeout is None else ["--timeout", _value(float(timeout))])])
+        if r.returncode == 124 and "still running" in r.stderr:
+            raise TimeoutError(r.stderr.strip())
+        return r.returncode
+
+    def stop(self) -> None:
+        r = _ctl(["stop", self.id])
+        if r.returncode != 0:
+            raise Unverified(r.stdout.strip() + " " + r.stderr.strip())
+
+    async def await_exit(self, timeout: float | None = None) -> int:
+        return await asyncio.to_thread(self.wait, timeout)
+
+
+def _ctl(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*_CTL, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
