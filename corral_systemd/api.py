@@ -33,7 +33,7 @@ command started is gone, proven — or ``Unverified`` is raised.
 It is the whole public surface of the library (``make_spec``'s keywords,
 ``Runner``, ``RunHandle`` and its streams, the module-level
 ``run``/``arun``/``start``), each face thin over ``Execution``; a Runner's
-shared manager session is ``core/sessions.py``'s, as the corral service's.
+shared manager session is ``core/manager_session.py``'s, as the corral service's.
 """
 
 import asyncio
@@ -44,9 +44,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from .common.errors import CannotExecute, NotFound, SetupError, Unverified
 from .core import result as R
 from .core.execution import Execution
+from .core.manager_session import NOT_READY, SharedSession
 from .core.record import RunRecord, from_result
 from .core.request import spec_from_keywords as make_spec
-from .core.sessions import NOT_READY, SharedSession
 from .core.spec import RunSpec
 
 __all__ = ["RunHandle", "RunResult", "Runner", "arun", "make_spec", "run", "start"]
@@ -97,7 +97,7 @@ class Runner:
 
     In enforced (or auto, with a reachable manager) mode, one tether and a
     pool of bus connections serve every run: a run costs one
-    StartTransientUnit and no extra process (``core/sessions.py``, shared
+    StartTransientUnit and no extra process (``core/manager_session.py``, shared
     with the corral service). Defaults given here apply to
     every run unless overridden per call. Close it (or use ``with``) to end
     the tether; units still running then are stopped by the manager.

@@ -60,7 +60,7 @@ class Service:
         max_runs: int = 64,
         max_connections: int = 256,
     ):
-        from ..core.sessions import SharedSession
+        from ..core.manager_session import SharedSession
         from .watch import Watcher
 
         self.listener = listener
