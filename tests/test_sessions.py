@@ -370,3 +370,23 @@ def test_the_library_session(agent, monkeypatch):
     assert marked_pids(marker) == []
     with pytest.raises(corral.UsageError):
         corral.Session().start(["true"])  # not started
+
+
+@pytest.mark.systemd
+@pytest.mark.manager_kill  # re-executes the manager: a step of its own
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+def test_a_session_across_daemon_reexec(agent, unit_type):
+    """daemon-reexec (a systemd upgrade) while a session's background run lives:
+    its corral reconnects, and the session's end still proves it gone."""
+    from modes import systemctl
+
+    sid = start_session(agent)
+    r = agent.corral(
+        [*mode_flags(unit_type), "--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"]
+    )
+    assert r.returncode == 0, r.stderr
+    assert systemctl("daemon-reexec", timeout=120).returncode == 0
+    time.sleep(1)
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stdout + end.stderr
+    assert gone_within(agent) == []

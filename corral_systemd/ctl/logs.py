@@ -77,6 +77,19 @@ def finished(directory: str, entry: dict) -> dict | None:
     return None if left else fresh
 
 
+def proven_gone(directory: str, entry: dict) -> bool:
+    """Is the run over and nothing of it left, as the kernel and the manager show it
+    (``reclaim._leftovers``: its units by the name its id gives, its cgroup, its
+    marked processes)? Its entry's own ``verified`` is not asked: a process that
+    outlived its corral could have written it."""
+    done = finished(directory, entry)
+    if done is None:
+        return False
+    from .reclaim import _Bus, _leftovers
+
+    return _leftovers(directory, done, _Bus())[0] is None
+
+
 def logs(run: str, follow: bool = False, tail: int | None = None, directory: str | None = None) -> int:
     directory = directory or REG.state_dir()
     entry = find_run(run, directory)

@@ -257,17 +257,17 @@ def stop_members(directory: str, run_ids: list[str]) -> list[str]:
     """Stop each run (in parallel, each with its own stop sequence); the ids not proven gone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .logs import finished
+    from .logs import proven_gone
     from .stop import stop
 
     def one(run_id: str) -> str | None:
         entry = REG.read_entry(directory, run_id)
         if entry is None:
             return None if not _marked_alive(run_id) else run_id
-        if finished(directory, entry) is None:
+        if not proven_gone(directory, entry):
             stop(run_id, directory=directory)
         again = REG.read_entry(directory, run_id) or entry
-        return None if finished(directory, again) is not None else run_id
+        return None if proven_gone(directory, again) else run_id
 
     if not run_ids:
         return []
