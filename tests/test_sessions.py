@@ -15,7 +15,7 @@ import time
 import pytest
 from test_background import SERVER, free_port, port_accepts
 
-from conftest import CORRAL
+from conftest import CORRAL, TIME_SCALE
 from modes import all_modes, mode_flags
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
@@ -169,10 +169,11 @@ def test_the_agent_killed_ends_its_session(agent, mode):
 
 @pytest.mark.parametrize("mode", all_modes())
 def test_an_idle_session_ends(agent, mode):
-    sid = start_session(agent, "--idle-timeout", "2s")
+    idle = f"{2 * TIME_SCALE:g}s"
+    sid = start_session(agent, "--idle-timeout", idle)
     port = the_agents_day(agent, mode, sid)
-    entry = agent.wait_ended(sid)
-    assert entry["why"] == "idle for 2s"
+    entry = agent.wait_ended(sid, within=30 * TIME_SCALE)
+    assert entry["why"] == f"idle for {idle}"
     assert gone_within(agent) == []
     assert not port_accepts(port)
 
@@ -390,3 +391,11 @@ def test_a_session_across_daemon_reexec(agent, unit_type):
     end = agent.ctl("session", "end", sid)
     assert end.returncode == 0, end.stdout + end.stderr
     assert gone_within(agent) == []
+
+
+def test_a_background_run_for_an_ended_session_is_one_line_and_125(agent):
+    sid = start_session(agent)
+    assert agent.ctl("session", "end", sid).returncode == 0
+    r = agent.corral(["--session", sid, "--background", "--", "sleep", "100"])
+    assert r.returncode == 125 and r.stderr == f"corral: session {sid} has ended\n"
+    assert not any(agent.directory.glob("*.out"))

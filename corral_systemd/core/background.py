@@ -32,7 +32,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from ..common.errors import CorralError, UsageError
+from ..common.errors import CorralError, SetupError, UsageError
 
 #: How often the front looks (growing from the first to the last).
 FIRST_LOOK = 0.005
@@ -92,6 +92,13 @@ def launch(request, run_here) -> Started:
     bg = request.background
     _check_target_free(bg)
     directory = REG.ensure_state_dir()
+    if request.spec.session is not None:  # said here, in one line, not from the detached corral's log
+        from ..state import sessions as S
+
+        try:
+            S.joinable(request.spec.session, directory)
+        except S.NotJoinable as exc:
+            raise SetupError(str(exc)) from None
     if request.name is not None:
         for entry in REG.list_entries(directory):
             if entry.get("name") == request.name and REG.effective_state(entry)[0] != "finished":
@@ -141,6 +148,12 @@ def _fork_detached(request, run_here, log_fd: int) -> int:
             signal.signal(sig, signal.SIG_DFL)
         request.background, request.output_log = None, request.background.log
         code = run_here(request)
+    except CorralError as exc:  # as cli.main says it, into the log
+        code = exc.exit_code
+        try:
+            os.write(2, f"corral: {exc}\n".encode())
+        except OSError:
+            pass
     except BaseException as exc:  # pragma: no cover - reported in the log
         try:
             os.write(2, f"corral: the background run could not start: {exc!r}\n".encode())

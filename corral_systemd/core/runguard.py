@@ -139,35 +139,17 @@ class RunGuard:
         return RegistryObserver(self.registration)
 
     def _session_open(self, engine, joining: str | None = None) -> str:
-        """The id of the session asked for, if it is open (its holder's token says so)
-        and, once this run is registered (``joining``), has room for it; else the
-        engine is closed and SetupError says why (125: the command never starts)."""
+        """The id of the session asked for, if it is open and, once this run is
+        registered (``joining``), has room for it (``state.sessions.joinable``);
+        else the engine is closed and SetupError says why (125: the command never starts)."""
         from ..state import registry as REG
         from ..state import sessions as S
 
-        directory = REG.state_dir()
-        entry = S.find(joining or self.spec.session or "", directory)
-        token = S.holder_token(entry)
-        why = None
-        if entry is None:
-            why = f"no session {self.spec.session!r}"
-        elif token is None:
-            why = f"session {entry['session']} has ended"
-        elif token.get("state") != "open":
-            why = f"session {entry['session']} is ending"
-        elif joining is not None and isinstance(max_runs := token.get("max_runs"), int):
-            running = [
-                m
-                for m in token.get("members", [])
-                if m != joining and REG.effective_state(REG.read_entry(directory, m))[0] != "finished"
-            ]
-            if len(running) >= max_runs:
-                why = f"session {joining} has {len(running)} runs, its --max-runs"
-        if why is not None:
+        try:
+            return S.joinable(joining or self.spec.session or "", REG.state_dir(), joining)
+        except S.NotJoinable as exc:
             engine.close()
-            raise SetupError(why)
-        assert entry is not None
-        return entry["session"]
+            raise SetupError(str(exc)) from None
 
     def annotate(self, result) -> None:
         result.registry = self.registry_state

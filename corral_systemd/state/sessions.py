@@ -119,6 +119,33 @@ def find(text: str, directory: str) -> dict | None:
     return max(pool, key=lambda e: e.get("created_at") or 0) if pool else None
 
 
+class NotJoinable(Exception):
+    """Why a run cannot join the session it asks for (its message is the one line said)."""
+
+
+def joinable(text: str, directory: str, joining: str | None = None) -> str:
+    """The id of session ``text`` (an id or a name) if a run may join it now: its
+    holder alive and holding its token, which says open; once the run is registered
+    (``joining``: its id), also room under the token's ``max_runs``. NotJoinable else."""
+    entry = find(text, directory)
+    token = holder_token(entry)
+    if entry is None:
+        raise NotJoinable(f"no session {text!r}")
+    if token is None:
+        raise NotJoinable(f"session {entry['session']} has ended")
+    if token.get("state") != "open":
+        raise NotJoinable(f"session {entry['session']} is ending")
+    if joining is not None and isinstance(max_runs := token.get("max_runs"), int):
+        running = [
+            m
+            for m in token.get("members", [])
+            if m != joining and REG.effective_state(REG.read_entry(directory, m))[0] != "finished"
+        ]
+        if len(running) >= max_runs:
+            raise NotJoinable(f"session {entry['session']} has {len(running)} runs, its --max-runs")
+    return entry["session"]
+
+
 def live_sessions(directory: str) -> list[dict]:
     """Entries whose holder is alive and holds its token."""
     return [e for e in list_entries(directory) if holder_token(e) is not None]
