@@ -399,3 +399,19 @@ def test_a_background_run_for_an_ended_session_is_one_line_and_125(agent):
     r = agent.corral(["--session", sid, "--background", "--", "sleep", "100"])
     assert r.returncode == 125 and r.stderr == f"corral: session {sid} has ended\n"
     assert not any(agent.directory.glob("*.out"))
+
+
+def test_gc_ends_a_session_whose_holder_died(agent):
+    sid = start_session(agent)
+    r = agent.corral(["--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"])
+    assert r.returncode == 0, r.stderr
+    time.sleep(0.5)  # the holder has seen it join
+    holder = agent.session_entry(sid)["holder"]["pid"]
+    os.kill(holder, signal.SIGKILL)
+    dry = agent.ctl("gc", "--dry-run")
+    assert f"session {sid}: its holder is gone: would end it" in dry.stdout and agent.alive()
+    gc = agent.ctl("gc")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert f"session {sid}: its holder is gone: ended: 1 runs, every process proven gone" in gc.stdout
+    assert agent.alive() == []
+    assert agent.session_entry(sid)["state"] == "ended"

@@ -41,6 +41,16 @@ def gc(
     directory = directory or REG.state_dir()
     # Finished runs past retention, first: a run this gc reclaims is not among them.
     pruned = REG.prune_finished(directory, keep_finished, dry_run=dry_run)
+    # Sessions whose holder is gone: nothing else would end them (their runs
+    # go on). Ended here as ``session end`` ends them, before the runs below.
+    from .sessions import end_session, orphaned
+
+    sessions = []
+    for session in orphaned(directory):
+        row = {"session": session["session"], "name": session.get("name"), "runs": [], "not_proven": []}
+        if not dry_run:
+            row["runs"], row["not_proven"] = end_session(directory, session, by="corralctl gc")
+        sessions.append(row)
     entries = REG.list_entries(directory)
     bus = _Bus()
     reports, ok = [], True
@@ -115,7 +125,7 @@ def gc(
             )
             if not dry_run:
                 remove_tree(path)
-    ok = ok and not any("error" in row for row in pruned)
+    ok = ok and not any("error" in row for row in pruned) and not any(row["not_proven"] for row in sessions)
     if as_json:
         print(
             json.dumps(
@@ -123,6 +133,7 @@ def gc(
                     "dry_run": dry_run,
                     "reclaimed": reports,
                     "pruned": pruned,
+                    "sessions": sessions,
                     "keep_finished": keep_finished,
                     "notes": notes,
                 },
@@ -130,11 +141,19 @@ def gc(
             )
         )
     else:
+        for row in sessions:
+            what = (
+                "would end it"
+                if dry_run
+                else f"ended: {len(row['runs'])} runs, "
+                + (f"NOT proven: {' '.join(row['not_proven'])}" if row["not_proven"] else "every process proven gone")
+            )
+            print(f"session {row['session']}: its holder is gone: {what}")
         for report in reports:
             _print_report(report, dry_run)
         _print_pruned(pruned, dry_run)
         for note in notes:
             print(f"note: {note}")
-        if not reports and not pruned:
+        if not reports and not pruned and not sessions:
             print("nothing to clean up")
     return 0 if ok else 1

@@ -319,6 +319,20 @@ def end(text: str, directory: str | None = None) -> int:
     entry = S.find(text, directory)
     if entry is None:
         raise CtlError(f"unknown session {text!r}")
+    members, left = end_session(directory, entry, by="corralctl session end")
+    session_id = entry["session"]
+    if left:
+        print(f"session {session_id}: NOT proven ended: {' '.join(left)} may still run", file=sys.stderr)
+        return 120
+    print(
+        f"session {session_id} ended: {len(members)} run{'s' if len(members) != 1 else ''}, every process proven gone"
+    )
+    return 0
+
+
+def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[str]]:
+    """End the session of ``entry``: (its runs, those not proven gone). Through its
+    holder while it lives; the runs are then proven gone here, whatever it said."""
     session_id = entry["session"]
     token = S.holder_token(entry)
     members: list[str] = list(token.get("members", [])) if token else []
@@ -334,15 +348,14 @@ def end(text: str, directory: str | None = None) -> int:
                 members.append(rid)
     left = stop_members(directory, members)
     if token is None and entry.get("state") != "ended":
-        entry.update(state="ended", ended_at=time.time(), why="ended by corralctl session end (its holder was gone)")
+        entry.update(state="ended", ended_at=time.time(), why=f"ended by {by} (its holder was gone)", not_proven=left)
         S.write_entry(directory, entry)
-    if left:
-        print(f"session {session_id}: NOT proven ended: {' '.join(left)} may still run", file=sys.stderr)
-        return 120
-    print(
-        f"session {session_id} ended: {len(members)} run{'s' if len(members) != 1 else ''}, every process proven gone"
-    )
-    return 0
+    return members, left
+
+
+def orphaned(directory: str) -> list[dict]:
+    """Sessions not ended whose holder is gone (SIGKILLed, or its machine's session ended)."""
+    return [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_token(e) is None]
 
 
 def _end_holder(entry: dict, members: list[str]) -> list[str]:
