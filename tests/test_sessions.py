@@ -409,9 +409,43 @@ def test_gc_ends_a_session_whose_holder_died(agent):
     holder = agent.session_entry(sid)["holder"]["pid"]
     os.kill(holder, signal.SIGKILL)
     dry = agent.ctl("gc", "--dry-run")
-    assert f"session {sid}: its holder is gone: would end it" in dry.stdout and agent.alive()
+    assert f"session {sid}: its holder is gone: would end it" in dry.stdout
     gc = agent.ctl("gc")
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert f"session {sid}: its holder is gone: ended: 1 runs, every process proven gone" in gc.stdout
     assert agent.alive() == []
     assert agent.session_entry(sid)["state"] == "ended"
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_a_session_whose_holder_is_killed_ends_its_runs(agent, mode):
+    """Every way the session ends ends its runs: its holder SIGKILLed too (each
+    member's corral watches the holder through a pidfd)."""
+    sid = start_session(agent)
+    bg_run = agent.corral(
+        [*mode_flags(mode), "--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"]
+    )
+    assert bg_run.returncode == 0, bg_run.stderr
+    marker = new_marker()
+    fg = subprocess.Popen(
+        [*CORRAL, *mode_flags(mode), "--session", sid, "--grace", "0.5s", "--", "sleep", "1000"],
+        env=dict(agent.env, **{MARKER_ENV: marker}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(agent.directory.glob("*.json"))) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(agent.session_entry(sid)["holder"]["pid"], signal.SIGKILL)
+        _, err = fg.communicate(timeout=60)
+        assert fg.returncode == 143, err
+        assert "its session ended (the session's holder exited)" in err
+        assert agent.ctl("wait", bg_run.stdout.strip()).returncode == 143
+        assert gone_within(agent) == [] and marked_pids(marker) == []
+    finally:
+        fg.kill()
+        kill_marked(marker)

@@ -40,6 +40,8 @@ def assemble_and_run(
         if opened is not None:
             opened(engine)
         observer = run_guard.register(engine)  # the entry on disk before the command starts, or SetupError
-        outcome = Supervisor(spec, engine, observer=observer, **(supervisor or {})).run()
+        outcome = Supervisor(
+            spec, engine, observer=observer, ends_with=run_guard.session_holder, **(supervisor or {})
+        ).run()
         run_guard.annotate(outcome)
     return outcome

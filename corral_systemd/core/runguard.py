@@ -127,6 +127,7 @@ class RunGuard:
             return None
         if session_id is not None:
             self._session_open(engine, joining=session_id)  # again: it may have begun to end meanwhile
+            self._watch_holder(engine, session_id)
         if mark is not None or session_id is not None:
             env = dict(os.environ if self.spec.env is None else self.spec.env)
             if mark is not None:
@@ -151,6 +152,29 @@ class RunGuard:
             engine.close()
             raise SetupError(str(exc)) from None
 
+    #: A pidfd of the joined session's holder (the supervisor stops the run when it exits).
+    session_holder: int | None = None
+
+    def _watch_holder(self, engine, session_id: str) -> None:
+        """Open the holder's pidfd, proven the holder's after opening (its token):
+        a session whose holder dies (SIGKILL included) ends its runs with it."""
+        from ..state import registry as REG
+        from ..state import sessions as S
+
+        entry = S.read_entry(REG.state_dir(), session_id)
+        pid = ((entry or {}).get("holder") or {}).get("pid")
+        try:
+            fd = os.pidfd_open(pid) if type(pid) is int else None
+        except OSError:
+            fd = None
+        if fd is not None and S.holder_token(entry) is not None:
+            self.session_holder = fd
+            return
+        if fd is not None:
+            os.close(fd)
+        engine.close()
+        raise SetupError(f"session {session_id} has ended")
+
     def annotate(self, result) -> None:
         result.registry = self.registry_state
         result.warnings.extend(self._warnings)
@@ -161,6 +185,9 @@ class RunGuard:
             result.warnings.extend(w for w in self.creds.warnings if w not in result.warnings)
 
     def __exit__(self, exc_type, exc, tb):
+        if self.session_holder is not None:
+            os.close(self.session_holder)
+            self.session_holder = None
         try:
             if self.creds is not None:
                 self.creds.close()

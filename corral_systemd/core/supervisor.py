@@ -108,11 +108,15 @@ class Supervisor:
         stderr=2,
         stdin_fd: int = 0,
         observer: RunObserver | None = None,
+        ends_with: int | None = None,
     ):
         self.spec = spec
         self.engine = engine
         self.signals = signals
         self.cancel_fd = cancel_fd
+        #: A pidfd of the run's session's holder: when it exits, the session is
+        #: over and the run is stopped as by SIGTERM (``RunGuard.session_holder``).
+        self.ends_with = ends_with
         self.observer = observer
         self._stdout = stdout
         self._stderr = stderr
@@ -429,6 +433,8 @@ class Supervisor:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
             poller.register(self.cancel_fd, select.POLLIN)
+        if self.ends_with is not None:
+            poller.register(self.ends_with, select.POLLIN)
         # poll() takes at most INT_MAX ms (~24 days): a longer wait is cut into
         # rounds (the loop re-computes what it waits for after each).
         ms = None if timeout is None else min(max(0, timeout * 1000), _MAX_POLL_MS)
@@ -459,6 +465,10 @@ class Supervisor:
                     self.cancel_fd = None
                 asked = data[-1] if data and data[-1] in STOP_SIGNALS else signal.SIGTERM
                 stop_sig = stop_sig or asked
+            elif self.ends_with is not None and fd == self.ends_with:
+                self.ends_with = None  # once: the holder has exited
+                self.result.warnings.append("its session ended (the session's holder exited): stopped")
+                stop_sig = stop_sig or signal.SIGTERM
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
             elif pump is not None:
