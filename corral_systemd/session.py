@@ -30,31 +30,35 @@ from .common.errors import SetupError, Unverified, UsageError
 
 _CTL = [sys.executable, "-m", "corral_systemd.ctl"]
 _CORRAL = [sys.executable, "-m", "corral_systemd"]
-#: The library's keywords a background run takes, as the CLI's options.
-_OPTIONS = {
-    "wall": "--wall",
-    "mem": "--mem",
-    "pids": "--pids",
-    "cpus": "--cpus",
-    "cpu_time": "--cpu-time",
-    "max_output": "--max-output",
-    "grace": "--grace",
-    "verify_timeout": "--verify-timeout",
-    "mode": "--cgroup-mode",
-    "unit_type": "--unit-type",
-    "manager": "--manager",
-    "network": "--network",
-    "name": "--name",
-    "ready_timeout": "--ready-timeout",
-    "log_max": "--log-max",
-}
+#: The library's keyword names that are not the option table's (``core.options``).
+_RENAMED = {"mode": "cgroup_mode"}
+#: Options ``Session.start`` sets itself.
+_OWN = {"session", "json", "background", "ready_port", "ready_file", "ready_log"}
+
+
+def _flag(key: str) -> str:
+    """The CLI option for a library keyword of a background run (read from the option table)."""
+    from .core.options import _BY_NAME
+
+    name = _RENAMED.get(key, key)
+    option = _BY_NAME.get(name)
+    if option is None or option.takes != "value" or name in _OWN:
+        raise UsageError(f"Session.start: unknown keyword {key!r}")
+    return option.flags[0]
+
+
 _READY = {"port": "--ready-port", "file": "--ready-file", "log": "--ready-log"}
 
 
-def _value(value) -> str:
-    """A keyword's value as the CLI reads it (numbers: seconds, bytes, a count)."""
-    if isinstance(value, float):
-        return f"{value}s" if value else "0"
+#: Keywords whose numbers are seconds (the CLI wants a unit for them).
+_DURATIONS = {"wall", "cpu_time", "grace", "verify_timeout", "ready_timeout", "idle_timeout", "timeout"}
+
+
+def _value(key: str, value) -> str:
+    """A keyword's value as the CLI reads it: text as given; a number as the
+    library takes it (a duration in seconds, a size in bytes, a count, CPUs)."""
+    if key in _DURATIONS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value):g}s"
     return str(value)
 
 
@@ -82,7 +86,15 @@ class Session:
 
     # -- the session --------------------------------------------------------------------
     def open(self) -> "Session":
-        args = ["session", "start", "--owner", str(self.owner), "--idle-timeout", _value(self.idle_timeout), "--json"]
+        args = [
+            "session",
+            "start",
+            "--owner",
+            str(self.owner),
+            "--idle-timeout",
+            _value("idle_timeout", self.idle_timeout),
+            "--json",
+        ]
         if self.name is not None:
             args += ["--name", self.name]
         if self.max_runs is not None:
@@ -142,10 +154,9 @@ class Session:
             raise UsageError("Session.start runs in the background; use run() or arun() for a foreground run")
         args = [*_CORRAL, "--background", "--session", self._id(), "--json", "-"]
         for key, value in {**self._defaults, **kwargs}.items():
-            if key not in _OPTIONS:
-                raise UsageError(f"Session.start: unknown keyword {key!r}")
+            flag = _flag(key)
             if value is not None:
-                args += [_OPTIONS[key], _value(value)]
+                args += [flag, _value(key, value)]
         if ready is not None:
             if not isinstance(ready, dict) or len(ready) != 1 or next(iter(ready)) not in _READY:
                 raise UsageError('ready must be {"port": N}, {"file": PATH} or {"log": REGEX}')
@@ -188,7 +199,7 @@ class BackgroundRun:
 
     def wait(self, timeout: float | None = None) -> int:
         """Its exit code, as corral returned it (TimeoutError if still going at ``timeout``)."""
-        r = _ctl(["wait", self.id, *([] if timeout is None else ["--timeout", _value(float(timeout))])])
+        r = _ctl(["wait", self.id, *([] if timeout is None else ["--timeout", _value("timeout", timeout)])])
         if r.returncode == 124 and "still running" in r.stderr:
             raise TimeoutError(r.stderr.strip())
         return r.returncode

@@ -62,32 +62,40 @@ def output_log(directory: str, run_id: str) -> int:
     return fd
 
 
-def finished(directory: str, entry: dict) -> dict | None:
-    """The entry, once the run is over as an authorisation check sees it, else None."""
+def _ended(directory: str, entry: dict) -> dict | None:
+    """The entry, re-read, once it and the owner's token (while the owner holds one) say finished."""
     fresh = REG.read_entry(directory, entry["run_id"]) or entry
-    if REG.effective_state(fresh)[0] != "finished":
-        return None
-    if fresh.get("state") != "finished":
-        return None  # the owner's token says finished, its entry is being written
-    if REG.owner_alive(fresh) and REG.owner_token(fresh) is not None:
-        return fresh  # its corral says so, from the token only it holds
+    if REG.effective_state(fresh)[0] != "finished" or fresh.get("state") != "finished":
+        return None  # not over; or the token says finished and its entry is being written
+    return fresh
+
+
+def _nothing_left(directory: str, entry: dict) -> bool:
+    """Nothing of the run left as the kernel and the manager show it (``reclaim._leftovers``:
+    its units by the names its id gives, its cgroup, its marked processes)."""
     from .reclaim import _Bus, _leftovers
 
-    left, _ = _leftovers(directory, fresh, _Bus() if fresh.get("unit") else None)
-    return None if left else fresh
+    return _leftovers(directory, entry, _Bus())[0] is None
+
+
+def finished(directory: str, entry: dict) -> dict | None:
+    """The entry, once the run is over as an authorisation check sees it, else None:
+    its live corral says so (the token only it holds), or, with its corral gone,
+    nothing of it is left."""
+    fresh = _ended(directory, entry)
+    if fresh is None:
+        return None
+    if REG.owner_alive(fresh) and REG.owner_token(fresh) is not None:
+        return fresh
+    return fresh if _nothing_left(directory, fresh) else None
 
 
 def proven_gone(directory: str, entry: dict) -> bool:
-    """Is the run over and nothing of it left, as the kernel and the manager show it
-    (``reclaim._leftovers``: its units by the name its id gives, its cgroup, its
-    marked processes)? Its entry's own ``verified`` is not asked: a process that
-    outlived its corral could have written it."""
-    done = finished(directory, entry)
-    if done is None:
-        return False
-    from .reclaim import _Bus, _leftovers
-
-    return _leftovers(directory, done, _Bus())[0] is None
+    """Is the run over and nothing of it left (``_nothing_left``), whoever says it is
+    over? Its entry's own ``verified`` is not asked: a process that outlived its
+    corral could have written it."""
+    fresh = _ended(directory, entry)
+    return fresh is not None and _nothing_left(directory, fresh)
 
 
 def logs(run: str, follow: bool = False, tail: int | None = None, directory: str | None = None) -> int:
