@@ -71,10 +71,14 @@ def agent(tmp_path):
                 time.sleep(0.05)
             raise AssertionError(f"session {sid} did not end within {within}s")
 
-    yield Agent()
+    agent = Agent()
+    yield agent
     for p in procs:
         p.kill()
         p.wait()
+    for entry in agent.directory.glob("sessions/*.json"):  # a session a test left open (its units, its holder)
+        if json.loads(entry.read_text()).get("state") != "ended":
+            agent.ctl("session", "end", entry.stem)
     for m in markers:
         kill_marked(m)
 
@@ -86,12 +90,24 @@ def gone_within(agent, seconds: float = 5) -> list[int]:
     return left
 
 
-def start_session(agent, *args) -> str:
-    r = agent.ctl("session", "start", *args)
+#: Where a session of each run mode's tests lives: a fallback run's in a holder
+#: process, a unit's in a slice with a holder unit (so the mode tests each world);
+#: a --cgroup-parent run joins whichever the machine gives.
+SESSION_MODE = {"fallback": "fallback", "scope": "enforced", "service": "enforced", "cgroup-parent": "auto"}
+
+
+def start_session(agent, *args, mode: str | None = None) -> str:
+    flags = ["--cgroup-mode", SESSION_MODE[mode]] if mode is not None else []
+    r = agent.ctl("session", "start", *flags, *args)
     assert r.returncode == 0, r.stderr
     sid = r.stdout.strip()
     assert len(sid) == 12
     return sid
+
+
+def in_slice(mode: str) -> bool:
+    """Are a run of ``mode``'s processes in its session's slice (systemd mode)?"""
+    return SESSION_MODE[mode] == "enforced"
 
 
 def the_agents_day(agent, mode, sid: str) -> int:
@@ -140,7 +156,7 @@ def the_agents_day(agent, mode, sid: str) -> int:
 @pytest.mark.parametrize("mode", all_modes())
 def test_session_end_leaves_nothing(agent, mode):
     owner = agent.owner()
-    sid = start_session(agent, "--owner", str(owner.pid), "--name", "agent-1")
+    sid = start_session(agent, "--owner", str(owner.pid), "--name", "agent-1", mode=mode)
     port = the_agents_day(agent, mode, sid)
     ls = json.loads(agent.ctl("session", "ls", "--json").stdout)
     assert [s["session"] for s in ls] == [sid] and ls[0]["runs"] == 2 and ls[0]["owner"] == owner.pid
@@ -157,7 +173,7 @@ def test_session_end_leaves_nothing(agent, mode):
 @pytest.mark.parametrize("mode", all_modes())
 def test_the_agent_killed_ends_its_session(agent, mode):
     owner = agent.owner()
-    sid = start_session(agent, "--owner", str(owner.pid))
+    sid = start_session(agent, "--owner", str(owner.pid), mode=mode)
     port = the_agents_day(agent, mode, sid)
     owner.send_signal(signal.SIGKILL)
     owner.wait()
@@ -170,7 +186,7 @@ def test_the_agent_killed_ends_its_session(agent, mode):
 @pytest.mark.parametrize("mode", all_modes())
 def test_an_idle_session_ends(agent, mode):
     idle = f"{2 * TIME_SCALE:g}s"
-    sid = start_session(agent, "--idle-timeout", idle)
+    sid = start_session(agent, "--idle-timeout", idle, mode=mode)
     port = the_agents_day(agent, mode, sid)
     entry = agent.wait_ended(sid, within=30 * TIME_SCALE)
     assert entry["why"] == f"idle for {idle}"
@@ -283,7 +299,7 @@ def test_a_forged_session_entry_opens_nothing(agent):
 def test_a_background_runs_corral_killed_is_still_ended_with_the_session(agent, mode):
     """SIGKILL of the corral that supervises a background run: its engine's
     tether or unit stops the run, and the session's end proves it (or reclaims it)."""
-    sid = start_session(agent)
+    sid = start_session(agent, mode=mode)
     r = agent.corral(
         [
             *mode_flags(mode),
@@ -417,11 +433,15 @@ def test_gc_ends_a_session_whose_holder_died(agent):
     assert agent.session_entry(sid)["state"] == "ended"
 
 
-@pytest.mark.parametrize("mode", all_modes())
+def modes_outside_slices() -> list:
+    return [m for m in all_modes() if not in_slice(m if isinstance(m, str) else m.values[0])]
+
+
+@pytest.mark.parametrize("mode", modes_outside_slices())
 def test_a_session_whose_holder_is_killed_ends_its_runs(agent, mode):
     """Every way the session ends ends its runs: its holder SIGKILLed too (each
-    member's corral watches the holder through a pidfd)."""
-    sid = start_session(agent)
+    member's corral watches the holder through a pidfd), for runs no slice holds."""
+    sid = start_session(agent, mode=mode)
     bg_run = agent.corral(
         [*mode_flags(mode), "--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"]
     )
@@ -449,3 +469,211 @@ def test_a_session_whose_holder_is_killed_ends_its_runs(agent, mode):
     finally:
         fg.kill()
         kill_marked(marker)
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+def test_a_killed_holder_unit_comes_back_and_the_session_goes_on(agent, unit_type):
+    """systemd mode: the session is its slice and its holder unit, no process of the
+    caller's. The holder SIGKILLed is started again by the manager and takes the
+    session up: its runs go on in the slice, gc does not end it meanwhile, new runs
+    join, and ending it still stops everything."""
+    from modes import systemctl
+
+    sid = start_session(agent, "--name", "kept", mode=unit_type)
+    flags = mode_flags(unit_type)
+    bg_run = agent.corral([*flags, "--session", sid, "--background", "--", "sleep", "1000"])
+    assert bg_run.returncode == 0, bg_run.stderr
+    first = agent.session_entry(sid)["holder"]["pid"]
+    time.sleep(0.5)  # the holder has seen it join
+    os.kill(first, signal.SIGKILL)
+    assert "holder is gone" not in agent.ctl("gc").stdout  # the manager is bringing it back
+    deadline = time.monotonic() + 30 * TIME_SCALE
+    while (entry := agent.session_entry(sid))["holder"]["pid"] == first or entry.get("state") != "open":
+        assert time.monotonic() < deadline, f"the holder unit did not come back: {entry}"
+        time.sleep(0.05)
+    assert systemctl("is-active", f"corral-session_{sid}.service").stdout.strip() == "active"
+    assert agent.alive(), "the session's run ended with its holder"
+    late = agent.corral([*flags, "--session", "kept", "--", "sh", "-c", "cat /proc/self/cgroup"])
+    assert late.returncode == 0 and f"/corral-session_{sid}.slice/" in late.stdout, late.stderr
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stdout + end.stderr
+    assert gone_within(agent) == []
+    assert agent.ctl("wait", bg_run.stdout.strip()).returncode == 143
+
+
+# -- systemd mode: the session's slice and holder unit, its aggregate limits -------------------
+@pytest.mark.systemd
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+def test_a_sessions_runs_are_in_its_slice_and_both_units_go_with_it(agent, unit_type):
+    from modes import systemctl
+
+    sid = start_session(agent, mode=unit_type)
+    entry = agent.session_entry(sid)
+    units = (f"corral-session_{sid}.slice", f"corral-session_{sid}.service")
+    assert (entry["engine"], entry["slice"], entry["holder_unit"]) == ("systemd", *units)
+    assert [systemctl("is-active", u).stdout.strip() for u in units] == ["active", "active"]
+    flags = mode_flags(unit_type)
+    fg = agent.corral([*flags, "--session", sid, "--", "cat", "/proc/self/cgroup"])
+    assert fg.returncode == 0 and f"/corral-session_{sid}.slice/corral-" in fg.stdout, fg.stdout + fg.stderr
+    bg = agent.corral([*flags, "--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"])
+    assert bg.returncode == 0, bg.stderr
+    # The holder runs beside the slice (its own memory and tasks are not the session's).
+    holder_cg = open(f"/proc/{entry['holder']['pid']}/cgroup").read()
+    assert f"/corral.slice/corral-session_{sid}.service" in holder_cg and f"session_{sid}.slice" not in holder_cg
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stdout + end.stderr
+    assert gone_within(agent) == []
+    deadline = time.monotonic() + 10 * TIME_SCALE
+    while any(systemctl("is-active", u).stdout.strip() in ("active", "activating", "deactivating") for u in units):
+        assert time.monotonic() < deadline, "the session's units are still there after its end"
+        time.sleep(0.05)
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("ended_by", ["its owner", "session end, its holder gone"])
+def test_whatever_is_in_a_sessions_slice_ends_with_it(agent, ended_by):
+    """Ending a session stops its slice, so a unit put there by other means than a
+    corral run of it (here systemd-run) is stopped with it and proven gone too:
+    by the holder (its owner exits), or by ``session end`` when the holder unit
+    is gone for good (SIGKILLed, then stopped before the manager restarted it)."""
+    from modes import scope_flag, systemctl
+
+    owner = agent.owner()
+    sid = start_session(agent, "--owner", str(owner.pid), mode="scope")
+    marker = new_marker()
+    started = subprocess.run(
+        ["systemd-run", *scope_flag(), f"--slice=corral-session_{sid}.slice", "-q", f"--setenv={MARKER_ENV}={marker}"]
+        + ["sleep", "1000"],
+        capture_output=True,
+        text=True,
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 10 * TIME_SCALE
+        while not marked_pids(marker):
+            assert time.monotonic() < deadline, "the stray unit never started"
+            time.sleep(0.05)
+        if ended_by == "its owner":
+            owner.kill()
+            assert agent.wait_ended(sid, within=30 * TIME_SCALE)["not_proven"] == []
+        else:
+            os.kill(agent.session_entry(sid)["holder"]["pid"], signal.SIGKILL)
+            systemctl("stop", f"corral-session_{sid}.service")
+            assert marked_pids(marker), "the slice went with its holder unit"
+            end = agent.ctl("session", "end", sid)
+            assert end.returncode == 0, end.stdout + end.stderr
+        assert marked_pids(marker) == []
+        assert systemctl("is-active", f"corral-session_{sid}.slice").stdout.strip() != "active"
+    finally:
+        kill_marked(marker)
+
+
+def hog(megabytes: int) -> list[str]:
+    """A command that holds ``megabytes`` of touched memory, then prints "held" and waits."""
+    return [
+        sys.executable,
+        "-c",
+        f"import sys, time; b = bytearray({megabytes} << 20); print('held', flush=True); time.sleep(1000)",
+    ]
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("unit_type", ["scope", "service"])
+def test_a_sessions_mem_stops_the_run_that_crosses_it(agent, unit_type):
+    """--mem of a session: the kernel holds it over all its runs (the slice's MemoryMax).
+    A run that crosses it with the others' memory is OOM-killed: 121 for it, its
+    siblings untouched (the kernel's victim is the largest process)."""
+    from modes import KERNEL_LIMITS
+
+    sid = start_session(agent, "--mem", "160M", mode=unit_type)
+    entry = agent.session_entry(sid)
+    if not KERNEL_LIMITS:  # the unified harness layout: no memory controller, and the session says so
+        assert entry["limits_enforced"] == {"mem": "none"}
+        assert agent.ctl("session", "end", sid).returncode == 0
+        return
+    assert entry["limits_enforced"] == {"mem": "kernel"}
+    flags = mode_flags(unit_type)
+    held = agent.corral([*flags, "--session", sid, "--background", "--ready-log", "^held", "--", *hog(60)])
+    assert held.returncode == 0, held.stderr
+    crosser = agent.corral([*flags, "--session", sid, "--json", "-", "--", *hog(120)])
+    assert crosser.returncode == 121, crosser.stderr
+    assert '"outcome": "memory"' in crosser.stdout and "memory limit exceeded" in crosser.stderr
+    alone = agent.corral([*flags, "--session", sid, "--", *hog(50)[:2], "print('fits')"])
+    assert alone.returncode == 0 and alone.stdout.strip() == "fits", alone.stderr
+    ps = json.loads(agent.ctl("ps", "--session", sid, "--json").stdout)
+    assert [r["run_id"] for r in ps if r["state"] == "active"] == [held.stdout.strip()]
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert gone_within(agent) == []
+
+
+@pytest.mark.systemd
+def test_a_sessions_pids_and_cpus_are_the_slices(agent):
+    """--pids and --cpus of a session: TasksMax= and CPUQuota= of its slice, read back from the kernel."""
+    from modes import KERNEL_LIMITS, systemctl
+
+    sid = start_session(agent, "--pids", "12", "--cpus", "0.5", mode="scope")
+    entry = agent.session_entry(sid)
+    if not KERNEL_LIMITS:
+        assert entry["limits_enforced"] == {"pids": "none", "cpus": "none"}
+        assert agent.ctl("session", "end", sid).returncode == 0
+        return
+    assert entry["limits_enforced"] == {"pids": "kernel", "cpus": "kernel"}
+    assert systemctl("show", "-P", "TasksMax", f"corral-session_{sid}.slice").stdout.strip() == "12"
+    keep = agent.corral(["--session", sid, "--background", "--", "sh", "-c", "sleep 1000 & sleep 1000 & wait"])
+    assert keep.returncode == 0, keep.stderr
+    forks = agent.corral(
+        [
+            "--session",
+            sid,
+            "--",
+            sys.executable,
+            "-c",
+            "import os, time\nn = 0\nfor _ in range(30):\n    try:\n        pid = os.fork()\n"
+            "    except OSError:\n        continue\n    if pid == 0:\n        time.sleep(30); os._exit(0)\n"
+            "    n += 1\nprint(n)",
+        ]
+    )
+    assert forks.returncode == 0, forks.stderr
+    # 12 tasks in the whole session: the 3 of the background run and the python itself leave at most 8.
+    assert 0 < int(forks.stdout) <= 8
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert gone_within(agent) == []
+
+
+def test_a_fallback_sessions_limits_are_said_not_enforced(agent):
+    r = agent.ctl("session", "start", "--cgroup-mode", "fallback", "--mem", "100M", "--pids", "50")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip()
+    assert r.stderr.count("\n") == 1 and "--mem, --pids not enforced: no service manager" in r.stderr
+    entry = agent.session_entry(sid)
+    assert entry["engine"] == "fallback" and entry["limits_enforced"] == {"mem": "none", "pids": "none"}
+    run = agent.corral(["--session", sid, "--json", "-", "--", "true"])
+    assert run.returncode == 0, run.stderr
+    said = f"session {sid}'s limits (--mem 100M, --pids 50) do not hold this run"
+    assert said in run.stderr and said in run.stdout
+    assert agent.ctl("session", "end", sid).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--mem", "lots"], "--mem"),
+        (["--pids", "0"], "--pids '0'"),
+        (["--cpus", "-1"], "--cpus"),
+        (["--cgroup-mode", "sometimes"], "--cgroup-mode 'sometimes'"),
+    ],
+)
+def test_bad_session_limits(agent, args, says):
+    r = agent.ctl("session", "start", *args)
+    assert r.returncode == 125 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert not list(agent.directory.glob("sessions/*.json"))
+
+
+def test_an_enforced_session_without_a_manager_is_refused(agent):
+    from modes import manager_reachable
+
+    if manager_reachable():
+        pytest.skip("a manager answers here: enforced is had")
+    r = agent.ctl("session", "start", "--cgroup-mode", "enforced")
+    assert r.returncode == 125 and r.stderr.count("\n") == 1 and "--cgroup-mode enforced" in r.stderr, r.stderr

@@ -51,6 +51,17 @@ class Limit:
         """The RunSpec value of ``value`` as given (``coerce``), named ``what`` (default: the option)."""
         return coerce(self.kind, value, what or self.option)
 
+    def show(self, value) -> str:
+        """``value`` as the option would take it (``--mem 100M``: "100M")."""
+        if self.kind == "duration":
+            return f"{value:g}s"
+        if self.kind == "size":
+            for unit, size in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+                if value >= size and value % size == 0:
+                    return f"{value // size}{unit}"
+            return str(value)
+        return f"{value:g}" if self.kind == "cpus" else str(value)
+
 
 def coerce(kind: str, value, what: str):
     """A value of ``kind`` ("duration", "size", "count", "cpus") as it was

@@ -6,7 +6,10 @@ spelled and parsed by every layer through these functions.
 - its unit: ``corral-<id>.scope`` or ``corral-<id>.service``;
 - its group under ``--cgroup-parent``: ``corral-<id>``;
 - the tether its unit is bound to: ``corral-<id>-tether.scope`` (one run),
-  or a library Runner's ``corral-runner-<pid>-<8 hex>-tether.scope``.
+  or a library Runner's ``corral-runner-<pid>-<8 hex>-tether.scope``;
+- a session's, in systemd mode: its slice ``corral-session_<session id>.slice``
+  (a child of ``corral.slice``: its runs' units go there, under its aggregate
+  limits) and its holder ``corral-session_<session id>.service``.
 
 A name is never proof that a unit or a group is corral's (anyone may
 create ``corral-x.scope``); callers that act on one check its marks too
@@ -56,6 +59,21 @@ def group_name(run_id: str) -> str:
 
 def tether_unit(run_id: str) -> str:
     return f"{PREFIX}{run_id}-tether.scope"
+
+
+#: The slice a run goes in when it names none (``--slice``'s default).
+DEFAULT_SLICE = "corral.slice"
+
+
+def session_slice(session_id: str) -> str:
+    """A session's slice: its runs' units go there, under its aggregate limits.
+    The "-" makes it a child of corral.slice; "_" keeps the id one level."""
+    return f"{PREFIX}session_{session_id}.slice"
+
+
+def session_holder_unit(session_id: str) -> str:
+    """A session's holder, as a unit of the manager (systemd mode)."""
+    return f"{PREFIX}session_{session_id}.service"
 
 
 def runner_tether_unit() -> str:

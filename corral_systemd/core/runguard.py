@@ -93,11 +93,13 @@ class RunGuard:
             return None
         from ..state.registry import MARK_ENV, RegistryObserver, new_mark, register
 
-        facts = engine.registry_facts()
         mark = new_mark(self.spec.run_id) if engine.marks_processes else None
         session_id = self._session_open(engine) if self.spec.session is not None else None
+        in_slice = False
         if session_id is not None:
             self.labels = dict(self.labels, session=session_id)
+            in_slice = self._join_session(engine, session_id)
+        facts = engine.registry_facts()
         try:
             self.registration = register(
                 self.spec,
@@ -127,7 +129,8 @@ class RunGuard:
             return None
         if session_id is not None:
             self._session_open(engine, joining=session_id)  # again: it may have begun to end meanwhile
-            self._watch_holder(engine, session_id)
+            if not in_slice:  # in the slice, the session's end stops it, whatever befalls the holder
+                self._watch_holder(engine, session_id)
         if mark is not None or session_id is not None:
             env = dict(os.environ if self.spec.env is None else self.spec.env)
             if mark is not None:
@@ -151,6 +154,36 @@ class RunGuard:
         except S.NotJoinable as exc:
             engine.close()
             raise SetupError(str(exc)) from None
+
+    def _join_session(self, engine, session_id: str) -> bool:
+        """Put the run in its session's slice (systemd mode: the session's aggregate
+        limits hold it, and ending the session stops the slice); True if it is there.
+        A run that cannot be (another engine or manager, its own --slice) is still
+        the session's, ended with its holder; its warning says the limits do not hold it."""
+        from ..common.limits import BY_FIELD
+        from ..common.unit_names import DEFAULT_SLICE
+        from ..state import registry as REG
+        from ..state import sessions as S
+
+        token = S.holder_token(S.read_entry(REG.state_dir(), session_id))
+        limits = S.session_limits(token)
+        in_slice = S.token_slice(token)
+        if in_slice is None:
+            why = "without a service manager corral has no group over all of a session's runs"
+        elif engine.slice_manager != in_slice[1]:
+            why = f"the session is the {in_slice[1]} manager's; this run has " + (
+                f"the {engine.slice_manager} manager's unit" if engine.slice_manager else f"no unit ({engine.mode})"
+            )
+        elif self.spec.slice != DEFAULT_SLICE:
+            why = f"it was put in --slice {self.spec.slice}"
+        else:
+            engine.join_slice(in_slice[0], limits)
+            self.labels = dict(self.labels, session_slice=in_slice[0])
+            return True
+        if limits:
+            said = ", ".join(f"{BY_FIELD[k].option} {BY_FIELD[k].show(v)}" for k, v in limits.items())
+            self._warnings.append(f"session {session_id}'s limits ({said}) do not hold this run: {why}")
+        return False
 
     #: A pidfd of the joined session's holder (the supervisor stops the run when it exits).
     session_holder: int | None = None

@@ -2,6 +2,7 @@
 
 import sys
 
+from ..core.spec import CGROUP_MODES
 from ..state import registry as REG
 from .audit import audit_verify
 from .gc import gc, parse_keep
@@ -115,14 +116,33 @@ def _app():
         max_runs: int | None = typer.Option(
             None, "--max-runs", metavar="N", help="At most N runs of the session at once; one more is refused (125)."
         ),
+        mem: str | None = typer.Option(
+            None, "--mem", metavar="SIZE", help="Memory of all the session's runs together (systemd mode: its slice)."
+        ),
+        pids: str | None = typer.Option(
+            None, "--pids", metavar="COUNT", help="Processes and threads of all its runs together (systemd mode)."
+        ),
+        cpus: str | None = typer.Option(
+            None, "--cpus", metavar="CPUS", help="CPU quota of all its runs together, in CPUs (systemd mode)."
+        ),
+        cgroup_mode: str = typer.Option(
+            "auto",
+            "--cgroup-mode",
+            metavar="|".join(CGROUP_MODES),
+            help="auto: a slice and a holder unit where a systemd manager answers, else a holder process; "
+            "enforced: the manager or exit 125; fallback: a holder process.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="The session's entry as JSON instead of its id."),
     ):
         """Start a session; print its id. Runs join with --session ID or CORRAL_SESSION=ID."""
         from .sessions import start
 
+        if cgroup_mode not in CGROUP_MODES:
+            raise CtlError(f"--cgroup-mode {cgroup_mode!r}: one of {', '.join(CGROUP_MODES)}")
         timeout = _duration(idle_timeout, "--idle-timeout")
         assert timeout is not None
-        raise typer.Exit(start(name, owner, timeout, max_runs, as_json))
+        limits = {"mem": mem, "pids": pids, "cpus": cpus}
+        raise typer.Exit(start(name, owner, timeout, max_runs, as_json, limits=limits, cgroup_mode=cgroup_mode))
 
     @session.command("ls")
     def _session_ls(as_json: bool = typer.Option(False, "--json", help="JSON instead of a table.")):

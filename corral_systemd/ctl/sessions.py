@@ -1,26 +1,23 @@
 """``corralctl session start | ls | end``: runs that end together, with their agent.
 
-A session is held by a **holder**: a detached process ``session start`` forks
-(its own session, /dev/null for stdio, none of the caller's descriptors),
-which holds the session's sealed token (``state.sessions``), learns each
-run that joins (from that run's own corral's token, never from its entry),
-and ends the session when
+``session start`` decides once where the session lives (``--cgroup-mode``):
 
-- its owner exits (``--owner PID``: watched through a pidfd opened by
-  ``session start`` and inherited, so a reused pid number is never taken
-  for the owner),
-- it has been idle for ``--idle-timeout`` (no run started, none running in
-  the foreground; background runs do not keep a session alive), or
-- ``corralctl session end`` asks (SIGTERM through a pidfd, after checking the
-  holder's start time and token).
+- **systemd** (auto, where a manager answers, as a run's engine is chosen): a
+  slice ``corral-session_<id>.slice`` with the session's aggregate limits,
+  where its runs' units go, and a holder unit ``corral-session_<id>.service``
+  (``engines/systemd/session_slice.py``): the session needs no process of
+  the caller's;
+- **fallback**: a holder process forked away from the caller; ``--mem``,
+  ``--pids`` and ``--cpus`` are then not enforced (no group holds all its
+  runs), and ``session start`` says so.
 
-Ending: the token says ``ending`` first (no run joins from then: a joining
-corral checks it after registering), every member is stopped with its own
-stop sequence (``corralctl stop``'s rules: only what is proven the run's is
-signalled), in parallel. ``session end`` then proves each member gone itself
-(``logs.finished``: the run's corral says so, or nothing of it is left in
-the kernel's view) and exits 0, or 120 naming what is not proven; it never
-takes the holder's word, nor the entry's, for that.
+The holder (``session_holder.py``) holds the session's sealed token and ends
+it when its owner exits, when idle, or when ``session end`` asks (SIGTERM
+through a pidfd, after checking the holder's start time and token).
+``session end`` then proves each member gone itself (``logs.proven_gone``:
+the run's corral says so, or nothing of it is left in the kernel's view) and
+the session's slice empty, and exits 0, or 120 naming what is not proven; it
+never takes the holder's word, nor the entry's, for that.
 """
 
 import json
@@ -33,12 +30,13 @@ import time
 from ..common.unit_names import new_run_id
 from ..state import registry as REG
 from ..state import sessions as S
+from .session_holder import stop_members, stop_slice
 from .status import CtlError
 
-#: How often the holder looks at the registry (new members, foreground runs).
-SCAN = 0.2
 #: How long ``session end`` follows a holder that is stopping the session's runs.
 HOLDER_WAIT = 120.0
+#: How long ``session start`` waits for a holder unit to hold the session.
+HOLDER_START = 30.0
 
 
 def start(
@@ -48,7 +46,13 @@ def start(
     max_runs: int | None,
     as_json: bool,
     directory: str | None = None,
+    *,
+    limits: dict | None = None,
+    cgroup_mode: str = "auto",
 ) -> int:
+    """Start a session (``limits``: ``common.limits`` fields → values, aggregate
+    over its runs); print its id (``--json``: its entry). CtlError (125) for bad
+    input, the sessions cap, a name in use, or a mode that cannot be had."""
     directory = REG.ensure_state_dir(directory)
     REG.ensure_private_dir(S.sessions_dir(directory))
     if name is not None:
@@ -61,6 +65,7 @@ def start(
             raise CtlError(str(exc)) from None
     if max_runs is not None and max_runs < 1:
         raise CtlError("--max-runs must be 1 or more")
+    limits = _check_limits(limits or {})
     try:
         cap = S.max_sessions()
     except ValueError as exc:
@@ -76,33 +81,156 @@ def start(
         if name is not None and any(e.get("name") == name for e in live):
             raise CtlError(f"--name {name!r}: a session of that name is open")
         session_id = new_run_id()
-        ready_r, ready_w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the holder, from here to os._exit
-            code = 1
-            try:
-                os.close(ready_r)
-                code = _hold(directory, session_id, name, owner, owner_start, owner_fd, idle_timeout, max_runs, ready_w)
-            finally:
-                os._exit(code)
-        os.close(ready_w)
-        said = os.read(ready_r, 1)
-        os.close(ready_r)
+        config: dict = {
+            "session": session_id,
+            "name": name,
+            "owner": None if owner is None else {"pid": owner, "starttime": owner_start},
+            "idle_timeout": idle_timeout,
+            "max_runs": max_runs,
+            "created_at": time.time(),
+            "limits": limits,
+        }
+        manager, why = _manager(session_id, cgroup_mode)
+        if manager is not None:
+            warnings = _start_unit(directory, config, manager)
+        else:
+            warnings = _start_forked(directory, config, owner_fd, why)
     finally:
         os.close(lock)
         if owner_fd is not None:
             os.close(owner_fd)
-    if said != b"1":
-        raise CtlError("the session's holder could not start")
-    os.waitpid(pid, 0)  # the intermediate: the holder forked itself away (see _hold)
+    for warning in warnings:
+        print(f"corralctl: session {session_id}: {warning}", file=sys.stderr)
     entry = S.read_entry(directory, session_id) or {}
     if as_json:
         print(json.dumps(_public(entry), sort_keys=True))
     else:
         print(session_id)
     return 0
+
+
+def _check_limits(limits: dict) -> dict:
+    """The session's limits, given as text or numbers (``Limit.coerce``), checked against their bounds."""
+    from ..common.limits import BY_FIELD
+
+    checked = {}
+    for field, value in limits.items():
+        if value is None:
+            continue
+        limit = BY_FIELD[field]
+        try:
+            value = limit.coerce(value)
+        except ValueError as exc:
+            raise CtlError(str(exc)) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit.maximum:
+            raise CtlError(f"{limit.option} {value}: out of range")
+        checked[field] = value
+    return checked
+
+
+def _manager(session_id: str, cgroup_mode: str):
+    """(the session's ``SessionSlice`` or None, why not): a manager as a run's
+    engine would find one (``engines.open_engine``), unless told otherwise."""
+    from ..common.errors import SetupError
+    from ..common.nesting import outer_run
+
+    if cgroup_mode == "fallback":
+        return None, "--cgroup-mode fallback"
+    outer = outer_run()
+    if outer is not None:
+        if cgroup_mode == "enforced":
+            raise CtlError(f"inside corral run {outer}: a session's slice would leave that run's cgroup and its limits")
+        return None, f"nested in corral run {outer}"
+    from ..engines.systemd.session_slice import SessionSlice
+
+    try:
+        return SessionSlice(session_id), None
+    except SetupError as exc:
+        if cgroup_mode == "enforced":
+            raise CtlError(f"--cgroup-mode enforced: {exc}") from None
+        return None, str(exc)
+
+
+def _start_unit(directory: str, config: dict, manager) -> list[str]:
+    """systemd: the session's slice (its limits), then its holder as the manager's unit."""
+    from ..engines.systemd.session_slice import holder_environment
+
+    try:
+        enforced, warnings = manager.make_slice(config["limits"])
+        config.update(
+            limits_enforced=enforced,
+            engine="systemd",
+            manager=manager.kind,
+            slice=manager.slice,
+            holder_unit=manager.holder_unit,
+        )
+        argv = [sys.executable, "-m", "corral_systemd.ctl.session_holder", json.dumps(config, sort_keys=True)]
+        manager.start_holder(argv, holder_environment(directory))
+        give_up = time.monotonic() + HOLDER_START
+        while S.holder_token(S.read_entry(directory, config["session"])) is None:
+            if time.monotonic() > give_up or not manager.holder_active():
+                manager.abandon()
+                raise CtlError(f"the session's holder ({manager.holder_unit}) did not start")
+            time.sleep(0.02)
+        return warnings
+    except BaseException:
+        manager.close()
+        raise
+    finally:
+        manager.close()
+
+
+def _start_forked(directory: str, config: dict, owner_fd: int | None, why: str | None) -> list[str]:
+    """fallback: the holder forked away from the caller."""
+    from ..common.limits import BY_FIELD
+
+    config.update(limits_enforced={k: "none" for k in config["limits"]}, engine="fallback", manager=None, slice=None)
+    config["holder_unit"] = None
+    warnings = []
+    if config["limits"]:
+        said = ", ".join(BY_FIELD[k].option for k in config["limits"])
+        warnings.append(
+            f"{said} not enforced: no service manager ({why}), so no group holds all of its runs; "
+            "each run's own limits still hold"
+        )
+    ready_r, ready_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the holder, from here to os._exit
+        code = 1
+        try:
+            os.close(ready_r)
+            code = _detached_holder(directory, config, owner_fd, ready_w)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    said_ready = os.read(ready_r, 1)
+    os.close(ready_r)
+    os.waitpid(pid, 0)  # the intermediate: the holder forked itself away
+    if said_ready != b"1":
+        raise CtlError("the session's holder could not start")
+    return warnings
+
+
+def _detached_holder(directory: str, config: dict, owner_fd: int | None, ready_w: int) -> int:
+    """The holder's life as a grandchild of ``session start`` (so no shell waits for it)."""
+    from .session_holder import Holder
+
+    os.setsid()
+    if os.fork():
+        return 0  # the intermediate: ``session start`` reaps it at once
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = {ready_w} | ({owner_fd} if owner_fd is not None else set())
+    for fd in range(3, 1024):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    return Holder(directory, config, owner_fd).run(ready_w)
 
 
 def _open_owner(pid: int) -> tuple[int, int]:
@@ -135,152 +263,7 @@ def _lock(directory: str) -> int:
 
 
 def _public(entry: dict) -> dict:
-    keys = ("session", "name", "owner", "idle_timeout", "max_runs", "created_at", "holder", "state")
-    return {k: entry.get(k) for k in keys}
-
-
-# -- the holder -----------------------------------------------------------------------------------
-def _hold(directory, session_id, name, owner, owner_start, owner_fd, idle_timeout, max_runs, ready_w) -> int:
-    """The holder's life (a grandchild of ``session start``, so no shell waits for it)."""
-    os.setsid()
-    if os.fork():
-        return 0  # the intermediate: ``session start`` reaps it at once
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    keep = {ready_w} | ({owner_fd} if owner_fd is not None else set())
-    for fd in range(3, 1024):
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    stop_r, stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(stop_w)
-    asked: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: asked.append(signum))
-    token = S.HolderToken(session_id, max_runs)
-    token.update()
-    entry = {
-        "session": session_id,
-        "name": name,
-        "owner": None if owner is None else {"pid": owner, "starttime": owner_start},
-        "idle_timeout": idle_timeout,
-        "max_runs": max_runs,
-        "created_at": time.time(),
-        "holder": {"pid": os.getpid(), "starttime": REG.own_starttime(), "boot_id": REG.boot_id()},
-        "state": "open",
-    }
-    S.write_entry(directory, entry)
-    os.write(ready_w, b"1")
-    os.close(ready_w)
-    members: list[str] = []
-    seen: dict[str, int] = {}
-    last_activity = time.monotonic()
-    why = None
-    while why is None:
-        fds = [stop_r] + ([owner_fd] if owner_fd is not None else [])
-        ready, _, _ = select.select(fds, [], [], SCAN)
-        if owner_fd is not None and owner_fd in ready:
-            why = f"its owner (pid {owner}) exited"
-            break
-        if asked:
-            why = "ended by corralctl session end"
-            break
-        if S.read_entry(directory, session_id) != entry:  # removed or rewritten: the holder's is the entry
-            try:
-                S.write_entry(directory, entry)
-            except OSError:
-                pass  # the state directory itself is gone: the token still holds the session
-        joined, foreground = _scan(directory, session_id, members, seen)
-        if joined:
-            members.extend(joined)
-            token.update(members=members)
-        if joined or foreground:
-            last_activity = time.monotonic()
-        elif time.monotonic() - last_activity >= idle_timeout:
-            why = f"idle for {idle_timeout:g}s"
-    token.update(state="ending")
-    joined, _ = _scan(directory, session_id, members, seen)  # whoever joined before "ending" was read
-    members.extend(joined)
-    token.update(members=members)
-    left = stop_members(directory, members)
-    entry.update(state="ended", ended_at=time.time(), why=why, members=members, not_proven=left)
-    S.write_entry(directory, entry)
-    token.close()
-    return 0
-
-
-def _scan(directory: str, session_id: str, members: list[str], seen: dict) -> tuple[list[str], bool]:
-    """(runs newly proven to have joined, whether a member runs in the foreground now).
-
-    Reads only entries changed since the last look."""
-    joined: list[str] = []
-    foreground = False
-    try:
-        names = os.scandir(directory)
-    except OSError:
-        return joined, foreground
-    with names:
-        for item in names:
-            if not item.name.endswith(".json"):
-                continue
-            run_id = item.name[:-5]
-            if not REG.valid_run_id(run_id):
-                continue
-            try:
-                mtime = item.stat(follow_symlinks=False).st_mtime_ns
-            except OSError:
-                continue
-            is_member = run_id in members or run_id in joined
-            if not is_member and seen.get(run_id) == mtime:
-                continue
-            seen[run_id] = mtime
-            entry = REG.read_entry(directory, run_id)
-            if entry is None or entry.get("run_id") != run_id:
-                continue
-            if not is_member and entry.get("session") == session_id:
-                if S.member_of(entry, session_id):
-                    joined.append(run_id)
-                    is_member = True
-                else:
-                    # A run that came and went between two looks: it kept the
-                    # session busy (all an entry alone may do here).
-                    foreground = True
-            if is_member and not entry.get("background") and REG.effective_state(entry)[0] == "active":
-                foreground = True
-    return joined, foreground
-
-
-def stop_members(directory: str, run_ids: list[str]) -> list[str]:
-    """Stop each run (in parallel, each with its own stop sequence); the ids not proven gone."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .logs import proven_gone
-    from .stop import stop
-
-    def one(run_id: str) -> str | None:
-        entry = REG.read_entry(directory, run_id)
-        if entry is None:
-            return None if not _marked_alive(run_id) else run_id
-        if not proven_gone(directory, entry):
-            stop(run_id, directory=directory)
-        again = REG.read_entry(directory, run_id) or entry
-        return None if proven_gone(directory, again) else run_id
-
-    if not run_ids:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(run_ids))) as pool:
-        return [r for r in pool.map(one, run_ids) if r is not None]
-
-
-def _marked_alive(run_id: str) -> bool:
-    """A run whose entry is gone (removed by its uid): is any process of it left
-    (``CORRAL_RUN_ID`` in its environment, inherited by all it started)?"""
-    from ..engines.fallback_tether import MarkedProcesses
-
-    return bool(MarkedProcesses(run_id).remaining())
+    return {**S.public_config(entry), "holder": entry.get("holder"), "state": entry.get("state")}
 
 
 # -- corralctl session ls / end -------------------------------------------------------------------
@@ -347,6 +330,10 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
             if S.member_of(e, session_id) or token is None:
                 members.append(rid)
     left = stop_members(directory, members)
+    # Whatever is still in the session's slice (systemd mode): the one its id names.
+    # With no holder to say whether the session has one, it is looked for anyway.
+    if token is None or S.token_slice(token) is not None:
+        left += stop_slice(session_id)
     if token is None and entry.get("state") != "ended":
         entry.update(state="ended", ended_at=time.time(), why=f"ended by {by} (its holder was gone)", not_proven=left)
         S.write_entry(directory, entry)
@@ -354,8 +341,26 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
 
 
 def orphaned(directory: str) -> list[dict]:
-    """Sessions not ended whose holder is gone (SIGKILLed, or its machine's session ended)."""
-    return [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_token(e) is None]
+    """Sessions not ended whose holder is gone (SIGKILLed, or its machine's session
+    ended) and will not come back (a holder unit the manager is restarting will)."""
+    gone = [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_token(e) is None]
+    return [e for e in gone if not _holder_unit_restarting(e)]
+
+
+def _holder_unit_restarting(entry: dict) -> bool:
+    if entry.get("engine") != "systemd":
+        return False
+    from ..common.errors import SetupError
+    from ..engines.systemd.session_slice import SessionSlice
+
+    try:
+        manager = SessionSlice(entry["session"])
+    except SetupError:
+        return False
+    try:
+        return manager.holder_active()
+    finally:
+        manager.close()
 
 
 def _end_holder(entry: dict, members: list[str]) -> list[str]:

@@ -9,7 +9,7 @@ to 125) and lets ``ExecError`` from spawning through (126/127).
 """
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..common.limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
 
@@ -46,6 +46,18 @@ class Engine:
 
     def start(self, argv, *, stdin: int, stdout: int, stderr: int, env, cwd) -> None:
         """Start the command; return once it has exec'd."""
+        raise NotImplementedError
+
+    @property
+    def slice_manager(self) -> str | None:
+        """The manager ("user" or "system") whose slices its runs' units can join
+        (a session's: its limits held by the kernel over every run in it;
+        ``join_slice``), or None: no unit, no slice."""
+        return None
+
+    def join_slice(self, name: str, limits: dict) -> None:
+        """Before ``start``: put the run's unit in slice ``name`` of ``slice_manager``,
+        whose ``limits`` (``common.limits`` fields) hold over it and its siblings."""
         raise NotImplementedError
 
     @property
@@ -224,6 +236,7 @@ class CgroupLimits:
       run, exited ones included, read every ``CPU_TIME_INTERVAL``.
     """
 
+    spec: Any  # the run's RunSpec (core.spec), set by the engine
     #: How often the supervisor asks (an OOM kill, or the watched total).
     LIMIT_WATCH_INTERVAL = 0.025
     #: How often the group's figures are read, and its processes shown to the
@@ -240,9 +253,14 @@ class CgroupLimits:
         """Read the group's figures now."""
         raise NotImplementedError
 
+    @property
+    def _memory_limited(self) -> bool:
+        """A memory limit holds the run: its own --mem (or its session's, ``SystemdEngine``)."""
+        return self.spec.mem is not None
+
     def watch_interval(self):
         intervals = [self.SAMPLE_INTERVAL] if self._has_group() else []
-        if self.spec.mem is not None:
+        if self._memory_limited:
             intervals.append(self.LIMIT_WATCH_INTERVAL)
         if self.spec.cpu_time is not None:
             intervals.append(CPU_TIME_INTERVAL)
@@ -253,10 +271,10 @@ class CgroupLimits:
             self._next_sample = time.monotonic() + self.SAMPLE_INTERVAL
             self._sample_group()
             self._track(self.live_pids())
-        if self.spec.mem is not None:
+        if self._memory_limited:
             if self.oom_killed():
                 return MEM.field
-            if self.limits_enforced.get("mem") == "watch":
+            if self.spec.mem is not None and self.limits_enforced.get("mem") == "watch":
                 from ..kernel.procfs import resident_bytes
 
                 if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:

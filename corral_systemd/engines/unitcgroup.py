@@ -64,7 +64,10 @@ class UnitCgroup:
         self._watches: dict[str, cgroupfs.KeyedWatch] = {}
         self._oom_eventfd: int | None = None
         self._oom_seen = False
+        #: An OOM was signalled while the group was there (its victim may be another group's).
+        self._oom_signalled = False
         self._oom_signals_after_removal = 0
+        self._kills_counted_only = False
 
     @classmethod
     def v2_directory(cls, directory: str, mounts: cgroupfs.Mounts | None = None) -> "UnitCgroup":
@@ -155,11 +158,17 @@ class UnitCgroup:
         return False
 
     # -- watching: OOM and the figures ---------------------------------
-    def arm(self, *, oom_eventfd: bool) -> None:
+    def arm(self, *, oom_eventfd: bool, kills_counted_only: bool = False) -> None:
         """Keep the group's cgroup v2 ``memory.events`` and ``cgroup.events``
         open and watched (``cgroupfs.KeyedWatch``, polled for POLLPRI through
         ``priority_fds``), and with ``oom_eventfd`` register a cgroup v1 OOM
         eventfd (``oom_fds``).
+
+        ``kills_counted_only``: the limit that may be crossed is an ancestor's
+        (a session's slice), whose OOM fires the eventfd of every group below
+        it; an OOM is then this group's only where the kernel counts a kill
+        in it (v1 ``oom_control``'s ``oom_kill`` is the group's own), or, once
+        the group is gone, where its main process died of a SIGKILL no one sent.
 
         The manager removes the group as soon as the unit ends, often before
         corral learns that the main process exited (a service's end comes
@@ -170,6 +179,7 @@ class UnitCgroup:
         empties (cgroup.events); the engine samples it too, periodically
         and at each step of the stop.
         """
+        self._kills_counted_only = kills_counted_only
         if oom_eventfd:
             self._arm_oom_eventfd()
         unified = self.dir("unified")
@@ -239,21 +249,35 @@ class UnitCgroup:
         Once the group is gone: a second signal means one of them was an
         OOM; a single one is an OOM only if the main process was SIGKILLed
         by no one else (the OOM killer's signal: ``main_sigkilled_unprompted``),
-        not a removal after a normal end."""
+        not a removal after a normal end.
+
+        ``kills_counted_only`` (see ``arm``): a signal says only that an OOM
+        began at or above the group, before its victim is killed; the group's
+        own kill count says whether the victim was its, read at every call
+        while the group is there; once it is gone, an OOM signalled and the
+        main process SIGKILLed by no one else."""
+        there = False
         if self._oom_eventfd is not None:
             try:
                 count = os.eventfd_read(self._oom_eventfd)
             except BlockingIOError:
                 count = 0
-            if count:
-                mem_v1 = self.dir("memory")
-                if mem_v1 is not None and os.path.isdir(mem_v1):
-                    self._oom_seen = True
-                    self.sample()  # while the group is still there
-                else:
-                    self._oom_signals_after_removal += count
+            mem_v1 = self.dir("memory")
+            there = mem_v1 is not None and os.path.isdir(mem_v1)
+            if count and there:
+                self._oom_signalled = True
+                self._oom_seen = self._oom_seen or not self._kills_counted_only
+                self.sample()  # while the group is still there
+            elif count:
+                self._oom_signals_after_removal += count
+            if self._kills_counted_only and there and not self._oom_seen and self._oom_signalled:
+                self._oom_seen = self._v1_kills(mem_v1 or "") > 0
         if not self._oom_seen and self._oom_signals_after_removal:
-            self._oom_seen = self._oom_signals_after_removal > 1 or main_sigkilled_unprompted
+            # Counting kills only, a second signal is no proof (a sibling's OOM signals too).
+            several = self._oom_signals_after_removal > 1 and not self._kills_counted_only
+            self._oom_seen = several or main_sigkilled_unprompted
+        elif not self._oom_seen and self._oom_signalled and self._kills_counted_only and not there:
+            self._oom_seen = main_sigkilled_unprompted
         return self._oom_seen
 
     def oom_counted(self, main_sigkilled_unprompted: bool) -> bool:
@@ -272,13 +296,15 @@ class UnitCgroup:
             if (values.get("oom", 0) > 0 or values.get("max", 0) > 0) and main_sigkilled_unprompted:
                 return True
         mem_v1 = self.dir("memory")
-        if mem_v1:
-            try:
-                if cgroupfs.read_keyed(os.path.join(mem_v1, "memory.oom_control")).get("oom_kill", 0) > 0:
-                    return True
-            except OSError:
-                pass
-        return False
+        return mem_v1 is not None and self._v1_kills(mem_v1) > 0
+
+    @staticmethod
+    def _v1_kills(mem_v1: str) -> int:
+        """cgroup v1: the kernel's count of OOM kills of this group's own processes."""
+        try:
+            return cgroupfs.read_keyed(os.path.join(mem_v1, "memory.oom_control")).get("oom_kill", 0)
+        except OSError:
+            return 0
 
     def memory_events(self) -> dict | None:
         """memory.events' counters as last read (None where it was never open)."""

@@ -1,14 +1,15 @@
 """Sessions: many runs that end together, held by one holder process.
 
     <state dir>/sessions/<session id>.json   the session's entry (0600): name, owner,
-                                              idle timeout, limits, its holder's pid
-                                              and start time; its end, once ended
+                                              idle timeout, limits, its engine (systemd:
+                                              its slice and holder unit; fallback), its
+                                              holder's pid and start time; its end, once ended
 
 The entry is a file the runs' own uid can rewrite, so nothing rests on it
 alone. What a reader believes comes from the **holder's token**: a sealed
 memfd ``corral-session-<id>`` that only the live holder process holds
 (``registry.SealedToken``), JSON ``{session, pid, boot_id, state, members,
-max_runs}``. ``state`` is ``open`` (runs may join) or ``ending``; ``members``
+max_runs, limits, slice, manager}``. ``state`` is ``open`` (runs may join) or ``ending``; ``members``
 are the run ids the holder saw join, each proven by that run's own corral's
 token naming this session (``registry.owner_token``'s ``session``), so a
 forged entry can neither add a run of another session to this one nor make
@@ -151,6 +152,18 @@ def live_sessions(directory: str) -> list[dict]:
     return [e for e in list_entries(directory) if holder_token(e) is not None]
 
 
+#: The session limits (``common.limits`` fields): aggregate over every run of the session.
+SESSION_LIMITS = ("mem", "pids", "cpus")
+
+
+def session_limits(token: dict | None) -> dict:
+    """The aggregate limits the holder's token states ({} if none, or no token)."""
+    limits = (token or {}).get("limits")
+    if not isinstance(limits, dict):
+        return {}
+    return {k: v for k, v in limits.items() if k in SESSION_LIMITS and type(v) in (int, float) and v > 0}
+
+
 def member_of(entry: dict, session_id: str) -> bool:
     """Is the run of registry entry ``entry`` proven a member of ``session_id``
     (its live corral's token says so)?"""
@@ -158,13 +171,49 @@ def member_of(entry: dict, session_id: str) -> bool:
     return token is not None and token.get("session") == session_id
 
 
+#: What ``session start`` decides and the holder keeps (its argv, as a unit): the entry's first fields.
+CONFIG_KEYS = (
+    "session",
+    "name",
+    "owner",
+    "idle_timeout",
+    "max_runs",
+    "created_at",
+    "limits",
+    "limits_enforced",
+    "engine",
+    "manager",
+    "slice",
+    "holder_unit",
+)
+
+
+def public_config(config: dict) -> dict:
+    return {key: config.get(key) for key in CONFIG_KEYS}
+
+
+def token_slice(token: dict | None) -> tuple[str, str] | None:
+    """(the session's slice, its manager: "user" or "system") as its holder's token
+    says, in systemd mode: the slice its id names; None for a fallback session."""
+    from ..common.unit_names import session_slice
+
+    if not token or not isinstance(session_id := token.get("session"), str):
+        return None
+    if token.get("slice") != session_slice(session_id) or token.get("manager") not in ("user", "system"):
+        return None
+    return token["slice"], token["manager"]
+
+
 class HolderToken(REG.SealedToken):
     """The holder's side of ``holder_token``."""
 
-    def __init__(self, session_id: str, max_runs: int | None):
-        super().__init__(TOKEN_PREFIX + session_id)
-        self.session_id = session_id
-        self.max_runs = max_runs
+    def __init__(self, config: dict):
+        super().__init__(TOKEN_PREFIX + config["session"])
+        self.session_id = config["session"]
+        self.max_runs = config.get("max_runs")
+        self.limits = dict(config.get("limits") or {})
+        self.slice = config.get("slice")
+        self.manager = config.get("manager")
         self.state = "open"
         self.members: list[str] = []
 
@@ -181,6 +230,9 @@ class HolderToken(REG.SealedToken):
                 "state": self.state,
                 "members": self.members,
                 "max_runs": self.max_runs,
+                "limits": self.limits,
+                "slice": self.slice,
+                "manager": self.manager,
                 "time": time.time(),
             }
         )

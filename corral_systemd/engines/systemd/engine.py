@@ -91,6 +91,8 @@ class SystemdEngine(CgroupLimits, Engine):
         #: Scope or service, decided here once (see strategy.py).
         self.strategy = strategy_for(self)
         self._tether: Tether | None = None  # our own tether (no session)
+        #: The tether's slice: the run's own, unless it joins a session's (``join_slice``).
+        self._tether_slice = spec.slice
         #: The unit's cgroup, once located (see _locate_cgroup).
         self.cgroup: UnitCgroup | None = None
         self._stopping = False  # corral has signalled the run
@@ -133,6 +135,19 @@ class SystemdEngine(CgroupLimits, Engine):
     def direct(self) -> bool:
         return self.link.direct
 
+    @property
+    def slice_manager(self) -> str:
+        return self.manager_kind
+
+    def join_slice(self, name: str, limits: dict) -> None:
+        """The session's slice exists (``session start`` made it): the run's unit
+        goes there; its tether stays in corral.slice (corral's, not the run's)."""
+        self.spec.slice = name
+        self._slice_limits = dict(limits)
+
+    #: The limits of the slice the run joined (a session's), held over all its units.
+    _slice_limits: dict = {}
+
     # -- 2-4. start ----------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd):
         spec, strategy = self.spec, self.strategy
@@ -140,7 +155,7 @@ class SystemdEngine(CgroupLimits, Engine):
         aux = []
         if self.session is None:
             self._tether = Tether()
-            aux = [(self.tether_unit, P.tether_properties(self._tether.pid, spec.slice, self.unit))]
+            aux = [(self.tether_unit, P.tether_properties(self._tether.pid, self._tether_slice, self.unit))]
         props = P.unit_properties(
             spec,
             argv,
@@ -228,7 +243,10 @@ class SystemdEngine(CgroupLimits, Engine):
         enforced, warnings = group.limits_set(self.spec)
         self.limits_enforced.update(enforced)
         self.warnings += warnings
-        group.arm(oom_eventfd=self.spec.mem is not None)
+        # In a session's slice with a memory limit, the kernel's OOM killer may
+        # pick this run's processes when the session crosses it: watched too,
+        # but an OOM is this run's only where the kernel counts a kill in its group.
+        group.arm(oom_eventfd=self._memory_limited, kills_counted_only="mem" in self._slice_limits)
 
     def _ended_per_signals(self) -> bool:
         """The manager has told us the unit ended (a service that exited at once)."""
@@ -237,9 +255,10 @@ class SystemdEngine(CgroupLimits, Engine):
 
     def _cgroup_beside_tether(self) -> str:
         """The service's cgroup, from the tether scope's when both share a slice."""
+        slice_cgroup = None
         if self.session is not None:
             slice_cgroup = self.session.slice_cgroup if self.session.slice == self.spec.slice else None
-        else:
+        elif self._tether_slice == self.spec.slice:
             tether = self._tether
             path = tether and cgroup_of(tether.pid, self.tether_unit)
             slice_cgroup = path.rsplit("/", 1)[0] if path else None
@@ -344,8 +363,12 @@ class SystemdEngine(CgroupLimits, Engine):
     def _oom_event(self) -> bool:
         return self.cgroup is not None and self.cgroup.oom_event(self._sigkilled_unprompted())
 
+    @property
+    def _memory_limited(self) -> bool:
+        return self.spec.mem is not None or "mem" in self._slice_limits
+
     def oom_killed(self):
-        if self.spec.mem is None:
+        if not self._memory_limited:
             return False
         if self.cgroup is not None and (
             self.cgroup.oom_event(self._sigkilled_unprompted()) or self.cgroup.oom_counted(self._sigkilled_unprompted())

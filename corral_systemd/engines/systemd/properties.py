@@ -84,6 +84,14 @@ def limit_properties(spec) -> list:
     return props
 
 
+def slice_limit_properties(limits: dict) -> list:
+    """A session's slice: its aggregate limits, as a run's would be."""
+    from ..cgroup_limits import CGROUP_LIMITS
+
+    asked = [limit for limit in CGROUP_LIMITS if limit.field in limits]
+    return [prop(*p) for limit in asked for p in limit.unit_properties(limits[limit.field])]
+
+
 def scope_properties(main_pid: int) -> list:
     """A scope is made of processes that exist: the command, held at its gate."""
     return [prop("PIDs", "au", [main_pid])]
