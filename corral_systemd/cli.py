@@ -44,6 +44,29 @@ def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: s
         return exc.exit_code
 
 
+def detached_main(args: list[str]) -> int:
+    """A session's background run's own corral, exec'd by the session's holder
+    (``ctl/session_spawner.py``): ``[default_mode, run_id, *corral's args]``;
+    stdout and stderr are the run's log. The command line is read again, here,
+    as the front read it (same environment and working directory)."""
+    from .common.errors import UsageError
+    from .core.background import detach
+    from .kernel import startup
+    from .state.registry import state_dir
+
+    startup.prepare()
+    default_mode, run_id, *args = args
+    try:
+        request = parse_command_line(args, default_mode=default_mode)
+        if request.background is None:
+            raise UsageError("not a --background command line")
+        detach(request, run_id, os.path.join(state_dir(), f"{run_id}.out"))
+        return run(request)
+    except CorralError as exc:
+        print(f"corral: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
 def run(request: RunRequest) -> int:
     """Run ``request`` here; print its warnings, record and summary; its exit code."""
     if request.background is not None:
@@ -89,6 +112,9 @@ def _run_in_background(request: RunRequest) -> int:
     start_record = request.record_to_stdout
     try:
         started = background.launch(request, run)
+        if not request.quiet:
+            for warning in started.warnings:
+                print(f"corral: warning: {warning}", file=sys.stderr)
     except (background.EndedEarly, background.NotReady) as exc:
         if exc.tail:
             sys.stderr.flush()

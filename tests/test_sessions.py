@@ -677,3 +677,62 @@ def test_an_enforced_session_without_a_manager_is_refused(agent):
         pytest.skip("a manager answers here: enforced is had")
     r = agent.ctl("session", "start", "--cgroup-mode", "enforced")
     assert r.returncode == 125 and r.stderr.count("\n") == 1 and "--cgroup-mode enforced" in r.stderr, r.stderr
+
+
+# -- background runs started by the session's holder -------------------------------------------
+@pytest.mark.parametrize("mode", all_modes())
+def test_a_background_runs_corral_is_the_holders_child(agent, mode):
+    """In a session, the front asks the holder to start the run's corral: it is the
+    holder's child (in systemd mode, in the holder's unit), not the caller's."""
+    sid = start_session(agent, mode=mode)
+    r = agent.corral([*mode_flags(mode), "--session", sid, "--background", "--json", "-", "--", "sleep", "1000"])
+    assert r.returncode == 0, r.stderr
+    started = json.loads(r.stdout)
+    holder = agent.session_entry(sid)["holder"]["pid"]
+    assert started["started_by"] == "holder", started
+    with open(f"/proc/{started['corral_pid']}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[1]) == holder
+    if SESSION_MODE[mode] != "fallback" and agent.session_entry(sid).get("engine") == "systemd":
+        with open(f"/proc/{started['corral_pid']}/cgroup") as f:
+            assert f"/corral-session_{sid}.service" in f.read()
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert gone_within(agent) == []
+
+
+def test_what_a_killed_background_corral_left_ends_with_the_session(agent, tmp_path):
+    """Fallback: a background run's corral and its tether SIGKILLed, its command's
+    daemon with a scrubbed environment (no run mark) is found by nothing of the run's
+    own: it is below the session's holder (a subreaper), which stops it at the end."""
+    from corral_systemd.kernel.procfs import read_stat
+
+    sid = start_session(agent, mode="fallback")
+    pidfile = tmp_path / "daemon.pid"
+    r = agent.corral(
+        ["--cgroup-mode", "fallback", "--session", sid, "--background", "--json", "-", "--"]
+        + ["sh", "-c", f"env -i setsid sleep 1000 & echo $! > {pidfile}; sleep 1000"]
+    )
+    assert r.returncode == 0, r.stderr
+    started = json.loads(r.stdout)
+    deadline = time.monotonic() + 10 * TIME_SCALE
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    daemon = read_stat(int(pidfile.read_text()))
+    assert daemon is not None
+    try:
+        entry = json.loads((agent.directory / f"{started['run_id']}.json").read_text())
+        for pid in [started["corral_pid"], *entry.get("helper_pids", [])]:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        again = read_stat(daemon.pid)
+        assert again is not None and again.starttime == daemon.starttime, "the daemon did not outlive its corral"
+        end = agent.ctl("session", "end", sid)
+        assert end.returncode == 0, end.stdout + end.stderr
+        again = read_stat(daemon.pid)
+        assert again is None or again.starttime != daemon.starttime or again.state == "Z", (
+            "the daemon outlived its session"
+        )
+    finally:
+        again = read_stat(daemon.pid)
+        if again is not None and again.starttime == daemon.starttime:
+            os.kill(daemon.pid, signal.SIGKILL)

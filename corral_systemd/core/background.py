@@ -30,7 +30,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..common.errors import CorralError, SetupError, UsageError
 
@@ -52,6 +52,10 @@ class Started:
     mode: str | None
     #: The run's own corral (it supervises the run to its end).
     corral_pid: int
+    #: Its corral's parent: "holder" (the session's holder: the run stays below it) or "front".
+    started_by: str = "front"
+    #: Why the session's holder did not start it, where it did not.
+    warnings: list[str] = field(default_factory=list)
 
     def record(self) -> dict:
         return {
@@ -61,6 +65,8 @@ class Started:
             "unit": self.unit,
             "mode": self.mode,
             "corral_pid": self.corral_pid,
+            "started_by": self.started_by,
+            "warnings": self.warnings,
         }
 
 
@@ -85,8 +91,12 @@ class EndedEarly(CorralError):
 def launch(request, run_here) -> Started:
     """Start ``request`` (``request.background`` set) detached; return once it is ready.
 
+    In a session, the run's corral is started by the session's holder, as its
+    child (``ctl/session_spawner.py``), with this process's context; where the
+    holder cannot give it that context (``kernel.context.cannot_carry``) or
+    cannot be reached, this process forks it, and ``Started.warnings`` says why.
     ``run_here(request)`` runs a request in this process and returns its
-    exit code (``cli.run``): the detached corral calls it."""
+    exit code (``cli.run``): the forked corral calls it."""
     from ..state import registry as REG
 
     bg = request.background
@@ -106,23 +116,41 @@ def launch(request, run_here) -> Started:
     run_id = request.spec.run_id
     bg.log = os.path.join(directory, f"{run_id}.out")
     log_fd = os.open(bg.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    # The detached run shows at most --log-max bytes: head and tail, one marker.
-    request.spec.output_limit = bg.log_max
-    if request.json_path is not None and request.record_to_stdout:
-        request.json_path = None  # --json -: the start record, printed by the front
     # Asked to stop while waiting (SIGINT, SIGTERM, SIGHUP): the run is stopped
     # too. Caught from before the fork, so no moment leaves it running unready.
     asked: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
+    corral: _Corral | None = None
+    warnings: list[str] = []
     try:
         try:
-            pid = _fork_detached(request, run_here, log_fd)
+            if request.spec.session is not None:
+                corral = _by_holder(request, directory, log_fd, warnings)
+            if corral is None:
+                detach(request, run_id, bg.log)
+                corral = _Forked(_fork_detached(request, run_here, log_fd))
         finally:
             os.close(log_fd)
-        return _await_ready(request, directory, pid, asked)
+        started = _await_ready(request, bg, directory, corral, asked)
+        started.warnings = warnings
+        return started
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if corral is not None:
+            corral.close()
+
+
+def detach(request, run_id: str, log: str) -> None:
+    """Make ``request`` the detached run of ``run_id`` whose output is ``log``:
+    at most --log-max bytes of it shown (head and tail, one marker); with
+    ``--json -`` the start record is the front's, so no run record on stdout."""
+    bg = request.background
+    request.spec.run_id = run_id
+    request.spec.output_limit = bg.log_max
+    if request.json_path is not None and request.record_to_stdout:
+        request.json_path = None
+    request.background, request.output_log = None, log
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -146,7 +174,6 @@ def _fork_detached(request, run_here, log_fd: int) -> int:
         os.closerange(3, _fd_limit())  # none of the caller's descriptors stays open in the run
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
-        request.background, request.output_log = None, request.background.log
         code = run_here(request)
     except CorralError as exc:  # as cli.main says it, into the log
         code = exc.exit_code
@@ -210,10 +237,9 @@ class _LogLines:
         os.close(self._fd)
 
 
-def _await_ready(request, directory: str, pid: int, asked: list[int]) -> Started:
+def _await_ready(request, bg, directory: str, corral: "_Corral", asked: list[int]) -> Started:
     from ..state import registry as REG
 
-    bg = request.background
     run_id = request.spec.run_id
     lines = _LogLines(bg.log) if bg.ready == "log" else None
     deadline = time.monotonic() + bg.ready_timeout
@@ -221,25 +247,25 @@ def _await_ready(request, directory: str, pid: int, asked: list[int]) -> Started
     started = False
     try:
         while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                code = os.waitstatus_to_exitcode(status)
-                code = code if code >= 0 else 128 - code
+            code = corral.ended()
+            if code is not None:
                 raise EndedEarly(f"{run_id} ended before it was ready (exit {code})", code, _tail(bg.log))
             if not started:
                 started = any(e.get("event") == "started" for e in REG.read_events(directory, run_id))
             if started and _ready(bg, lines):
                 entry = REG.read_entry(directory, run_id) or {}
-                return Started(run_id, request.name, bg.log, entry.get("unit"), entry.get("mode"), pid)
+                return Started(
+                    run_id, request.name, bg.log, entry.get("unit"), entry.get("mode"), corral.pid, corral.started_by
+                )
             if asked:
-                code = _stop(request, pid)
+                code = _stop(request, corral)
                 raise NotReady(
                     f"{run_id}: stopped before it was ready ({signal.Signals(asked[0]).name})",
                     120 if code == 120 else 128 + asked[0],
                     _tail(bg.log),
                 )
             if time.monotonic() >= deadline:
-                code = _stop(request, pid)
+                code = _stop(request, corral)
                 raise NotReady(
                     f"{run_id} was not {_awaited(bg) if started else 'started'} within {bg.ready_timeout:g}s: stopped",
                     120 if code == 120 else 124,
@@ -271,24 +297,161 @@ def _ready(bg, lines: "_LogLines | None") -> bool:
     return any(bg.target.search(line) for line in lines.new_lines())
 
 
-def _stop(request, pid: int) -> int:
+def _stop(request, corral: "_Corral") -> int:
     """Stop the run through its corral (SIGTERM: its verified stop sequence); its exit code.
 
-    ``pid`` is this process's unreaped child: the number cannot have been
-    reused. A corral that does not finish its stop in time is SIGKILLed (its
-    engine's tether or unit ends the run then) and the stop counts as unproven."""
+    A corral that does not finish its stop in time is SIGKILLed (its engine's
+    tether or unit ends the run then) and the stop counts as unproven."""
     spec = request.spec
-    os.kill(pid, signal.SIGTERM)
+    corral.signal(signal.SIGTERM)
     give_up = time.monotonic() + spec.grace + spec.verify_timeout + 10
     while time.monotonic() < give_up:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            return code if code >= 0 else 128 - code
+        if (code := corral.ended()) is not None:
+            return code
         time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    corral.signal(signal.SIGKILL)
+    corral.ended(wait=True)
     return 120
+
+
+# -- the run's own corral, as the front watches it ---------------------------------------------
+class _Corral:
+    pid: int
+    started_by: str
+
+    def ended(self, wait: bool = False) -> int | None:
+        """Its exit code once it has exited (as a shell reports one: 128+N for a signal), else None."""
+        raise NotImplementedError
+
+    def signal(self, signum: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _Forked(_Corral):
+    """This process's unreaped child: its number cannot have been reused."""
+
+    started_by = "front"
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._code: int | None = None
+
+    def ended(self, wait: bool = False) -> int | None:
+        if self._code is None:
+            done, status = os.waitpid(self.pid, 0 if wait else os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                self._code = code if code >= 0 else 128 - code
+        return self._code
+
+    def signal(self, signum: int) -> None:
+        if self._code is None:
+            os.kill(self.pid, signum)
+
+
+class _HeldByHolder(_Corral):
+    """The session's holder's child: signalled through the pidfd the holder sent,
+    its exit code the holder's last reply once it has reaped it."""
+
+    started_by = "holder"
+
+    def __init__(self, channel, pid: int, pidfd: int):
+        self.channel, self.pid, self.pidfd = channel, pid, pidfd
+        self._code: int | None = None
+
+    def ended(self, wait: bool = False) -> int | None:
+        import select
+
+        from ..varlink.wire import ProtocolError
+
+        while self._code is None:
+            if not (self.channel.buffered() or select.select([self.channel.sock], [], [], None if wait else 0)[0]):
+                return None
+            try:
+                got = self.channel.receive()
+            except (OSError, ProtocolError):
+                got = None
+            if got is None:  # the holder is gone: the corral's end is all that can be known
+                if select.select([self.pidfd], [], [], None if wait else 0)[0]:
+                    self._code = 120
+                return self._code
+            reply, fds = got
+            for fd in fds:
+                os.close(fd)
+            code = (reply.get("parameters") or {}).get("exit_code")
+            if type(code) is int:
+                self._code = code
+        return self._code
+
+    def signal(self, signum: int) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        self.channel.sock.close()
+        os.close(self.pidfd)
+
+
+def _by_holder(request, directory: str, log_fd: int, warnings: list[str]) -> "_Corral | None":
+    """Ask the session's holder to start the run's corral as its child; None
+    (and the reason in ``warnings``) where it cannot be had faithfully."""
+    import socket
+
+    from ..kernel.context import ProcessContext, cannot_carry
+    from ..state import sessions as S
+    from ..varlink.wire import Channel, ProtocolError, VarlinkError, peer_credentials
+
+    session_id = S.joinable(request.spec.session or "", directory)
+    entry = S.read_entry(directory, session_id) or {}
+    holder = (entry.get("holder") or {}).get("pid")
+    context = ProcessContext.here(dict(os.environ if request.spec.env is None else request.spec.env))
+    why = cannot_carry(holder, context) if isinstance(holder, int) else "the session names no holder"
+    if why is not None:
+        warnings.append(f"started by this corral, not by session {session_id}'s holder: {why}")
+        return None
+    dirfd = os.open(S.sessions_dir(directory), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.settimeout(10)
+        sock.connect(S.socket_address(dirfd, session_id))
+        if peer_credentials(sock)[0] != holder or S.holder_token(entry) is None:
+            raise ConnectionRefusedError("the socket's peer is not the session's holder")
+        channel = Channel(sock)
+        parameters = {
+            "default_mode": request.default_mode,
+            "run_id": request.spec.run_id,
+            "argv": list(request.args),
+            "context": context.to_json(),
+            "log": 0,
+            "cwd": 1,
+        }
+        reply, fds = channel.call(S.SPAWN_METHOD, parameters, fds=[log_fd, cwd_fd])
+        sock.settimeout(None)
+    except VarlinkError as exc:
+        sock.close()
+        if exc.name.endswith(".SessionEnding"):
+            raise SetupError(f"session {session_id} is ending") from None
+        warnings.append(f"started by this corral: session {session_id}'s holder refused ({exc.name})")
+        return None
+    except (OSError, ProtocolError) as exc:
+        sock.close()
+        warnings.append(f"started by this corral: session {session_id}'s holder did not answer ({exc})")
+        return None
+    finally:
+        os.close(cwd_fd)
+        os.close(dirfd)
+    if len(fds) != 1 or type(reply.get("pid")) is not int:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
+        raise SetupError(f"session {session_id}'s holder answered with no process")
+    return _HeldByHolder(channel, reply["pid"], fds[0])
 
 
 def _tail(path: str | None) -> bytes:

@@ -61,6 +61,10 @@ class RunRequest:
     name: str | None = None
     #: A --background run's output log, once its corral is detached (``core.background``).
     output_log: str | None = None
+    #: The command line it was read from, and the --cgroup-mode it defaulted to (the
+    #: program's): a session's holder reads it again for a background run's corral.
+    args: list[str] = field(default_factory=list)
+    default_mode: str = "auto"
 
     @property
     def record_to_stdout(self) -> bool:
@@ -159,7 +163,9 @@ def parse_command_line(
     ``UsageError`` for anything else that is not a run."""
     values, command = parse_options(args)
     values.setdefault("cgroup_mode", default_mode)
-    return from_options(values, command, environ=environ, cwd=cwd)
+    request = from_options(values, command, environ=environ, cwd=cwd)
+    request.args, request.default_mode = list(args), default_mode
+    return request
 
 
 def parse_options(args: list[str]) -> tuple[dict, list[str]]:

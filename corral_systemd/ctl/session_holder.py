@@ -38,6 +38,8 @@ from ..state import sessions as S
 
 #: How often the holder looks at the registry (new members, foreground runs).
 SCAN = 0.2
+#: How long the session's end waits for its background runs' corrals to finish their records.
+SWEEP_GRACE = 10.0
 
 
 class Holder:
@@ -54,14 +56,18 @@ class Holder:
 
     # -- its life ---------------------------------------------------------------------------
     def run(self, ready_w: int | None = None) -> int:
-        stop_r, stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(stop_w)
+        from .session_spawner import Spawner
+
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)  # a signal (a stop, a child's end) wakes the loop
         asked: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, frame: asked.append(signum))
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         previous = S.read_entry(self.directory, self.session_id)
         if previous is not None and previous.get("state") == "ended":
             return 0  # a restart after the session ended (the unit's): nothing to hold
+        self.spawner = Spawner(self.directory, self.session_id)
         self.token.update()
         self.entry = {
             **S.public_config(self.config),
@@ -78,14 +84,20 @@ class Holder:
         last_activity = time.monotonic()
         idle_timeout = float(self.config["idle_timeout"])
         while why is None:
-            fds = [stop_r] + ([self.owner_fd] if self.owner_fd is not None else [])
+            fds = [wake_r, self.spawner.fileno()] + ([self.owner_fd] if self.owner_fd is not None else [])
             ready, _, _ = select.select(fds, [], [], SCAN)
+            if wake_r in ready:
+                _drain(wake_r)
+            self.spawner.reap()
             if self.owner_fd is not None and self.owner_fd in ready:
                 why = f"its owner (pid {self.config['owner']['pid']}) exited"
                 break
             if asked:
                 why = "ended by corralctl session end"
                 break
+            if self.spawner.fileno() in ready:
+                self.spawner.accept(open_=True)
+                last_activity = time.monotonic()
             self._keep_entry()
             joined, foreground = self._scan()
             if joined:
@@ -131,6 +143,14 @@ class Holder:
         left = stop_members(self.directory, self.members)
         if self.config.get("slice") is not None:
             left += stop_slice(self.session_id)
+        # What is still below the holder: a background run's corral finishing its
+        # record, an orphan of one whose corral was killed (stopped by its tether, or not).
+        stray = self.spawner.sweep(grace=SWEEP_GRACE)
+        if self.config.get("engine") == "systemd":  # a former holder's children, left in the unit (KillMode=process)
+            stray += _sweep_own_unit(self.config["holder_unit"])
+        if stray:
+            left.append(f"processes below the session's holder ({' '.join(map(str, stray))})")
+        self.spawner.close()
         self.entry.update(state="ended", ended_at=time.time(), why=why, members=self.members, not_proven=left)
         try:
             S.write_entry(self.directory, self.entry)
@@ -221,6 +241,38 @@ def stop_slice(session_id: str) -> list[str]:
         return []
     pids = " ".join(str(p) for p in left if p > 0) or "its cgroup still populated"
     return [f"{session_slice.slice} ({pids})"]
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _sweep_own_unit(unit: str) -> list[int]:
+    """systemd mode: SIGKILL every process of the holder's own unit but itself
+    (its cgroup, as /proc/self/cgroup names it); the pids still there after."""
+    from ..engines.unitcgroup import UnitCgroup, cgroup_of
+    from ..kernel import cgroupfs, procfs
+    from ..kernel.pidfd import signal_process
+
+    path = cgroup_of(os.getpid(), unit)
+    if not path:
+        return []  # not in a unit of its own: nothing here is the session's
+    group = UnitCgroup(path, cgroupfs.Mounts())
+    others: list[int] = []
+    for _ in range(50):
+        others = [pid for pid in group.pids() if pid != os.getpid()]
+        if not others:
+            return []
+        for pid in others:
+            info = procfs.read_stat(pid)
+            if info is not None:
+                signal_process(info, signal.SIGKILL, lambda _current: True)
+        time.sleep(0.05)
+    return others
 
 
 def _marked_alive(run_id: str) -> bool:

@@ -164,7 +164,7 @@ def _start_unit(directory: str, config: dict, manager) -> list[str]:
             slice=manager.slice,
             holder_unit=manager.holder_unit,
         )
-        argv = [sys.executable, "-m", "corral_systemd.ctl.session_holder", json.dumps(config, sort_keys=True)]
+        argv = [sys.executable, "-P", "-m", "corral_systemd.ctl.session_holder", json.dumps(config, sort_keys=True)]
         manager.start_holder(argv, holder_environment(directory))
         give_up = time.monotonic() + HOLDER_START
         while S.holder_token(S.read_entry(directory, config["session"])) is None:

@@ -46,6 +46,17 @@ def sessions_dir(directory: str) -> str:
     return os.path.join(directory, "sessions")
 
 
+#: The holder's one Varlink method: start a background run's corral as its child (``ctl/session_spawner.py``).
+SPAWN_METHOD = "io.corral.SessionHolder.Spawn"
+
+
+def socket_address(dirfd: int, session_id: str) -> str:
+    """The holder's socket, named through an open descriptor of the sessions
+    directory (``/proc/self/fd/N/<id>.sock``): a unix socket's path is at most
+    108 bytes, a state directory's is not."""
+    return f"/proc/self/fd/{dirfd}/{session_id}.sock"
+
+
 def entry_path(directory: str, session_id: str) -> str:
     return os.path.join(sessions_dir(directory), f"{session_id}.json")
 

@@ -83,33 +83,41 @@ class SessionSlice:
         return enforced, warnings
 
     def start_holder(self, argv: list[str], env: dict) -> None:
-        """Start the holder unit, running ``argv`` with ``env``."""
+        """Start the holder unit, running ``argv`` with ``env`` and, where the
+        manager can give them, the caller's rlimits, nice and OOM score
+        (``caller_context``), so that giving them to the session's background
+        runs (the holder's children, ``kernel.context``) needs no privilege. A
+        manager that cannot (a user manager, below the caller's hard limits)
+        starts it with its own instead: those runs are then started by their
+        callers (``core/background.py`` says so)."""
         from ...dbus.systemd1 import prop as _prop
 
-        self._start(
-            self.holder_unit,
-            [
-                _prop("Description", "s", f"corral session {self.session_id}: its holder"),
-                # Beside the session's slice, not in it: the holder's own memory and
-                # tasks do not count against the session, and stopping the slice
-                # does not stop the holder that is proving it empty.
-                _prop("Slice", "s", DEFAULT_SLICE),
-                _prop("ExecStart", "a(sasb)", [(argv[0], argv, False)]),
-                _prop("Type", "s", "exec"),
-                _prop("Environment", "as", [f"{k}={v}" for k, v in sorted(env.items())]),
-                _prop("WorkingDirectory", "s", "/"),
-                # Killed (SIGKILL included), the holder comes back and takes the
-                # session up again; the processes it started (background runs'
-                # corrals) stay where they are (KillMode=process).
-                _prop("Restart", "s", "on-failure"),
-                _prop("RestartUSec", "t", 200_000),
-                _prop("KillMode", "s", "process"),
-                _prop("CollectMode", "s", "inactive-or-failed"),
-            ],
-        )
+        props = [
+            _prop("Description", "s", f"corral session {self.session_id}: its holder"),
+            # Beside the session's slice, not in it: the holder's own memory and
+            # tasks do not count against the session, and stopping the slice
+            # does not stop the holder that is proving it empty.
+            _prop("Slice", "s", DEFAULT_SLICE),
+            _prop("ExecStart", "a(sasb)", [(argv[0], argv, False)]),
+            _prop("Type", "s", "exec"),
+            _prop("Environment", "as", [f"{k}={v}" for k, v in sorted(env.items())]),
+            _prop("WorkingDirectory", "s", "/"),
+            # Killed (SIGKILL included), the holder comes back and takes the
+            # session up again; the processes it started (background runs'
+            # corrals) stay where they are (KillMode=process).
+            _prop("Restart", "s", "on-failure"),
+            _prop("RestartUSec", "t", 200_000),
+            _prop("KillMode", "s", "process"),
+            _prop("CollectMode", "s", "inactive-or-failed"),
+        ]
+        try:
+            self._start(self.holder_unit, props + caller_context(), keep_slice=True)
+        except SetupError:
+            self._start(self.holder_unit, props)
 
-    def _start(self, unit: str, props: list) -> None:
-        """Start ``unit`` and wait for its start job (a service's: the holder exec'd)."""
+    def _start(self, unit: str, props: list, keep_slice: bool = False) -> None:
+        """Start ``unit`` and wait for its start job (a service's: the holder exec'd);
+        SetupError (both units stopped, or with ``keep_slice`` only ``unit``) if it fails."""
         from ...dbus.connection import BusError
         from ...dbus.discovery import describe_error
         from ...dbus.jobs import subscribe, wait_job
@@ -119,20 +127,22 @@ class SessionSlice:
             job = self.manager.start_transient_unit(unit, props)
             result = wait_job(self.conn, job, what=unit)
         except (BusError, SetupError) as exc:
-            self.abandon()
+            self.abandon(*([unit] if keep_slice else []))
             why = describe_error(exc) if isinstance(exc, BusError) else str(exc)
             raise SetupError(f"the {self.kind} manager refused {unit}: {why}") from None
         if result != "done":
-            self.abandon()
+            self.abandon(*([unit] if keep_slice else []))
             raise SetupError(f"the {self.kind} manager could not start {unit}: {result}")
 
-    def abandon(self) -> None:
-        """Undo a start that went wrong: stop both units (what is not there is not stopped)."""
-        for unit in (self.holder_unit, self.slice):
-            try:
-                self.manager.stop_unit(unit)
-            except Exception:
-                pass
+    def abandon(self, *units: str) -> None:
+        """Undo a start that went wrong: stop ``units`` (default: both; what is
+        not there is not stopped), and forget a failed one (its name is free again)."""
+        for unit in units or (self.holder_unit, self.slice):
+            for call in (self.manager.stop_unit, self.manager.reset_failed_unit):
+                try:
+                    call(unit)
+                except Exception:
+                    pass
 
     # -- the slice's processes --------------------------------------------------------------
     def cgroup(self):
@@ -184,6 +194,31 @@ class SessionSlice:
             return self.manager.get(self.holder_unit, UNIT, "ActiveState") in ("active", "activating", "reloading")
         except BusError:
             return False
+
+
+def caller_context() -> list:
+    """This process's rlimits, nice value and OOM score as unit properties
+    (``LimitNOFILE=``/``LimitNOFILESoft=``..., ``Nice=``, ``OOMScoreAdjust=``)."""
+    import resource
+
+    from ...dbus.systemd1 import prop
+    from ...kernel.context import RLIMITS
+
+    def value(limit: int) -> int:
+        return 2**64 - 1 if limit == resource.RLIM_INFINITY else limit
+
+    props = []
+    for name, number in RLIMITS.items():
+        soft, hard = resource.getrlimit(number)
+        unit_name = "Limit" + name[len("RLIMIT_") :]
+        props += [prop(unit_name, "t", value(hard)), prop(unit_name + "Soft", "t", value(soft))]
+    props.append(prop("Nice", "i", os.getpriority(os.PRIO_PROCESS, 0)))
+    try:
+        with open("/proc/self/oom_score_adj") as f:
+            props.append(prop("OOMScoreAdjust", "i", int(f.read())))
+    except (OSError, ValueError):
+        pass
+    return props
 
 
 def holder_environment(directory: str) -> dict:

@@ -1,0 +1,230 @@
+"""A process context carried to another process's child: what ``exec`` would inherit.
+
+A session's background run is started by the session's holder (its child, so
+the run is the holder's descendant), not by the corral the caller ran; what
+the caller's own fork would have given the run must then be carried over:
+
+- carried (``ProcessContext``, set in the holder's child by ``apply``): the
+  environment, working directory (a descriptor, so a renamed or unreachable
+  path still works), umask, every rlimit, nice, CPU affinity,
+  ``oom_score_adj`` and which signals are ignored (an ignored signal stays
+  ignored across exec; the others start at their default);
+- not carried, so compared (``cannot_carry``): what a child of the holder
+  cannot be given without privilege or at all: the uid, gids and groups,
+  the capabilities, no-new-privs and a seccomp filter, the namespaces and the
+  root directory, an rlimit above the holder's hard limit, a nice value or an
+  ``oom_score_adj`` below the holder's. Where any differs, the caller's own
+  fork is the only faithful way: the front then starts the run itself.
+
+Descriptors 3 and up, the terminal and the session are a background run's
+own by design (none of the caller's, its own session).
+"""
+
+import os
+import resource
+from dataclasses import dataclass, field
+
+#: Linux's rlimits, by name and number (Python's resource module lacks RLIMIT_LOCKS).
+RLIMITS = {
+    "RLIMIT_CPU": 0,
+    "RLIMIT_FSIZE": 1,
+    "RLIMIT_DATA": 2,
+    "RLIMIT_STACK": 3,
+    "RLIMIT_CORE": 4,
+    "RLIMIT_RSS": 5,
+    "RLIMIT_NPROC": 6,
+    "RLIMIT_NOFILE": 7,
+    "RLIMIT_MEMLOCK": 8,
+    "RLIMIT_AS": 9,
+    "RLIMIT_LOCKS": 10,
+    "RLIMIT_SIGPENDING": 11,
+    "RLIMIT_MSGQUEUE": 12,
+    "RLIMIT_NICE": 13,
+    "RLIMIT_RTPRIO": 14,
+    "RLIMIT_RTTIME": 15,
+}
+#: What /proc/PID/status lines must read the same in the caller and the holder.
+_SAME_STATUS = ("Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+_NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts", "cgroup", "time")
+
+
+@dataclass
+class ProcessContext:
+    env: dict[str, str]
+    cwd: str
+    umask: int
+    rlimits: dict[str, list[int]]
+    nice: int
+    affinity: list[int] | None
+    oom_score_adj: int | None
+    ignored: list[int] = field(default_factory=list)
+
+    @classmethod
+    def here(cls, env: dict[str, str]) -> "ProcessContext":
+        """This process's context, with ``env`` as its environment."""
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return cls(
+            env=dict(env),
+            cwd=os.getcwd(),
+            umask=umask,
+            rlimits={name: list(resource.getrlimit(number)) for name, number in RLIMITS.items()},
+            nice=os.getpriority(os.PRIO_PROCESS, 0),
+            affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            oom_score_adj=_read_int(f"/proc/{os.getpid()}/oom_score_adj"),
+            ignored=_ignored_signals(os.getpid()),
+        )
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ProcessContext":
+        """The context a peer sent; ValueError if it is not one."""
+        try:
+            ctx = cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"not a process context: {exc}") from None
+        env = ctx.env
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("env: not a mapping of strings")
+        if not isinstance(ctx.cwd, str) or type(ctx.umask) is not int or type(ctx.nice) is not int:
+            raise ValueError("cwd, umask, nice: of the wrong type")
+        if not isinstance(ctx.rlimits, dict) or not all(k in RLIMITS for k in ctx.rlimits):
+            raise ValueError("rlimits: unknown names")
+        return ctx
+
+    def apply(self, cwd_fd: int) -> None:
+        """In a freshly forked child, before exec: become this context (OSError if
+        the kernel refuses a part of it; ``cannot_carry`` said beforehand it would not)."""
+        import signal
+
+        from .signals import CHILD_DEFAULTS
+
+        os.fchdir(cwd_fd)
+        os.umask(self.umask)
+        for name, (soft, hard) in self.rlimits.items():
+            resource.setrlimit(RLIMITS[name], (soft, hard))
+        os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+        if self.affinity is not None:
+            os.sched_setaffinity(0, self.affinity)
+        if self.oom_score_adj is not None and self.oom_score_adj != _read_int("/proc/self/oom_score_adj"):
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(self.oom_score_adj))
+        for signum in range(1, signal.NSIG):
+            if signum in (signal.SIGKILL, signal.SIGSTOP) or signum in CHILD_DEFAULTS:
+                continue
+            try:
+                signal.signal(signum, signal.SIG_IGN if signum in self.ignored else signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # a number with no signal behind it
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def cannot_carry(pid: int, ctx: ProcessContext) -> str | None:
+    """Why a child of process ``pid`` cannot be given ``ctx`` and be what this
+    process's own child would be (None: it can). Reads ``pid``'s /proc."""
+    mine, theirs = _status(os.getpid()) or {}, _status(pid)
+    if theirs is None:
+        return f"process {pid} cannot be read"
+    for key in _SAME_STATUS:
+        if mine.get(key) != theirs.get(key):
+            return f"its {key} differs ({mine.get(key)} here, {theirs.get(key)} there)"
+    for ns in _NAMESPACES:
+        here, there = _link(f"/proc/self/ns/{ns}"), _link(f"/proc/{pid}/ns/{ns}")
+        if here != there:
+            return f"another {ns} namespace"
+    try:
+        a, b = os.stat("/proc/self/root"), os.stat(f"/proc/{pid}/root")
+    except OSError as exc:
+        return f"its root directory cannot be compared ({exc.strerror})"
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        return "another root directory"
+    limits = _hard_limits(pid)
+    for name, (_soft, hard) in ctx.rlimits.items():
+        there_hard = limits.get(name)
+        if there_hard is None or _above(hard, there_hard):
+            return f"{name} {hard} above what it may set ({there_hard})"
+    their_nice = _nice(pid)
+    if their_nice is None or ctx.nice < their_nice:
+        return f"nice {ctx.nice} below its {their_nice}"
+    their_adj = _read_int(f"/proc/{pid}/oom_score_adj")
+    if ctx.oom_score_adj is not None and (their_adj is None or ctx.oom_score_adj < their_adj):
+        return f"oom_score_adj {ctx.oom_score_adj} below its {their_adj}"
+    return None
+
+
+def _above(value: int, limit: int) -> bool:
+    infinity = resource.RLIM_INFINITY
+    return limit != infinity and (value == infinity or value > limit)
+
+
+def _status(pid: int) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return None
+
+
+def _ignored_signals(pid: int) -> list[int]:
+    mask = int((_status(pid) or {}).get("SigIgn", "0"), 16)
+    return [n for n in range(1, 65) if mask & (1 << (n - 1))]
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _nice(pid: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return None
+
+
+def _hard_limits(pid: int) -> dict[str, int]:
+    """``pid``'s hard rlimits (/proc/PID/limits), by ``RLIMITS`` name."""
+    import re
+
+    names = {
+        "Max cpu time": "RLIMIT_CPU",
+        "Max file size": "RLIMIT_FSIZE",
+        "Max data size": "RLIMIT_DATA",
+        "Max stack size": "RLIMIT_STACK",
+        "Max core file size": "RLIMIT_CORE",
+        "Max resident set": "RLIMIT_RSS",
+        "Max processes": "RLIMIT_NPROC",
+        "Max open files": "RLIMIT_NOFILE",
+        "Max locked memory": "RLIMIT_MEMLOCK",
+        "Max address space": "RLIMIT_AS",
+        "Max file locks": "RLIMIT_LOCKS",
+        "Max pending signals": "RLIMIT_SIGPENDING",
+        "Max msgqueue size": "RLIMIT_MSGQUEUE",
+        "Max nice priority": "RLIMIT_NICE",
+        "Max realtime priority": "RLIMIT_RTPRIO",
+        "Max realtime timeout": "RLIMIT_RTTIME",
+    }
+    limits: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/limits") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return limits
+    for line in lines:
+        m = re.match(r"(.+?)\s{2,}(\S+)\s+(\S+)", line)
+        if m and m.group(1) in names:
+            hard = m.group(3)
+            limits[names[m.group(1)]] = resource.RLIM_INFINITY if hard == "unlimited" else int(hard)
+    return limits

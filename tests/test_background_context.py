@@ -1,0 +1,129 @@
+"""Issue 27: a session's background run is started by the session's holder (its child,
+so everything it starts stays below the holder), and still gets its caller's context.
+
+The caller (``context_probe.py wrap``) sets up a context and runs ``corral --background``
+in a session; the probe, as the background command, reports what it got; the same
+caller runs the probe bare. What the holder's child can be given (rlimits, nice,
+affinity, oom_score_adj, ignored signals, the signal mask, environment, umask, cwd)
+must read as the bare command's, and the run's corral must be the holder's child.
+What it cannot be given without privilege or at all (no-new-privs, a seccomp
+filter, other groups or namespaces) makes the front start the run itself, as a
+run outside a session is started, and say so: the context is still the caller's.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_context_parity import PROBE, ROWS
+
+from conftest import CORRAL
+from modes import mode_flags
+from procscan import MARKER_ENV, kill_marked, new_marker
+
+HERE = Path(__file__).resolve().parent
+CTL = [sys.executable, "-m", "corral_systemd.ctl"]
+ROOT = os.geteuid() == 0
+CARRIED = "rlimits,nice,affinity,oom,signals,env,umask,cwd"
+CARRIED_ROWS = [
+    *(name for name in ROWS if name.startswith("rlimit ")),
+    "nice",
+    "cpu affinity",
+    "oom_score_adj",
+    "signal mask",
+    "signal dispositions",
+    "environment",
+    "umask",
+    "cwd",
+    "a session of its own",
+]
+#: A setting the holder's child cannot be given -> (the row that checks it, what the warning names).
+DECLINED = {
+    "nnp": ("no-new-privs", "NoNewPrivs"),
+    "seccomp": ("seccomp", "Seccomp"),
+    **({"groups": ("groups", "Groups"), "netns": ("network namespace", "net namespace")} if ROOT else {}),
+}
+#: Where each mode's session lives (as tests/test_sessions.py).
+SESSION_MODE = {"fallback": "fallback", "scope": "enforced"}
+MODES = ["fallback", pytest.param("scope", marks=pytest.mark.systemd)]
+
+
+def _start_session(env: dict, mode: str) -> str:
+    r = subprocess.run(
+        [*CTL, "session", "start", "--cgroup-mode", SESSION_MODE[mode]], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _wrapped(tmp: Path, settings: str, argv: list[str], env: dict) -> tuple[subprocess.CompletedProcess, Path]:
+    """The caller with ``settings`` runs ``argv`` (the probe's OUT appended, as ``context_probe`` does)."""
+    tmp.mkdir()
+    out = tmp / "probe.json"
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "context_probe.py"), "wrap", str(out), settings, "--", *argv, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
+    return proc, out
+
+
+def _case(tmp_path, mode: str, settings: str):
+    """(the bare probe's report, the background run's, the start record, what the caller was)."""
+    marker = new_marker()
+    state = tmp_path / "state"
+    env = dict(os.environ, CORRAL_STATE_DIR=str(state), CTX_CWD=str(tmp_path), CTX_MOUNT_DIR=str(tmp_path))
+    sid = _start_session(env, mode)
+    env.update({"CORRAL_SESSION": sid, MARKER_ENV: marker})
+    try:
+        bare, bare_out = _wrapped(tmp_path / "bare", settings, PROBE, env)
+        assert bare.returncode == 0, bare.stderr
+        front, out = _wrapped(
+            tmp_path / "bg", settings, [*CORRAL, *mode_flags(mode), "--background", "--json", "-", "--", *PROBE], env
+        )
+        assert front.returncode == 0, front.stderr
+        started = json.loads(front.stdout)
+        wait = subprocess.run([*CTL, "wait", started["run_id"]], env=env, capture_output=True, text=True)
+        assert wait.returncode == 0, wait.stderr + (state / f"{started['run_id']}.out").read_text()
+        caller = json.loads(Path(f"{out}.caller").read_text())
+        return json.loads(bare_out.read_text()), json.loads(out.read_text()), started, front.stderr, caller
+    finally:
+        subprocess.run([*CTL, "session", "end", sid], env=env, capture_output=True)
+        kill_marked(marker)
+
+
+def _wrong(rows: list[str], got: dict, bare: dict, started: dict, caller: dict) -> list[str]:
+    ctx = {"record": {"run_id": started["run_id"]}, "caller": caller, "wrap": {}}
+    wrong = []
+    for name in rows:
+        seen, want = ROWS[name][1](got, bare, ctx)
+        if seen != want:
+            wrong.append(f"{name}: {seen!r} != {want!r}")
+    return wrong
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_background_run_is_the_holders_child_with_the_callers_context(tmp_path, mode):
+    bare, got, started, stderr, caller = _case(tmp_path, mode, CARRIED)
+    assert started["started_by"] == "holder" and started["warnings"] == [], stderr
+    assert "warning" not in stderr
+    wrong = _wrong(CARRIED_ROWS, got, bare, started, caller)
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("setting", list(DECLINED))
+def test_what_the_holder_cannot_give_the_front_keeps(tmp_path, mode, setting):
+    row, named = DECLINED[setting]
+    bare, got, started, stderr, caller = _case(tmp_path, mode, setting)
+    assert started["started_by"] == "front", started
+    assert len(started["warnings"]) == 1 and named in started["warnings"][0], started["warnings"]
+    assert "corral: warning: started by this corral, not by session" in stderr
+    wrong = _wrong([row, "a session of its own"], got, bare, started, caller)
+    assert not wrong, "\n".join(wrong)
