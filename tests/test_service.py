@@ -846,3 +846,137 @@ def test_a_client_that_dies_while_its_control_pipe_lives_on_elsewhere_still_stop
         wait_for(lambda: not marked_pids(marker), timeout=30)
     finally:
         os.kill(holder, signal.SIGKILL)
+
+
+# -- issue 27: sessions and background runs through the service -----------------------------
+def _ctl(service, *argv: str, env: dict) -> tuple[int, str, str]:
+    import base64
+
+    reply, _ = service.channel().call(
+        "io.corral.Session.Ctl", {"argv": list(argv), "environment": [f"{k}={v}" for k, v in env.items()], "cwd": "/"}
+    )
+    return reply["exit_code"], base64.b64decode(reply["stdout"]).decode(), base64.b64decode(reply["stderr"]).decode()
+
+
+@systemd
+def test_the_readme_node_session_example(service, tmp_path, marker):
+    """An agent in Node.js, no Python of its own: its session (owned by it), a dev server
+    started in the background through the service, a page fetched from it, its log, a
+    job waited for, the session ended: every process proven gone, the port free."""
+    from test_background import free_port, port_accepts
+
+    if shutil.which("node") is None:
+        pytest.skip("no node here")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    script = "// corral-session.js" + readme.split("// corral-session.js", 1)[1].split("```", 1)[0]
+    port = free_port()
+    (tmp_path / "corral-session.js").write_text(script.replace("8000", str(port)))
+    proc = subprocess.run(
+        ["node", str(tmp_path / "corral-session.js")],
+        env=service.env(**{MARKER_ENV: marker}),
+        capture_output=True,
+        text=True,
+        timeout=180 * TIME_SCALE,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "fetched: 200" in lines and "job exit: 3" in lines, proc.stdout
+    assert any(line.startswith("its log:") and '"GET / HTTP/1.1" 200' in line for line in lines), proc.stdout
+    assert lines[-1].startswith("session ") and lines[-1].endswith("every process proven gone"), proc.stdout
+    assert marked_pids(marker) == [] and not port_accepts(port)
+
+
+@systemd
+def test_session_runs_are_served_and_join_the_session(service, client, tmp_path, marker):
+    """A foreground run with --session is served (the caller's own process in a unit
+    of the session's slice); a background one from a client with descriptors is its
+    own corral's (NotServed), which the session's holder starts."""
+    env = service.env(**{MARKER_ENV: marker})
+    code, sid, err = _ctl(service, "session", "start", env=env)
+    assert code == 0, err
+    sid = sid.strip()
+    fg = subprocess.run(
+        [*client, "--session", sid, "--json", "-", "--", "cat", "/proc/self/cgroup"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert fg.returncode == 0, fg.stderr
+    assert f"/corral-session_{sid}.slice/" in fg.stdout and '"via": "service"' in fg.stdout, fg.stdout
+    bg = subprocess.run(
+        [*client, "--session", sid, "--background", "--json", "-", "--", "sleep", "1000"],
+        env=dict(env, CORRAL_SERVICE_DEBUG="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bg.returncode == 0, bg.stderr
+    assert json.loads(bg.stdout)["started_by"] == "holder" and "client's corral starts it" in bg.stderr
+    assert _ctl(service, "session", "end", sid, env=env)[0] == 0
+    assert marked_pids(marker) == []
+
+
+@systemd
+def test_session_ctl_refuses_what_it_does_not_run(service):
+    env = dict(os.environ)
+    for argv in (["gc"], ["service", "uninstall"], ["session", "start", "--cgroup-mode", "fallback"]):
+        with pytest.raises(VarlinkError) as refused:
+            _ctl(service, *argv, env=env)
+        assert refused.value.name == "io.corral.Session.NotServed", argv
+    with pytest.raises(VarlinkError) as bad:
+        service.channel().call("io.corral.Session.Ctl", {"argv": "session ls", "environment": [], "cwd": "/"})
+    assert bad.value.name == "org.varlink.service.InvalidParameter"
+    assert service.alive()
+
+
+@systemd
+def test_logs_follow_streams_through_the_service(service, tmp_path, marker):
+    """io.corral.Session.Ctl with "more": `logs -f` sent as it is written, ended with the run."""
+    import base64
+
+    env = service.env(**{MARKER_ENV: marker})
+    sid = _ctl(service, "session", "start", env=env)[1].strip()
+    reply, _ = service.channel().call(
+        "io.corral.Run.Run",
+        {
+            "program": "corral",
+            "argv": [
+                "--session",
+                sid,
+                "--background",
+                "--",
+                "sh",
+                "-c",
+                "for i in 1 2 3; do echo line-$i; sleep 0.5; done",
+            ],
+            "environment": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "umask": 0o22,
+        },
+    )
+    assert reply["exit_code"] == 0, reply
+    run_id = base64.b64decode(reply["stdout"]).decode().strip()
+    channel = service.channel()
+    channel.send(
+        {
+            "method": "io.corral.Session.Ctl",
+            "more": True,
+            "parameters": {
+                "argv": ["logs", "-f", run_id],
+                "environment": [f"{k}={v}" for k, v in env.items()],
+                "cwd": "/",
+            },
+        }
+    )
+    streamed, last = b"", None
+    while last is None:
+        message, _ = channel.receive()
+        params = message["parameters"]
+        streamed += base64.b64decode(params.get("stdout") or "")
+        if not message.get("continues"):
+            last = params
+    assert last["exit_code"] == 0 and streamed.splitlines()[:3] == [b"line-1", b"line-2", b"line-3"], streamed
+    assert _ctl(service, "session", "end", sid, env=env)[0] == 0
+    assert marked_pids(marker) == []

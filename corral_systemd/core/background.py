@@ -30,9 +30,14 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..common.errors import CorralError, SetupError, UsageError
+
+if TYPE_CHECKING:
+    from ..kernel.context import ProcessContext
 
 #: How often the front looks (growing from the first to the last).
 FIRST_LOOK = 0.005
@@ -88,13 +93,26 @@ class EndedEarly(CorralError):
         self.tail = tail
 
 
-def launch(request, run_here) -> Started:
+@dataclass
+class ServedCaller:
+    """A caller the corral service starts a background run for (``io.corral.Run.Run``
+    without descriptors): ``context`` is its environment, cwd and umask with the
+    service's own rlimits, credentials and the like (as its foreground runs get
+    them). The run's corral is the session's holder's child or nothing runs; the
+    caller hanging up before the run is ready (``hung_up()``) stops it."""
+
+    context: "ProcessContext"
+    hung_up: Callable[[], bool]
+
+
+def launch(request, run_here, caller: ServedCaller | None = None) -> Started:
     """Start ``request`` (``request.background`` set) detached; return once it is ready.
 
     In a session, the run's corral is started by the session's holder, as its
-    child (``ctl/session_spawner.py``), with this process's context; where the
-    holder cannot give it that context (``kernel.context.cannot_carry``) or
-    cannot be reached, this process forks it, and ``Started.warnings`` says why.
+    child (``ctl/session_spawner.py``), with this process's context (or the
+    ``caller``'s); where the holder cannot give it that context
+    (``kernel.context.cannot_carry``) or cannot be reached, this process forks
+    it, and ``Started.warnings`` says why (for a ``caller``: SetupError).
     ``run_here(request)`` runs a request in this process and returns its
     exit code (``cli.run``): the forked corral calls it."""
     from ..state import registry as REG
@@ -119,18 +137,27 @@ def launch(request, run_here) -> Started:
     # Asked to stop while waiting (SIGINT, SIGTERM, SIGHUP): the run is stopped
     # too. Caught from before the fork, so no moment leaves it running unready.
     asked: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
+    previous = {}
+    if caller is None:
+        previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
     corral: _Corral | None = None
     warnings: list[str] = []
     try:
         try:
             if request.spec.session is not None:
-                corral = _by_holder(request, directory, log_fd, warnings)
+                corral = _by_holder(request, directory, log_fd, warnings, caller)
+            if corral is None and caller is not None:
+                raise SetupError(warnings[-1] if warnings else "a served background run must be in a session")
             if corral is None:
                 detach(request, run_id, bg.log)
                 corral = _Forked(_fork_detached(request, run_here, log_fd))
+        except BaseException:
+            _remove(bg.log)
+            raise
         finally:
             os.close(log_fd)
+        if caller is not None:
+            asked = _HangUp(caller.hung_up)
         started = _await_ready(request, bg, directory, corral, asked)
         started.warnings = warnings
         return started
@@ -397,7 +424,28 @@ class _HeldByHolder(_Corral):
         os.close(self.pidfd)
 
 
-def _by_holder(request, directory: str, log_fd: int, warnings: list[str]) -> "_Corral | None":
+class _HangUp(list):
+    """``asked`` for a served caller: SIGHUP once its connection has hung up."""
+
+    def __init__(self, hung_up: Callable[[], bool]):
+        super().__init__()
+        self._hung_up = hung_up
+
+    def __bool__(self) -> bool:
+        if not len(self) and self._hung_up():
+            self.append(signal.SIGHUP)
+        return bool(len(self))
+
+
+def _remove(path: str | None) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller=None) -> "_Corral | None":
     """Ask the session's holder to start the run's corral as its child; None
     (and the reason in ``warnings``) where it cannot be had faithfully."""
     import socket
@@ -409,14 +457,19 @@ def _by_holder(request, directory: str, log_fd: int, warnings: list[str]) -> "_C
     session_id = S.joinable(request.spec.session or "", directory)
     entry = S.read_entry(directory, session_id) or {}
     holder = (entry.get("holder") or {}).get("pid")
-    context = ProcessContext.here(dict(os.environ if request.spec.env is None else request.spec.env))
+    if caller is not None:
+        context = caller.context
+    else:
+        context = ProcessContext.here(dict(os.environ if request.spec.env is None else request.spec.env))
     why = cannot_carry(holder, context) if isinstance(holder, int) else "the session names no holder"
     if why is not None:
         warnings.append(f"started by this corral, not by session {session_id}'s holder: {why}")
         return None
     dirfd = os.open(S.sessions_dir(directory), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    # This process's own working directory as it is (renamed, or its path gone:
+    # the same directory); a served caller's by its path (the service checked it is the same file system).
+    cwd_fd = os.open("." if caller is None else context.cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         sock.settimeout(10)
         sock.connect(S.socket_address(dirfd, session_id))

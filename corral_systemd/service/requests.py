@@ -207,10 +207,12 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
     spec = request.spec
     if spec.pty:
         raise NotServed("--pty: the terminal is the client's own")
-    if spec.session is not None:
-        raise NotServed("a run in a session: its corral joins the session itself")
-    if request.background is not None:
-        raise NotServed("--background: the run's corral is a process of its own, detached from the caller")
+    if request.background is not None and any(checked[name] is not None for name in ("stdin", "stdout", "stderr")):
+        # A caller with descriptors has a corral of its own: it starts the run
+        # with its own context (its session's holder does, with that context).
+        raise NotServed("--background: the client's corral starts it, with the client's own context")
+    if request.background is not None and spec.session is None:
+        raise NotServed("--background outside a session: its corral would be a child of this service")
     if not spec.may_be_systemd:
         raise NotServed("the fallback and --cgroup-parent engines run in the corral process")
     if spec.network == "none" and spec.unit_type == "scope":
@@ -225,6 +227,54 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
     if wanted != manager_kind:
         raise NotServed(f"the {wanted} manager is asked for; this service uses the {manager_kind} manager")
     return request
+
+
+def execute_background(request, checked: dict, connection_fd: int, accepted) -> dict:
+    """A caller without descriptors (``parse`` declines the others): the run's
+    corral is started by its session's holder with the caller's environment, cwd
+    and umask (``core.background.ServedCaller``); the reply is corral's output:
+    the run id (or the start record) in ``stdout``, base64, and the exit code.
+    The connection hanging up before the run is ready stops it."""
+    import select
+
+    from ..core import background
+    from ..kernel.context import ProcessContext
+
+    stdout, stderr = Capture(), Capture()
+    context = ProcessContext.here(checked["environment"])
+    context.cwd, context.umask = checked["cwd"], checked["umask"]
+
+    def hung_up() -> bool:
+        poller = select.poll()
+        poller.register(connection_fd, select.POLLRDHUP | select.POLLHUP)
+        return bool(poller.poll(0))
+
+    accepted()
+    try:
+        started = background.launch(request, None, background.ServedCaller(context, hung_up))
+    except (background.EndedEarly, background.NotReady) as exc:
+        if exc.tail:
+            stderr(exc.tail if exc.tail.endswith(b"\n") else exc.tail + b"\n")
+        stderr(f"corral: {exc}\n".encode())
+        return {"exit_code": exc.exit_code, "stdout": stdout.text(), "stderr": stderr.text()}
+    except SetupError as exc:
+        raise VarlinkError("io.corral.Run.SetupError", {"message": str(exc)}) from None
+    except UsageError as exc:
+        raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
+    if request.record_to_stdout:
+        import json
+
+        stdout(json.dumps(started.record(), sort_keys=True).encode() + b"\n")
+    else:
+        stdout(started.run_id.encode() + b"\n")
+    warnings = [] if request.quiet else list(started.warnings)
+    return {
+        "exit_code": 0,
+        "run_id": started.run_id,
+        "stdout": stdout.text(),
+        "stderr": stderr.text(),
+        "warnings": warnings,
+    }
 
 
 def execute(service, request, checked: dict, held, peer_pidfd: int, connection_fd: int, accepted) -> dict:

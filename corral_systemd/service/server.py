@@ -43,7 +43,7 @@ import traceback
 
 from .. import varlink
 from ..common.version import __version__
-from ..varlink import INTERFACE, INTERFACE_FILE
+from ..varlink import INTERFACES
 from ..varlink.wire import Channel, ProtocolError, VarlinkError, close_fds, peer_credentials
 
 CONNECTION_IDLE = 30.0
@@ -244,13 +244,17 @@ class Service:
                 reply = self._run(channel, message, fds, pid, pidfd)
             elif method == "io.corral.Run.Status":
                 reply = self.status()
+            elif method == "io.corral.Session.Ctl":
+                if oneway:
+                    raise VarlinkError(INVALID, {"parameter": "oneway"})
+                reply = self._ctl(channel, message)
             elif method == "org.varlink.service.GetInfo":
                 reply = {
                     "vendor": "corral-systemd",
                     "product": "corral",
                     "version": __version__,
                     "url": "https://github.com/corral-systemd/corral-systemd",
-                    "interfaces": ["org.varlink.service", INTERFACE],
+                    "interfaces": ["org.varlink.service", *INTERFACES],
                 }
             elif method == "org.varlink.service.GetInterfaceDescription":
                 parameters = message.get("parameters")
@@ -273,11 +277,11 @@ class Service:
             channel.send({"parameters": reply})
 
     def _run(self, channel: Channel, message: dict, fds: list[int], pid: int, pidfd: int) -> dict:
-        from .requests import check_parameters, execute, held_process, parse
+        from .requests import check_parameters, execute, execute_background, held_process, parse
 
         checked = check_parameters(message.get("parameters"), fds)
         request = parse(checked, self.manager_kind, pid)
-        held = held_process(checked, pid) if request.spec.unit_type == "scope" else None
+        held = held_process(checked, pid) if request.spec.unit_type == "scope" and request.background is None else None
         with self._lock:
             busy = self._runs_in_flight >= self.max_runs
             if not busy:
@@ -292,13 +296,30 @@ class Service:
                 if message.get("more") is True:
                     channel.send({"parameters": {"accepted": True}, "continues": True})
 
-            reply = execute(self, request, checked, held, pidfd, channel.sock.fileno(), accepted)
+            if request.background is not None:
+                reply = execute_background(request, checked, channel.sock.fileno(), accepted)
+            else:
+                reply = execute(self, request, checked, held, pidfd, channel.sock.fileno(), accepted)
             with self._lock:
                 self.runs_served += 1
             return reply
         finally:
             with self._lock:
                 self._runs_in_flight -= 1
+
+    def _ctl(self, channel: Channel, message: dict) -> dict:
+        from . import ctl_calls
+
+        argv, env, cwd = ctl_calls.check(message.get("parameters"))
+
+        def send_more(parameters: dict) -> None:
+            channel.send({"parameters": parameters, "continues": True})
+
+        channel.sock.settimeout(None)  # `logs -f`, `wait`: as long as the command takes
+        try:
+            return ctl_calls.run(argv, env, cwd, channel.sock.fileno(), send_more if message.get("more") else None)
+        finally:
+            channel.sock.settimeout(CONNECTION_IDLE)
 
     def status(self) -> dict:
         with self._lock:
@@ -313,8 +334,8 @@ class Service:
 
 
 def _description(interface) -> str:
-    if interface == INTERFACE:
-        with open(os.path.join(os.path.dirname(varlink.__file__), INTERFACE_FILE)) as f:
+    if interface in INTERFACES:
+        with open(os.path.join(os.path.dirname(varlink.__file__), INTERFACES[interface])) as f:
             return f.read()
     if interface == "org.varlink.service":
         return _VARLINK_SERVICE

@@ -6,9 +6,9 @@ stream socket, with file descriptors passed alongside a message
 what a process needs anyway (``os``, ``_socket``, ``json``), because the
 CLI's client side runs on every ``corral`` start.
 
-``io.corral.Run.varlink`` is the interface the service implements.
+``io.corral.Run.varlink`` and ``io.corral.Session.varlink`` are the
+interfaces the service implements.
 """
 
-#: Where the interface description lives, next to this file.
-INTERFACE_FILE = "io.corral.Run.varlink"
-INTERFACE = "io.corral.Run"
+#: Each interface the service implements, and its description's file (next to this one).
+INTERFACES = {"io.corral.Run": "io.corral.Run.varlink", "io.corral.Session": "io.corral.Session.varlink"}
