@@ -1,9 +1,10 @@
 """Background runs and sessions against what agents' runners do today, same invocation.
 
 Two figures (issue 27):
-1. start to ready: ``corral --background --ready-port P -- python3 -m http.server P``
-   against ``nohup python3 -m http.server P & until nc -z 127.0.0.1 P; do sleep 0.05; done``
-   (the shell idiom, its poll included), interleaved round by round; the ratio is
+1. start to ready: ``corral --background --ready-port P -- python3 -m http.server P``,
+   alone and in a session (its corral then started by the session's holder), against
+   ``nohup python3 -m http.server P & until nc -z 127.0.0.1 P; do sleep 0.05; done``
+   (the shell idiom, its poll included), interleaved round by round; each ratio is
    the median of the rounds' ratios. Each server is stopped between rounds (the
    nohup one by its pid, corral's with corralctl stop), untimed.
 2. ``corralctl session end`` latency with N background runs (default 20), each a
@@ -11,8 +12,9 @@ Two figures (issue 27):
    ``nohup``'d pids by number (what the shell does, with no proof); the session's
    end also proves every process gone.
 
-Any mode corral picks (fallback on a plain machine). Survivors are counted by the
-run marker in /proc (never names) and must be 0. Writes bench/results/session.json.
+Any mode corral picks (fallback on a plain machine; a session's slice and holder
+unit where a manager answers). Survivors are counted by the run marker in /proc
+(never names) and must be 0. Writes bench/results/session-<mode>.json.
 """
 
 import argparse
@@ -41,9 +43,10 @@ def server(port: int) -> list[str]:
     return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
 
 
-def start_to_ready(rounds: int, env: dict) -> dict:
-    times: dict[str, list[float]] = {"nohup+nc": [], "corral --background": []}
-    ratios = []
+def start_to_ready(rounds: int, env: dict, session: str) -> dict:
+    variants = {"corral --background": [], "corral --background, in a session": ["--session", session]}
+    times: dict[str, list[float]] = {"nohup+nc": [], **{name: [] for name in variants}}
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         port = free_port()
         t = time.perf_counter()
@@ -61,22 +64,23 @@ def start_to_ready(rounds: int, env: dict) -> dict:
         )
         times["nohup+nc"].append(time.perf_counter() - t)
         os.kill(int(shell.stdout.split()[0]), 9)
-        port = free_port()
-        marker = new_marker()
-        t = time.perf_counter()
-        run = subprocess.run(
-            [*corral_argv(), "--background", "--ready-port", str(port), "--", *server(port)],
-            capture_output=True,
-            text=True,
-            env=dict(env, **{MARKER: marker}),
-        )
-        times["corral --background"].append(time.perf_counter() - t)
-        assert run.returncode == 0, run.stderr
-        subprocess.run([*CTL, "stop", run.stdout.strip()], capture_output=True, env=env, check=True)
-        assert marked_pids(marker) == [], "corral --background left a process"
-        ratios.append(times["corral --background"][-1] / times["nohup+nc"][-1])
-    out = {name: {"p50_ms": statistics.median(v) * 1e3, "max_ms": max(v) * 1e3} for name, v in times.items()}
-    out["ratio_to_nohup_nc"] = statistics.median(ratios)
+        for name, options in variants.items():
+            port = free_port()
+            marker = new_marker()
+            t = time.perf_counter()
+            run = subprocess.run(
+                [*corral_argv(), *options, "--background", "--ready-port", str(port), "--", *server(port)],
+                capture_output=True,
+                text=True,
+                env=dict(env, **{MARKER: marker}),
+            )
+            times[name].append(time.perf_counter() - t)
+            assert run.returncode == 0, run.stderr
+            subprocess.run([*CTL, "stop", run.stdout.strip()], capture_output=True, env=env, check=True)
+            assert marked_pids(marker) == [], "corral --background left a process"
+            ratios[name].append(times[name][-1] / times["nohup+nc"][-1])
+    out: dict = {name: {"p50_ms": statistics.median(v) * 1e3, "max_ms": max(v) * 1e3} for name, v in times.items()}
+    out["ratio_to_nohup_nc"] = {name: statistics.median(r) for name, r in ratios.items()}
     return out
 
 
@@ -136,7 +140,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--out", default=str(RESULTS / "session.json"))
+    parser.add_argument("--out", help="default: bench/results/session-<mode>.json (mode: the session's)")
     args = parser.parse_args()
     import shutil
 
@@ -146,8 +150,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as state:
         env = dict(os.environ, CORRAL_STATE_DIR=state)
         env.pop("CORRAL_SESSION", None)
-        data = {"start_to_ready": start_to_ready(args.rounds, env), "session_end": session_end(args.runs, env)}
-    with open(args.out, "w") as f:
+        sid = subprocess.run([*CTL, "session", "start"], capture_output=True, text=True, env=env, check=True)
+        sid = sid.stdout.strip()
+        with open(os.path.join(state, "sessions", f"{sid}.json")) as f:
+            mode = json.load(f)["engine"]
+        data = {"mode": mode, "start_to_ready": start_to_ready(args.rounds, env, sid)}
+        subprocess.run([*CTL, "session", "end", sid], capture_output=True, env=env, check=True)
+        data["session_end"] = session_end(args.runs, env)
+    with open(args.out or RESULTS / f"session-{mode}.json", "w") as f:
         json.dump(data, f, indent=2)
     print(json.dumps(data, indent=2))
     ok = data["session_end"]["session_end_exit"] == 0 and data["session_end"]["survivors_after_session_end"] == 0

@@ -1,6 +1,6 @@
 """``corral_systemd.Session``: the library's face of a session (``corralctl session``).
 
-    with corral_systemd.Session(idle_timeout="10m") as session:      # owner: this process
+    with corral_systemd.Session(idle_timeout="10m", limits={"mem": "2G"}) as session:  # owner: this process
         web = session.start([... "http.server", "8000"], ready={"port": 8000})
         session.run(["curl", "-s", "localhost:8000"])                  # a foreground run in it
         print(web.logs(tail=5)); web.stop()
@@ -74,13 +74,21 @@ class Session:
         owner: int | None = None,
         idle_timeout: str | float = "30m",
         max_runs: int | None = None,
+        limits: dict | None = None,
+        cgroup_mode: str = "auto",
         **defaults,
     ):
         self.name = name
         self.owner = os.getpid() if owner is None else owner
         self.idle_timeout = idle_timeout
         self.max_runs = max_runs
+        #: Aggregate over all the session's runs: ``{"mem": "2G", "pids": 500, "cpus": 1.5}``
+        #: (systemd mode: its slice's MemoryMax, TasksMax, CPUQuota).
+        self.limits = dict(limits or {})
+        self.cgroup_mode = cgroup_mode
         self._defaults = defaults
+        #: What ``corralctl session start`` said besides the id (limits not enforced, say).
+        self.warnings: list[str] = []
         #: The session's id, once started.
         self.id: str | None = None
 
@@ -99,12 +107,18 @@ class Session:
             args += ["--name", self.name]
         if self.max_runs is not None:
             args += ["--max-runs", str(self.max_runs)]
+        for key, value in self.limits.items():
+            if key not in ("mem", "pids", "cpus"):
+                raise UsageError(f"Session: unknown limit {key!r} (mem, pids, cpus)")
+            args += [f"--{key}", _value(key, value)]
+        args += ["--cgroup-mode", self.cgroup_mode]
         r = _ctl(args)
         if r.returncode != 0:
             raise (UsageError if r.returncode == 125 and "CORRAL_MAX_SESSIONS" not in r.stderr else SetupError)(
                 r.stderr.strip() or f"corralctl session start: exit {r.returncode}"
             )
         self.id = json.loads(r.stdout)["session"]
+        self.warnings = [line.split(": ", 2)[-1] for line in r.stderr.splitlines() if line.strip()]
         return self
 
     def end(self) -> None:

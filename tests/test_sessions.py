@@ -736,3 +736,15 @@ def test_what_a_killed_background_corral_left_ends_with_the_session(agent, tmp_p
         again = read_stat(daemon.pid)
         if again is not None and again.starttime == daemon.starttime:
             os.kill(daemon.pid, signal.SIGKILL)
+
+
+def test_the_library_sessions_limits(agent, monkeypatch):
+    import corral_systemd as corral
+
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(agent.directory))
+    with corral.Session(limits={"mem": "64M", "pids": 100}, cgroup_mode="fallback") as session:
+        entry = agent.session_entry(session.id)
+        assert entry["limits"] == {"mem": 64 << 20, "pids": 100} and entry["engine"] == "fallback"
+        assert len(session.warnings) == 1 and "not enforced" in session.warnings[0]
+    with pytest.raises(corral.UsageError):
+        corral.Session(limits={"wall": "1s"}).open()

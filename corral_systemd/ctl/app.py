@@ -128,9 +128,9 @@ def _app():
         cgroup_mode: str = typer.Option(
             "auto",
             "--cgroup-mode",
-            metavar="|".join(CGROUP_MODES),
-            help="auto: a slice and a holder unit where a systemd manager answers, else a holder process; "
-            "enforced: the manager or exit 125; fallback: a holder process.",
+            metavar="MODE",
+            help=f"{'|'.join(CGROUP_MODES)}. auto: a slice and a holder unit where a systemd manager answers, "
+            "else a holder process; enforced: the manager or exit 125; fallback: a holder process.",
         ),
         as_json: bool = typer.Option(False, "--json", help="The session's entry as JSON instead of its id."),
     ):
