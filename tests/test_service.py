@@ -980,3 +980,40 @@ def test_logs_follow_streams_through_the_service(service, tmp_path, marker):
     assert last["exit_code"] == 0 and streamed.splitlines()[:3] == [b"line-1", b"line-2", b"line-3"], streamed
     assert _ctl(service, "session", "end", sid, env=env)[0] == 0
     assert marked_pids(marker) == []
+
+
+@systemd
+def test_a_sessions_background_run_outlives_the_services_restart(tmp_path, marker):
+    """Runs started through the service for a session are its holder's, not the
+    service's: stopping the service (and starting it again) leaves them running,
+    and the session's end through the new one still proves everything gone."""
+    import base64
+
+    first = Service(_dir(tmp_path / "first"))
+    env = first.env(**{MARKER_ENV: marker})
+    sid = _ctl(first, "session", "start", env=env)[1].strip()
+    reply, _ = first.channel().call(
+        "io.corral.Run.Run",
+        {
+            "program": "corral",
+            "argv": ["--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"],
+            "environment": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "umask": 0o22,
+        },
+    )
+    assert reply["exit_code"] == 0, base64.b64decode(reply["stderr"])
+    assert first.stop() == 0
+    assert marked_pids(marker), "the session's run ended with the service"
+    second = Service(_dir(tmp_path / "second"))
+    try:
+        code, out, err = _ctl(second, "session", "end", sid, env=env)
+        assert code == 0 and "every process proven gone" in out, err
+        assert marked_pids(marker) == []
+    finally:
+        second.stop()
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir()
+    return path

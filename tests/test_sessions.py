@@ -748,3 +748,41 @@ def test_the_library_sessions_limits(agent, monkeypatch):
         assert len(session.warnings) == 1 and "not enforced" in session.warnings[0]
     with pytest.raises(corral.UsageError):
         corral.Session(limits={"wall": "1s"}).open()
+
+
+@pytest.mark.parametrize("mode", [m for m in all_modes() if (m if isinstance(m, str) else m.values[0]) != "service"])
+def test_a_removed_state_directory_does_not_keep_a_session_from_ending(agent, mode):
+    """The runs' uid removes the whole state directory mid-session (every entry, log and
+    the holder's socket): the holder writes its entry again, and ending the session
+    still stops every run of it (their marks, its slice, what is below the holder)."""
+    import shutil
+
+    sid = start_session(agent, mode=mode)
+    flags = mode_flags(mode)
+    bg = agent.corral([*flags, "--session", sid, "--background", "--", "sh", "-c", "trap '' TERM; sleep 1000"])
+    assert bg.returncode == 0, bg.stderr
+    marker = new_marker()
+    fg = subprocess.Popen(
+        [*CORRAL, *flags, "--session", sid, "--grace", "0.5s", "--", "sleep", "1000"],
+        env=dict(agent.env, **{MARKER_ENV: marker}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30 * TIME_SCALE
+        while len(list(agent.directory.glob("*.json"))) < 2 or not marked_pids(marker):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # the holder has seen both join
+        shutil.rmtree(agent.directory)
+        deadline = time.monotonic() + 10 * TIME_SCALE
+        while not (agent.directory / "sessions" / f"{sid}.json").exists():
+            assert time.monotonic() < deadline, "the holder did not write its entry again"
+            time.sleep(0.05)
+        end = agent.ctl("session", "end", sid)
+        assert end.returncode == 0, end.stdout + end.stderr
+        assert gone_within(agent) == [] and marked_pids(marker) == []
+        fg.wait(timeout=60)
+    finally:
+        fg.kill()
+        kill_marked(marker)

@@ -67,6 +67,7 @@ class Holder:
         previous = S.read_entry(self.directory, self.session_id)
         if previous is not None and previous.get("state") == "ended":
             return 0  # a restart after the session ended (the unit's): nothing to hold
+        REG.ensure_private_dir(S.sessions_dir(REG.ensure_state_dir(self.directory)))  # a restart after it was removed
         self.spawner = Spawner(self.directory, self.session_id)
         self.token.update()
         self.entry = {
@@ -99,6 +100,7 @@ class Holder:
                 self.spawner.accept(open_=True)
                 last_activity = time.monotonic()
             self._keep_entry()
+            self.spawner.keep_listening()
             joined, foreground = self._scan()
             if joined:
                 self.members.extend(joined)
@@ -128,11 +130,14 @@ class Holder:
         return None
 
     def _keep_entry(self) -> None:
-        if S.read_entry(self.directory, self.session_id) != self.entry:  # removed or rewritten
+        """The session's entry as the holder wrote it: a removed or rewritten one is
+        written again, in a state directory made again if it was removed too."""
+        if S.read_entry(self.directory, self.session_id) != self.entry:
             try:
+                REG.ensure_state_dir(self.directory)
                 S.write_entry(self.directory, self.entry)
             except OSError:
-                pass  # the state directory itself is gone: the token still holds the session
+                pass  # not to be had (a file in its way): the token still holds the session
 
     # -- its end ----------------------------------------------------------------------------
     def end(self, why: str) -> None:
@@ -209,8 +214,8 @@ def stop_members(directory: str, run_ids: list[str]) -> list[str]:
 
     def one(run_id: str) -> str | None:
         entry = REG.read_entry(directory, run_id)
-        if entry is None:
-            return None if not _marked_alive(run_id) else run_id
+        if entry is None:  # removed (the state directory damaged): what carries the run's mark is stopped
+            return None if _stop_marked(run_id) else run_id
         if not proven_gone(directory, entry):
             stop(run_id, directory=directory)
         again = REG.read_entry(directory, run_id) or entry
@@ -275,12 +280,18 @@ def _sweep_own_unit(unit: str) -> list[int]:
     return others
 
 
-def _marked_alive(run_id: str) -> bool:
-    """A run whose entry is gone (removed by its uid): is any process of it left
-    (``CORRAL_RUN_ID`` in its environment, inherited by all it started)?"""
+def _stop_marked(run_id: str) -> bool:
+    """A run whose entry is gone: stop every process carrying its mark
+    (``CORRAL_RUN_ID`` in its environment, inherited by all it started) with
+    the stop sequence; proven gone?"""
+    from ..common.stopping import stop_and_verify
     from ..engines.fallback_tether import MarkedProcesses
 
-    return bool(MarkedProcesses(run_id).remaining())
+    def wait(seconds: float) -> bool:
+        time.sleep(seconds)
+        return False
+
+    return stop_and_verify(MarkedProcesses(run_id), grace=2.0, verify_timeout=3.0, wait=wait).verified
 
 
 def main(argv: list[str]) -> int:

@@ -40,18 +40,47 @@ class Spawner:
         from ..kernel.prctl import set_child_subreaper
 
         set_child_subreaper()
-        self._dirfd = os.open(S.sessions_dir(directory), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        path = S.socket_address(self._dirfd, session_id)
-        try:
-            os.unlink(path)  # a restarted holder's, or anything the uid put there
-        except FileNotFoundError:
-            pass
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.bind(path)
-        self.sock.listen(16)
-        self.sock.setblocking(False)
+        self.directory, self.session_id = directory, session_id
+        self.sock, self._dirfd, self._bound = self._listen()
         #: The background runs' corrals this holder started, and the fronts waiting for their end.
         self.children: dict[int, Channel | None] = {}
+
+    def _listen(self) -> tuple[socket.socket, int, os.stat_result]:
+        """(the listening socket, the sessions directory it is in, what it is there)."""
+        dirfd = os.open(S.sessions_dir(self.directory), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            path = S.socket_address(dirfd, self.session_id)
+            try:
+                os.unlink(path)  # a restarted holder's, or anything the uid put there
+            except FileNotFoundError:
+                pass
+            sock.bind(path)
+            sock.listen(16)
+            sock.setblocking(False)
+            return sock, dirfd, os.stat(path)
+        except BaseException:
+            sock.close()
+            os.close(dirfd)
+            raise
+
+    def keep_listening(self) -> None:
+        """Bind again where the socket was removed (the state directory damaged and made again)."""
+        import stat
+
+        try:
+            st = os.stat(os.path.join(S.sessions_dir(self.directory), f"{self.session_id}.sock"))
+            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (self._bound.st_dev, self._bound.st_ino):
+                return
+        except OSError:
+            pass
+        try:
+            listening = self._listen()
+        except OSError:
+            return  # no sessions directory to bind in (yet): the next look tries again
+        self.sock.close()
+        os.close(self._dirfd)
+        self.sock, self._dirfd, self._bound = listening
 
     def fileno(self) -> int:
         return self.sock.fileno()
