@@ -32,7 +32,7 @@ def bg(tmp_path):
         env = dict(os.environ, CORRAL_STATE_DIR=str(state))
         directory = state
 
-        def start(self, args, *, timeout=60, marker=None):
+        def start(self, args, *, timeout=60 * TIME_SCALE, marker=None):
             marker = marker or new_marker()
             markers.append(marker)
             proc = subprocess.run(
@@ -46,7 +46,7 @@ def bg(tmp_path):
             proc.marker = marker
             return proc
 
-        def ctl(self, *args, timeout=60):
+        def ctl(self, *args, timeout=60 * TIME_SCALE):
             return subprocess.run([*CTL, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
 
     yield Bg()
@@ -73,13 +73,16 @@ def gone(marker: str, within: float = 5.0) -> list[int]:
 
 
 SERVER = [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1"]
+#: A server's --ready-timeout: the default 30 s, scaled for an emulated machine.
+READY_TIMEOUT = ["--ready-timeout", f"{30 * TIME_SCALE:g}s"]
 
 
 @pytest.mark.parametrize("mode", all_modes())
 def test_a_dev_server_runs_in_the_background_until_stopped(bg, mode):
     port = free_port()
     r = bg.start(
-        [*mode_flags(mode), "--background", "--name", "web", "--ready-port", str(port), "--", *SERVER, str(port)]
+        [*mode_flags(mode), "--background", "--name", "web", *READY_TIMEOUT, "--ready-port", str(port), "--", *SERVER]
+        + [str(port)]
     )
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.strip()

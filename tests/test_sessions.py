@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from test_background import SERVER, free_port, port_accepts
+from test_background import READY_TIMEOUT, SERVER, free_port, port_accepts
 
 from conftest import CORRAL, TIME_SCALE
 from modes import all_modes, mode_flags
@@ -32,12 +32,12 @@ def agent(tmp_path):
         directory = tmp_path / "state"
         env = dict(os.environ, CORRAL_STATE_DIR=str(tmp_path / "state"))
 
-        def ctl(self, *args, env=None, timeout=120):
+        def ctl(self, *args, env=None, timeout=120 * TIME_SCALE):
             return subprocess.run(
                 [*CTL, *args], env=dict(self.env, **(env or {})), capture_output=True, text=True, timeout=timeout
             )
 
-        def corral(self, args, *, env=None, timeout=60):
+        def corral(self, args, *, env=None, timeout=60 * TIME_SCALE):
             marker = new_marker()
             markers.append(marker)
             proc = subprocess.run(
@@ -116,7 +116,8 @@ def the_agents_day(agent, mode, sid: str) -> int:
     port = free_port()
     env = {"CORRAL_SESSION": sid}
     server = agent.corral(
-        [*flags, "--background", "--name", "web", "--ready-port", str(port), "--", *SERVER, str(port)], env=env
+        [*flags, "--background", "--name", "web", *READY_TIMEOUT, "--ready-port", str(port), "--", *SERVER, str(port)],
+        env=env,
     )
     assert server.returncode == 0, server.stderr
     fetch = agent.corral(
@@ -461,7 +462,7 @@ def test_a_session_whose_holder_is_killed_ends_its_runs(agent, mode):
             time.sleep(0.05)
         time.sleep(0.3)
         os.kill(agent.session_entry(sid)["holder"]["pid"], signal.SIGKILL)
-        _, err = fg.communicate(timeout=60)
+        _, err = fg.communicate(timeout=60 * TIME_SCALE)
         assert fg.returncode == 143, err
         assert "its session ended (the session's holder exited)" in err
         assert agent.ctl("wait", bg_run.stdout.strip()).returncode == 143
@@ -782,7 +783,7 @@ def test_a_removed_state_directory_does_not_keep_a_session_from_ending(agent, mo
         end = agent.ctl("session", "end", sid)
         assert end.returncode == 0, end.stdout + end.stderr
         assert gone_within(agent) == [] and marked_pids(marker) == []
-        fg.wait(timeout=60)
+        fg.wait(timeout=60 * TIME_SCALE)
     finally:
         fg.kill()
         kill_marked(marker)

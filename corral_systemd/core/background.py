@@ -494,6 +494,10 @@ def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller
         return None
     except (OSError, ProtocolError) as exc:
         sock.close()
+        try:
+            S.joinable(session_id, directory)  # refused because the session began to end?
+        except S.NotJoinable as ended:
+            raise SetupError(str(ended)) from None
         warnings.append(f"started by this corral: session {session_id}'s holder did not answer ({exc})")
         return None
     finally:

@@ -81,7 +81,9 @@ class Holder:
         if ready_w is not None:
             os.write(ready_w, b"1")
             os.close(ready_w)
-        why = self._owner_gone_at_start()
+        # A holder unit started again in the middle of the session's end ends it.
+        why = previous.get("why") if previous is not None and previous.get("state") == "ending" else None
+        why = why or self._owner_gone_at_start()
         last_activity = time.monotonic()
         idle_timeout = float(self.config["idle_timeout"])
         while why is None:
@@ -142,6 +144,9 @@ class Holder:
     # -- its end ----------------------------------------------------------------------------
     def end(self, why: str) -> None:
         self.token.update(state="ending")
+        self.spawner.stop_listening()  # a front that comes now is told the session is ending
+        self.entry.update(state="ending", why=why)
+        self._keep_entry()
         joined, _ = self._scan()  # whoever joined before "ending" was read
         self.members.extend(joined)
         self.token.update(members=self.members)

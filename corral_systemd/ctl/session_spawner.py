@@ -64,6 +64,14 @@ class Spawner:
             os.close(dirfd)
             raise
 
+    def stop_listening(self) -> None:
+        """No more runs: the socket closed and removed (a front connecting now is refused)."""
+        try:
+            os.unlink(S.socket_address(self._dirfd, self.session_id))
+        except OSError:
+            pass
+        self.sock.close()
+
     def keep_listening(self) -> None:
         """Bind again where the socket was removed (the state directory damaged and made again)."""
         import stat
@@ -91,7 +99,9 @@ class Spawner:
                 channel.sock.close()
         self.children.clear()
         self.sock.close()
-        os.close(self._dirfd)
+        if self._dirfd >= 0:
+            os.close(self._dirfd)
+            self._dirfd = -1
 
     # -- a front's call ---------------------------------------------------------------------
     def accept(self, open_: bool) -> None:

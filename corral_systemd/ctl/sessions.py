@@ -153,6 +153,7 @@ def _manager(session_id: str, cgroup_mode: str):
 
 def _start_unit(directory: str, config: dict, manager) -> list[str]:
     """systemd: the session's slice (its limits), then its holder as the manager's unit."""
+    from ..common.errors import SetupError
     from ..engines.systemd.session_slice import holder_environment
 
     try:
@@ -173,9 +174,8 @@ def _start_unit(directory: str, config: dict, manager) -> list[str]:
                 raise CtlError(f"the session's holder ({manager.holder_unit}) did not start")
             time.sleep(0.02)
         return warnings
-    except BaseException:
-        manager.close()
-        raise
+    except SetupError as exc:
+        raise CtlError(str(exc)) from None
     finally:
         manager.close()
 
