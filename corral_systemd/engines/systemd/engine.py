@@ -134,7 +134,7 @@ class SystemdEngine(CgroupLimits, Engine):
         return self.link.direct
 
     # -- 2-4. start ----------------------------------------------------
-    def start(self, argv, *, stdin, stdout, stderr, env, cwd):
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
         spec, strategy = self.spec, self.strategy
         strategy.prepare(argv, env, cwd)  # a service: ExecError (127/126) before anything starts
         aux = []
@@ -149,7 +149,9 @@ class SystemdEngine(CgroupLimits, Engine):
             keep_failed=strategy.keep_failed,
         )
         try:
-            command_props, fds = strategy.launch(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+            command_props, fds = strategy.launch(
+                argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, survey=survey
+            )
             # None from either: the connection ended and the strategy took over (a service adopted)
             job = self.link.start_unit(props + command_props, aux, fds, self.tether_unit, strategy, self.warnings)
             result = None
