@@ -524,6 +524,7 @@ class Supervisor:
         res.processes_seen = len(engine.seen)
         res.processes_stopped = engine.processes_stopped
         res.limits_enforced = dict(engine.limits_enforced)
+        res.handed_off = engine.handed_off()
         res.warnings = [*engine.warnings, *res.warnings]  # the engine's, then a registry failure
         try:
             res.engine = engine.describe()

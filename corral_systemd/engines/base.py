@@ -119,6 +119,11 @@ class Engine:
         (processes of it that left the group while alive), else None."""
         return self.tracker.unproven() if self.tracker is not None else None
 
+    def handed_off(self) -> list[str]:
+        """The units a manager moved processes of the run into (a hand-off
+        corral saw happen: the run is then not verified, ``unproven``)."""
+        return []
+
     def watch_interval(self) -> float | None:
         """How often the supervisor must call ``check_limits()`` (None: never)."""
         return None
