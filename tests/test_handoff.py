@@ -301,7 +301,7 @@ def _manager_channels() -> dict:
     listening = handoff.listening_sockets()
     out = {}
     for mask in found.masks:
-        if mask.how == "socket" and mask.path in listening:
+        if mask.how == "socket" and mask.path in listening and os.access(mask.path, os.W_OK):
             out.setdefault(_channel_of(mask.path), mask.path)
         elif mask.path.endswith("/systemd") and os.path.join(mask.path, "private") in listening:
             out["user-manager"] = os.path.join(mask.path, "private")
