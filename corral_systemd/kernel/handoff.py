@@ -192,10 +192,10 @@ def survey(env: dict, uid: int | None = None, listening: set[str] | None = None)
     for path in _corral_services(runtimes):
         add("corral-service", path, "socket", listens(path))
     prefixes = tuple(runtime + "/" for runtime in runtimes)
-    for path in sorted(listening):
-        if path.startswith(prefixes) and os.path.realpath(path) not in masked:
-            if not any(os.path.realpath(path).startswith(m.path + "/") for m in found.masks if m.how != "socket"):
-                add("user-sockets", path, "socket", listens(path))
+    for path in sorted(p for p in listening if p.startswith(prefixes)):
+        real = os.path.realpath(path)
+        if real not in masked and not any(real.startswith(m.path + "/") for m in found.masks if m.how != "socket"):
+            add("user-sockets", path, "socket", listens(path))
     add("system-manager", _SYSTEM_MANAGER, "socket", listens(_SYSTEM_MANAGER))
     for path in [_SYSTEM_BUS, *system_paths]:
         add("system-bus", path, "socket", listens(path))
@@ -250,8 +250,11 @@ def _screen_dirs(env: dict, uid: int) -> list[str]:
 
 
 def _holds_listening(directory: str, listening: set[str]) -> bool:
-    real = os.path.realpath(directory) + "/"
-    return any(os.path.realpath(path).startswith(real) and _socket_we_may_use(path) for path in listening)
+    """A listening socket the command may use in ``directory`` (as bound, or
+    through the directory's real path: sockets are bound where their server
+    looked, which is the path it was given)."""
+    prefixes = (directory.rstrip("/") + "/", os.path.realpath(directory) + "/")
+    return any(path.startswith(prefixes) and _socket_we_may_use(path) for path in listening)
 
 
 def _holds_fifo(directory: str) -> bool:
