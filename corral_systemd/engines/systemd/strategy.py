@@ -252,18 +252,18 @@ class ServiceStrategy:
             return []
         what = "--network none" if spec.network == "none" else "--handoff deny"
         if engine.manager_kind == "user":
-            # A user manager sets up a service's user namespace first and
-            # the mount namespace inside it (execute.c: "If we're
-            # unprivileged, set up the user namespace first"): the command
-            # holds CAP_SYS_ADMIN over its mounts and could unmount what hides
-            # the channels. And it gives each of a unit's processes a user
-            # namespace of its own, so the network namespace the first one
-            # makes cannot be joined by the next, which systemd 252 then runs
-            # on the host's network with only a warning ("network namespace
-            # setup failed, ignoring"). Seen in the VM lane as uid 1000.
+            # A user manager gives each of a unit's processes a user namespace
+            # of its own, made first, with the mount and network namespaces
+            # inside it (execute.c: "If we're unprivileged, set up the user
+            # namespace first"): the network namespace the first process makes
+            # cannot be joined by the next, which systemd 252 then runs on the
+            # host's network with only a warning ("network namespace setup
+            # failed, ignoring"; seen in the VM lane as uid 1000), and the
+            # ExecStartPre= check would inspect namespaces that are not the
+            # command's. A seal whose check proves nothing is not offered.
             raise SetupError(
-                f"{what}: a user manager's service cannot be sealed reliably (systemd 252: its mounts and "
-                "network namespace are the command's to undo); use --unit-type scope, or the system manager"
+                f"{what}: a user manager's service cannot be sealed reliably (systemd 252 makes each of its "
+                "processes' namespaces anew); use --unit-type scope, or the system manager"
             )
         refuse_unmaskable(spec, survey)
         from ...kernel import netns, seal
