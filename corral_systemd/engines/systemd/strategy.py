@@ -258,12 +258,14 @@ class ServiceStrategy:
             # namespace first"): the network namespace the first process makes
             # cannot be joined by the next, which systemd 252 then runs on the
             # host's network with only a warning ("network namespace setup
-            # failed, ignoring"; seen in the VM lane as uid 1000), and the
-            # ExecStartPre= check would inspect namespaces that are not the
-            # command's. A seal whose check proves nothing is not offered.
+            # failed, ignoring"; seen in the VM lane as uid 1000). Its mount
+            # namespace is then owned by the service's own user namespace,
+            # unlike a system manager's (made before it, as corral's child
+            # makes it): not tried with the masks here, so not offered.
             raise SetupError(
-                f"{what}: a user manager's service cannot be sealed reliably (systemd 252 makes each of its "
-                "processes' namespaces anew); use --unit-type scope, or the system manager"
+                f"{what}: a user manager's service cannot be sealed reliably (systemd 252 makes its "
+                "namespaces inside a user namespace of each process's own); use --unit-type scope, "
+                "or the system manager"
             )
         refuse_unmaskable(spec, survey)
         from ...kernel import netns, seal
