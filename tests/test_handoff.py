@@ -242,8 +242,17 @@ def test_a_spool_is_read_only_and_empty_and_a_private_directory_is_the_commands(
     assert sorted(os.listdir(spool)) == ["job"] and sorted(os.listdir(private)) == ["job"]  # nothing leaked out
 
 
+#: corral in this process after it made itself not dumpable, as the Python client
+#: does before it asks the service (and stays, when the service declines).
+NOT_DUMPABLE = (
+    "import ctypes, sys; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "
+    "from corral_systemd.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+@pytest.mark.parametrize("parent", ["dumpable", "not-dumpable"])
 @pytest.mark.parametrize("what", ["--handoff", "--network"])
-def test_a_user_who_is_not_root_is_sealed_too(tmp_path, what):
+def test_a_user_who_is_not_root_is_sealed_too(tmp_path, what, parent):
     """Not root: the masks are made in a user namespace of the child's own, the
     command runs in another below it: its own session bus is hidden and stays
     hidden (umount2 refused: it holds no capability over that mount
@@ -268,7 +277,8 @@ def test_a_user_who_is_not_root_is_sealed_too(tmp_path, what):
         env = {"PATH": os.environ["PATH"], "HOME": home, "XDG_RUNTIME_DIR": runtime, "CORRAL_SERVICE": "0"}
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *CORRAL, "--no-registry"]
+        corral = CORRAL if parent == "dumpable" else [sys.executable, "-c", NOT_DUMPABLE]
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *corral, "--no-registry"]
         argv += ["--cgroup-mode", "fallback", what, "deny" if what == "--handoff" else "none"]
         proc = subprocess.run(
             # It tries to unmount what hides the bus first: it holds no

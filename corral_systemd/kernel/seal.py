@@ -51,6 +51,7 @@ _MS_BIND = 4096
 _MS_REC = 16384
 _MS_SLAVE = 1 << 19
 _MNT_DETACH = 2
+_PR_SET_DUMPABLE = 4
 
 #: The record's ``network`` for --network none made this way.
 HOW = "userns+netns"
@@ -75,6 +76,9 @@ class Seal:
         """Seal this process (see the module's docstring). Raises OSError
         (the kernel refused) or RuntimeError (it is not sealed)."""
         net = _CLONE_NEWNET if self.network else 0
+        # Our own /proc/self files (uid_map, ...) are ours to write only while
+        # we are dumpable; a parent that is not (the Python client) passed that on.
+        self._libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
         if self.uid == 0:
             self._unshare(_CLONE_NEWNS | net)
         else:
@@ -165,12 +169,12 @@ def _errno(what: str) -> OSError:
 
 
 def _libc():
-    """libc's unshare, mount and umount2, loaded in corral before the fork
+    """libc's unshare, mount, umount2 and prctl, loaded in corral before the fork
     (``os.unshare`` is Python 3.12's; the child only calls them)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    for name in ("unshare", "mount", "umount2"):
+    for name in ("unshare", "mount", "umount2", "prctl"):
         getattr(libc, name)
     return libc
 
