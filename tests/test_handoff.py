@@ -133,6 +133,24 @@ def test_sealed_no_channel_answers(corral, fake_session, mode, network):
     assert run.survivors == []
 
 
+def test_the_library_seals_as_the_cli_does(fake_session):
+    """The library's keyword, declared once with the option: a fallback run
+    (its own supervising process) sealed, the record's "denied"; unsealed, the
+    channels listed."""
+    import corral_systemd
+
+    env, paths = fake_session
+    sealed = corral_systemd.run(
+        ["python3", "-c", PROBE, *paths.values()], mode="fallback", handoff="deny", env=env, stdin=b""
+    )
+    seen = json.loads(sealed.stdout)
+    assert set(seen["sockets"].values()) <= HIDDEN and seen["vars"] == [], seen
+    assert sealed.handoff == "denied" and sealed.exit_code == 0
+    unsealed = corral_systemd.run(["python3", "-c", PROBE, *paths.values()], mode="fallback", env=env, stdin=b"")
+    assert set(json.loads(unsealed.stdout)["sockets"].values()) == {"connected"}
+    assert {"user-manager", "session-bus", "user-sockets"} <= set(unsealed.handoff or []), unsealed.handoff
+
+
 def test_as_root_nsenter_into_corrals_network_namespace_is_refused(corral):
     """The issue's bypass: root joining corral's own network namespace."""
     if os.geteuid() != 0 or shutil.which("nsenter") is None:
