@@ -118,9 +118,9 @@ class EngineInfo(BaseModel):
     #: None: no group (the fallback).
     accounting_final: bool | None = None
     #: How --network none was put in place (None: the host's network):
-    #: "netns" (a new network namespace), "userns+netns" (a user namespace
-    #: first: not root), "PrivateNetwork"
-    #: (a service; the unit checked it before the command).
+    #: "userns+netns" (corral's child, a sealed run: ``kernel.seal``),
+    #: "PrivateNetwork" (a service; the unit checked it before the command);
+    #: "netns" in records of corral before issue 29 (root, no user namespace).
     network: str | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: dict[str, int] | None = None
