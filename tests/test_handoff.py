@@ -469,3 +469,21 @@ def test_python_probe_runs_here():
         with _listen(path):
             out = subprocess.run([sys.executable, "-c", PROBE, path], capture_output=True, text=True, timeout=30)
     assert json.loads(out.stdout)["sockets"] == {path: "connected"}, out
+
+
+def test_the_survey_finds_spools_and_names_what_a_bus_address_hides(tmp_path, monkeypatch):
+    """atd's and cron's spools (fixed paths: given here as directories of this
+    test's own) are channels when they exist, hidden read-only; a bus address's
+    unix path is masked, an abstract socket or TCP cannot be."""
+    from corral_systemd.kernel import handoff
+
+    atjobs, crontabs = tmp_path / "atjobs", tmp_path / "crontabs"
+    atjobs.mkdir()
+    monkeypatch.setattr(handoff, "_ATD_SPOOLS", (str(atjobs), str(tmp_path / "absent")))
+    monkeypatch.setattr(handoff, "_CRON_SPOOLS", (str(crontabs),))
+    found = handoff.survey({"XDG_RUNTIME_DIR": str(tmp_path / "none")}, listening=set())
+    assert "atd" in found.open and "cron" not in found.open, found
+    assert handoff.Mask(str(atjobs), "spool") in found.masks
+    assert not any(m.path.startswith(str(crontabs)) for m in found.masks)
+    paths, unmaskable = handoff.bus_paths("unix:path=/run/a%20b,guid=1;unix:abstract=/tmp/x;tcp:host=h,port=1")
+    assert paths == ["/run/a b"] and unmaskable == ["unix:abstract=/tmp/x", "tcp:host=h,port=1"]
