@@ -74,9 +74,10 @@ def _listen(path: str) -> socket.socket:
 @pytest.fixture
 def fake_session(tmp_path):
     """A runtime directory of this test's own with a user manager's socket, a
-    session bus, a socket-activated agent's socket, and a second bus that
-    only $DBUS_SESSION_BUS_ADDRESS names: each listening (the kernel lists
-    them in /proc/net/unix). Returns (environment, {channel: socket path})."""
+    session bus, a socket-activated agent's socket, a second bus that only
+    $DBUS_SESSION_BUS_ADDRESS names and a corral service's socket elsewhere:
+    each listening (the kernel lists them in /proc/net/unix). Returns
+    (environment, {channel: socket path})."""
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     paths = {
@@ -84,12 +85,15 @@ def fake_session(tmp_path):
         "session-bus": str(runtime / "bus"),
         "user-sockets": str(runtime / "gnupg" / "S.gpg-agent"),
         "named-bus": str(tmp_path / "elsewhere" / "bus"),
+        "corral-service": str(tmp_path / "service" / "io.corral.Run"),
     }
     sockets = [_listen(p) for p in paths.values()]
     env = dict(
         os.environ,
         XDG_RUNTIME_DIR=str(runtime),
         DBUS_SESSION_BUS_ADDRESS=f"unix:path={paths['named-bus']}",
+        # corral does not ask it (CORRAL_SERVICE=0); the command could
+        CORRAL_SERVICE_SOCKET=paths["corral-service"],
         CORRAL_SERVICE="0",
     )
     yield env, paths
@@ -109,9 +113,8 @@ def test_unsealed_the_command_reaches_every_channel_and_the_record_lists_them(co
     seen = _probe(run)
     assert set(seen["sockets"].values()) == {"connected"}, seen
     assert seen["vars"] == ["DBUS_SESSION_BUS_ADDRESS"]
-    assert ["user-manager", "session-bus", "user-sockets"] == [
-        c for c in run.record["handoff"] if c in ("user-manager", "session-bus", "user-sockets")
-    ], run.record["handoff"]
+    listed = ("user-manager", "session-bus", "user-sockets", "corral-service")
+    assert list(listed) == [c for c in run.record["handoff"] if c in listed], run.record["handoff"]
     assert run.record["handed_off"] == []
     assert run.stderr.decode().rstrip().endswith("; tree-only"), run.stderr
 
@@ -380,7 +383,7 @@ def test_through_the_corral_service_a_sealed_run_is_the_same(service, tmp_path, 
     channels = _manager_channels()
     if not channels:
         pytest.skip("no manager or bus socket here")
-    paths = sorted(set(channels.values()))
+    paths = sorted({*channels.values(), service.path})  # the corral service's socket too
     args = ["--unit-type", unit_type, "--handoff", "deny", "--json", "r.json", "--", "python3", "-c", PROBE, *paths]
     proc = run_corral(service, client=client, args=args, cwd=tmp_path)
     if unit_type == "service" and MANAGER == "user":

@@ -189,7 +189,7 @@ def survey(env: dict, uid: int | None = None, listening: set[str] | None = None)
         add("user-manager", os.path.join(runtime, "systemd"), "spool", listens(private))
     for path in [os.path.join(runtime, "bus") for runtime in runtimes] + session_paths:
         add("session-bus", path, "socket", listens(path))
-    for path in _corral_services(runtimes):
+    for path in _corral_services(env, runtimes):
         add("corral-service", path, "socket", listens(path))
     prefixes = tuple(runtime + "/" for runtime in runtimes)
     for path in sorted(p for p in listening if p.startswith(prefixes)):
@@ -220,12 +220,14 @@ def _socket_we_may_use(path: str) -> bool:
     return stat.S_ISSOCK(st.st_mode) and os.access(path, os.W_OK)
 
 
-def _corral_services(runtimes: list[str]) -> list[str]:
-    """Where a corral service of this user (or root's) listens: it would run
-    a command outside this run."""
-    from ..common.programs import socket_paths
+def _corral_services(env: dict, runtimes: list[str]) -> list[str]:
+    """Where a corral service of this user (or root's) may listen: it would
+    run a command outside this run. (``CORRAL_SERVICE=0`` only tells a client
+    not to ask it: the socket is there all the same.)"""
+    from ..common.programs import SOCKET_NAME, SYSTEM_SOCKET
 
-    return [*socket_paths(), *(os.path.join(runtime, "io.corral.Run") for runtime in runtimes), "/run/io.corral.Run"]
+    named = [env["CORRAL_SERVICE_SOCKET"]] if env.get("CORRAL_SERVICE_SOCKET") else []
+    return [*named, *(os.path.join(runtime, SOCKET_NAME) for runtime in runtimes), SYSTEM_SOCKET]
 
 
 def _tmux_dirs(env: dict, uid: int) -> list[str]:
