@@ -116,6 +116,10 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
             _signal.signal(signum, handler)
         if child is not None:
             child.discard()  # it never ran (held at its gate): nothing is left of it
+            # The run goes on in this process, as the compiled client's exec of
+            # corral-inprocess does: dumpable again (a child it forks writes its
+            # own /proc files, a sealed run's uid_map).
+            _prctl(4, 1)
         raise
     finally:
         sock.close()

@@ -6,7 +6,7 @@ No click and no typer here."""
 from dataclasses import dataclass
 
 from ..common.limits import LIMITS, Limit
-from .spec import CGROUP_MODES, MANAGERS, NETWORKS, STDIN_MODES, UNIT_TYPES
+from .spec import CGROUP_MODES, HANDOFFS, MANAGERS, NETWORKS, STDIN_MODES, UNIT_TYPES
 
 #: --json values that mean "standard output" (the record follows the command's output there).
 STDOUT_PATHS = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
@@ -110,10 +110,20 @@ OPTIONS: tuple[Option, ...] = (
         "network",
         ("--network",),
         "value",
-        "none: the command gets a network namespace of its own with only lo (checked before it runs; "
-        "if it cannot be had, the command never runs, 125).",
+        "none: the command gets a network namespace of its own with only lo, and the seal of --handoff deny "
+        "(checked before it runs; if it cannot be had, the command never runs, 125).",
         default="host",
         choices=NETWORKS,
+    ),
+    Option(
+        "handoff",
+        ("--handoff",),
+        "value",
+        "deny: no service manager, bus, atd or terminal multiplexer server outside the run is reachable "
+        "(checked before it runs; if it cannot be had, the command never runs, 125). allow: the record "
+        "lists those the command could reach.",
+        default="allow",
+        choices=HANDOFFS,
     ),
     Option(
         "manager",

@@ -14,7 +14,10 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
 from ..engines.kinds import MODES
+from ..kernel.handoff import NAMES
 from .record_json import RECORD_VERSION, record_data
+
+HandoffChannel = Literal[NAMES]  # type: ignore[valid-type]  # the channels, declared once (kernel/handoff.py)
 
 
 class _Strict(BaseModel):
@@ -115,9 +118,9 @@ class EngineInfo(BaseModel):
     #: None: no group (the fallback).
     accounting_final: bool | None = None
     #: How --network none was put in place (None: the host's network):
-    #: "netns" (a new network namespace), "userns+netns" (a user namespace
-    #: first: not root), "PrivateNetwork"
-    #: (a service; the unit checked it before the command).
+    #: "userns+netns" (corral's child, a sealed run: ``kernel.seal``),
+    #: "PrivateNetwork" (a service; the unit checked it before the command);
+    #: "netns" in records of corral before issue 29 (root, no user namespace).
     network: str | None = None
     #: cgroup v2 memory.events counters as last read: max, oom, oom_kill.
     memory_events: dict[str, int] | None = None
@@ -204,6 +207,16 @@ class RunRecord(_Strict):
     #: Who made $CREDENTIALS_DIRECTORY: "systemd" (a service's LoadCredential=)
     #: or "corral" (its private tmpfs directory); None without --credential.
     credentials_delivery: Literal["systemd", "corral"] | None = None
+    #: What the proof covers beyond the process tree. A list: the hand-off
+    #: channels the command could reach (``kernel.handoff.NAMES``: "user-manager",
+    #: "session-bus", "system-bus", "atd", "tmux", ...), whose work is outside the
+    #: run (the summary line says "tree-only" when there is any); "denied": a
+    #: sealed run (--handoff deny, --network none), none was reachable; None:
+    #: the command never started.
+    handoff: list[HandoffChannel] | Literal["denied"] | None = None
+    #: Hand-offs corral saw happen (then the run is not verified, 120): the
+    #: units a manager moved the run's processes into ("run-u12.scope").
+    handed_off: list[str] = []
     _exact_argv: list[str] | None = PrivateAttr(default=None)
 
     @property

@@ -128,7 +128,13 @@ def record_data(result) -> dict:
         "environment": environment,
         "credentials": list(getattr(result, "credentials", [])),
         "credentials_delivery": getattr(result, "credentials_delivery", None),
+        "handoff": _handoff(getattr(result, "handoff", None)),
+        "handed_off": list(getattr(result, "handed_off", [])),
     }
+
+
+def _handoff(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def record_bytes(result) -> bytes:

@@ -274,6 +274,7 @@ def from_options(
             slice=given("slice", "corral.slice"),
             properties=list(given("property", [])),
             network=given("network", "host"),
+            handoff=given("handoff", "allow"),
             pty=bool(values.get("pty")),
             output_limit=coerce_size(given("output_limit"), "--output-limit"),
             output_file=path(given("output_file")),
@@ -383,6 +384,7 @@ def spec_from_keywords(
     output_limit=None,
     output_file=None,
     network: str = "host",
+    handoff: str = "allow",
     pty: bool = False,
     session: str | None = None,
 ) -> RunSpec:
@@ -415,8 +417,10 @@ def spec_from_keywords(
 
     ``network="none"``, as ``--network none``: the command has only a
     loopback interface, checked before it runs (SetupError if that cannot
-    be had). A Runner's scope runs cannot do this (the host must not fork):
-    use services, the library's default.
+    be had); the run is sealed too, as with ``handoff="deny"``: no service
+    manager, bus, atd or terminal multiplexer server outside the run can be
+    reached (SetupError if that cannot be had). A Runner's scope runs cannot
+    do either (the host must not fork): use services, the library's default.
 
     ``session`` (an id or a name), as ``--session``: the run joins that open
     session and ends with it; default: ``$CORRAL_SESSION`` of this process
@@ -460,6 +464,7 @@ def spec_from_keywords(
             output_limit=coerce_size(output_limit, "output_limit"),
             output_file=None if output_file is None else os.path.abspath(os.fspath(output_file)),
             network=network,
+            handoff=handoff,
             pty=pty,
             # as corral: a tool inside a session's run joins it too
             session=(os.environ.get("CORRAL_SESSION") or None) if session is None else (session or None),

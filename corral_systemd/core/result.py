@@ -66,6 +66,11 @@ class RunOutcome:
     environment: dict | None = None  # --env-*: names kept and dropped, never values
     credentials: list[str] = field(default_factory=list)  # --credential names, never contents
     credentials_delivery: str | None = None  # who made $CREDENTIALS_DIRECTORY: "systemd" or "corral"
+    #: The hand-off channels the command could reach (``kernel.handoff``: names)
+    #: or "denied" (a sealed run); None: the command never started.
+    handoff: list[str] | str | None = None
+    #: Hand-offs corral saw happen: the units its processes were moved into.
+    handed_off: list[str] = field(default_factory=list)
 
     @property
     def wall_time(self) -> float:
@@ -149,6 +154,10 @@ def summary_line(result: RunOutcome) -> str:
         # --cgroup-mode auto found no manager to use: say why, once (the record
         # has it too), so a run without systemd is never silently unconfined by one.
         line += f"; auto mode fell back: {reason}"
+    if isinstance(result.handoff, list) and result.handoff:
+        # The proof covers the process tree: what it asked others to start is
+        # not in it (the record's ``handoff`` lists whom it could have asked).
+        line += "; tree-only"
     if result.remaining_pids:
         line += f"; NOT VERIFIED, still present: {' '.join(map(str, result.remaining_pids))}"
     return line

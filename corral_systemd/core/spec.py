@@ -32,6 +32,10 @@ UNIT_TYPES = ("scope", "service")
 #: --network: "host" (the command shares corral's) or "none" (a namespace of
 #: its own with only lo, verified before the command runs).
 NETWORKS = ("host", "none")
+#: --handoff: "allow" (the command may reach the service managers, buses, atd,
+#: a terminal multiplexer's server outside the run: the record lists which) or
+#: "deny" (a sealed run: ``kernel.seal``; --network none seals it too).
+HANDOFFS = ("allow", "deny")
 
 #: --output-limit keeps a head and a tail: at least one byte of each.
 MIN_OUTPUT_LIMIT = 2
@@ -78,6 +82,7 @@ class RunSpec:
     #: --output-file: the whole stream as well, in the order read (0600; an absolute path).
     output_file: str | None = None
     network: str = "host"
+    handoff: str = "allow"
     #: --pty: the command on a pseudo-terminal of its own (core/pty.py).
     pty: bool = False
     #: --session / $CORRAL_SESSION / the library's ``session=``: the session the
@@ -103,6 +108,7 @@ class RunSpec:
         _check_choice("manager", self.manager, MANAGERS)
         _check_choice("unit_type", self.unit_type, UNIT_TYPES)
         _check_choice("network", self.network, NETWORKS)
+        _check_choice("handoff", self.handoff, HANDOFFS)
         if self.session is not None and (not _text(self.session) or not self.session):
             raise UsageError(f"invalid session {self.session!r}")
         if not isinstance(self.pty, bool):
@@ -150,6 +156,13 @@ class RunSpec:
             raise UsageError("--property needs a systemd unit: not with --cgroup-mode fallback or --cgroup-parent")
         for text in self.properties:
             parse_property(text, self.unit_type)
+
+    @property
+    def sealed(self) -> bool:
+        """Is no hand-off channel outside the run to be reachable (``kernel.seal``)?
+        --handoff deny asks for it; --network none too: the managers' and
+        buses' sockets are files, which a network namespace does not cut."""
+        return self.handoff == "deny" or self.network == "none"
 
     @property
     def may_be_systemd(self) -> bool:

@@ -37,6 +37,7 @@ from ..common.errors import SetupError, UsageError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
 from ..common.nesting import command_env, outer_run
 from ..common.stopping import stop_and_verify
+from ..kernel import handoff
 from ..kernel.rlimits import OwnLimits, lowered_limit
 from ..kernel.spawn import ExecError
 from . import result as R
@@ -315,14 +316,22 @@ class Supervisor:
                     stdio = (stdin, out_w, err_w)
                 else:
                     stdio = (stdin, self._stdout, self._stderr)
+            env = command_env(spec.env, spec.run_id)  # CORRAL_RUN_ID: a corral inside knows (nesting.py)
+            # What the command could ask to start work outside the run: a
+            # sealed run hides it all, and its variables go; else the record lists it.
+            channels = handoff.survey(env)
+            if spec.sealed:
+                env = channels.command_env(env)
             self.engine.start(
                 spec.argv,
                 stdin=stdio[0],
                 stdout=stdio[1],
                 stderr=stdio[2],
-                env=command_env(spec.env, spec.run_id),  # CORRAL_RUN_ID: a corral inside knows (nesting.py)
+                env=env,
                 cwd=spec.cwd,
+                survey=channels,
             )
+            self.result.handoff = handoff.DENIED if spec.sealed else channels.open
             self._limits.restore()  # the command may have lowered them already
             cleanup_on_fail.pop_all()
         if self._pty is not None:
@@ -515,6 +524,7 @@ class Supervisor:
         res.processes_seen = len(engine.seen)
         res.processes_stopped = engine.processes_stopped
         res.limits_enforced = dict(engine.limits_enforced)
+        res.handed_off = engine.handed_off()
         res.warnings = [*engine.warnings, *res.warnings]  # the engine's, then a registry failure
         try:
             res.engine = engine.describe()

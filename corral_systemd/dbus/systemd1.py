@@ -119,6 +119,12 @@ class Manager:
         """A property of the manager itself (e.g. its ``Environment``)."""
         return self._call(DEST, PATH, PROPS, "Get", "ss", [MANAGER, prop]).body[0].value
 
+    def unit_of_pid(self, pid: int) -> str:
+        """The unit that holds ``pid``, in the manager's own word (GetUnitByPID:
+        the unit whose cgroup the process is in, for this manager)."""
+        path = self._call(DEST, PATH, MANAGER, "GetUnitByPID", "u", [pid]).body[0]
+        return self._call(DEST, path, PROPS, "Get", "ss", [UNIT, "Id"]).body[0].value
+
     def list_units(self, patterns: list[str]) -> list[tuple[str, str]]:
         """(name, active state) of every loaded unit matching one of ``patterns``."""
         reply = self._call(DEST, PATH, MANAGER, "ListUnitsByPatterns", "asas", [[], patterns])

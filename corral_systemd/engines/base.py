@@ -11,6 +11,7 @@ to 125) and lets ``ExecError`` from spawning through (126/127).
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..common.errors import SetupError
 from ..common.limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
 
 if TYPE_CHECKING:
@@ -44,8 +45,10 @@ class Engine:
     _child = None
     _status: int | None = None
 
-    def start(self, argv, *, stdin: int, stdout: int, stderr: int, env, cwd) -> None:
-        """Start the command; return once it has exec'd."""
+    def start(self, argv, *, stdin: int, stdout: int, stderr: int, env, cwd, survey=None) -> None:
+        """Start the command; return once it has exec'd. ``survey``: the
+        hand-off channels it could reach (``kernel.handoff.Survey``), which a
+        sealed run hides (``spec.sealed``; SetupError if that cannot be had)."""
         raise NotImplementedError
 
     @property
@@ -127,6 +130,11 @@ class Engine:
         """Why the run is not proven gone although its cgroup is empty
         (processes of it that left the group while alive), else None."""
         return self.tracker.unproven() if self.tracker is not None else None
+
+    def handed_off(self) -> list[str]:
+        """The units a manager moved processes of the run into (a hand-off
+        corral saw happen: the run is then not verified, ``unproven``)."""
+        return []
 
     def watch_interval(self) -> float | None:
         """How often the supervisor must call ``check_limits()`` (None: never)."""
@@ -289,9 +297,10 @@ def cpu_time_reached(limit: float, used_nsec: int | None) -> str | None:
     return CPU_TIME.field if used_nsec is not None and used_nsec >= limit * 1e9 else None
 
 
-def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool):
+def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool, survey=None):
     """``kernel.spawn.fork_command`` with what the spec asks of the child:
-    a network of its own (``--network none``), a terminal (``--pty``)."""
+    a sealed run (``--network none``, ``--handoff deny``: ``seal_for``), a
+    terminal (``--pty``)."""
     from ..kernel.spawn import fork_command
 
     return fork_command(
@@ -302,30 +311,43 @@ def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool
         env=env,
         cwd=cwd,
         gated=gated,
-        isolate_network_from=network_to_leave(spec),
+        seal=seal_for(spec, survey),
         controlling_tty=spec.pty,
         umask=spec.umask,
     )
 
 
-def network_to_leave(spec) -> str | None:
-    """corral's own network namespace when the command must leave it
-    (``--network none``: ``kernel.netns``), else None."""
-    if spec.network != "none":
+def seal_for(spec, survey):
+    """The ``kernel.seal.Seal`` a forked child makes for a sealed run (None:
+    not sealed), hiding what ``survey`` (``kernel.handoff.survey``) found.
+    SetupError if no mount can hide a channel (a bus on an abstract socket
+    or TCP) and the network is not cut."""
+    if not spec.sealed:
         return None
-    from ..kernel import netns
+    refuse_unmaskable(spec, survey)
+    from ..kernel.seal import Seal
 
-    return netns.current()
+    return Seal(survey.masks if survey is not None else [], network=spec.network == "none")
+
+
+def refuse_unmaskable(spec, survey) -> None:
+    """SetupError for --handoff deny (without --network none) when a bus
+    address names what only a network namespace of its own cuts."""
+    if spec.network != "none" and survey is not None and survey.unmaskable:
+        raise SetupError(
+            f"--handoff deny: not in place ({', '.join(survey.unmaskable)} cannot be hidden by a mount; "
+            "add --network none); the command never ran"
+        )
 
 
 def network_fact(spec) -> dict:
     """The record's ``network``: how ``--network none`` was put in place by
-    a forked child (``kernel.netns.how``); nothing for the host's network."""
+    a forked child (``kernel.seal``); nothing for the host's network."""
     if spec.network != "none":
         return {}
-    from ..kernel import netns
+    from ..kernel.seal import HOW
 
-    return {"network": netns.how()}
+    return {"network": HOW}
 
 
 def usage_facts(cgroup: dict, manager: dict | None = None, rusage: dict | None = None) -> dict:

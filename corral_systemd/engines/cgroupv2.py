@@ -74,9 +74,9 @@ class CgroupEngine(CgroupLimits, Engine):
             raise SetupError(f"cannot set {name} in {self.path}: {exc.strerror}") from None
 
     # -- start ---------------------------------------------------------
-    def start(self, argv, *, stdin, stdout, stderr, env, cwd):
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
         child = fork_run_command(
-            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True
+            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True, survey=survey
         )
         try:
             self._write("cgroup.procs", str(child.pid))
@@ -98,7 +98,7 @@ class CgroupEngine(CgroupLimits, Engine):
         try:
             child.release()
         except SetupError:
-            self._child = None  # it never ran and is reaped (--network none not in place)
+            self._child = None  # it never ran and is reaped (its seal not in place)
             raise
 
     # -- limits --------------------------------------------------------

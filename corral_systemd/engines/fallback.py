@@ -77,9 +77,9 @@ class FallbackEngine(Engine):
         return [self._tether.pid]
 
     # -- start ---------------------------------------------------------
-    def start(self, argv, *, stdin, stdout, stderr, env, cwd):
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
         child = fork_run_command(
-            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=False
+            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=False, survey=survey
         )
         child.release()  # raises ExecError (after reaping) if exec failed
         self._child = child

@@ -152,6 +152,9 @@ class RunTracker:
         self._fds: dict[int, int] = {}
         #: pids of the run seen alive outside its group (tracked by pidfd).
         self.escaped: set[int] = set()
+        #: Where an escaped process was when corral saw it outside the group
+        #: (its /proc/PID/cgroup path), for the record; pid -> path.
+        self.moved_to: dict[int, str] = {}
         #: Escaped pids corral could not signal (PermissionError).
         self.unkillable: set[int] = set()
         self.limit_hit = False
@@ -187,6 +190,18 @@ class RunTracker:
             return None
         return path == self.cgroup or path.startswith(self.cgroup.rstrip("/") + "/")
 
+    def mark_escaped(self, pid: int) -> None:
+        """``pid`` (tracked, alive) is outside the group: an escaper; where it went."""
+        from .cgroupfs import proc_cgroup
+
+        self.escaped.add(pid)
+        if pid not in self.moved_to and (path := proc_cgroup(pid, self.hierarchy)) is not None:
+            self.moved_to[pid] = path
+
+    def new_escapers(self, known) -> list[int]:
+        """Escaped pids not in ``known``, still alive (the engine asks its manager about them)."""
+        return [p for p in sorted(self.escaped) if p not in known and p in self._fds and not _exited(self._fds[p])]
+
     def observe(self, listed, relist) -> None:
         """``listed``: the group's pids as just read; ``relist()`` reads them again."""
         if self.cgroup is None:
@@ -196,7 +211,7 @@ class RunTracker:
             if _exited(self._fds[pid]):
                 self._drop(pid)
             elif self.in_group(pid) is False and not _exited(self._fds[pid]):
-                self.escaped.add(pid)
+                self.mark_escaped(pid)
         opened = {}
         for pid in listed:
             if pid in self._fds or pid in opened:
@@ -233,6 +248,7 @@ class RunTracker:
         orphans_of: int | None = None,
         not_orphans: frozenset = frozenset(),
         orphans_marked: bool = False,
+        before_kill=None,
     ) -> list[int]:
         """With the group empty: find, track and SIGKILL the run's processes
         still alive outside it; return those still alive.
@@ -243,11 +259,14 @@ class RunTracker:
         live child of it but ``not_orphans`` (the main process, corral's own
         helpers) is the run's -- with ``orphans_marked``, only those that
         carry the run's mark: the subreaper is a caller that may have other
-        children of its own (a client of the corral service)."""
+        children of its own (a client of the corral service). ``before_kill()``:
+        called once they are found, before any is signalled (while each lives
+        where it went)."""
         live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
         if orphans_of is not None:
             live += self._adopt_orphans(orphans_of, not_orphans, run_id if orphans_marked else None)
-        self.escaped.update(live)
+        for pid in live:
+            self.mark_escaped(pid)
         sids = set()
         for pid in live:
             info = read_stat(pid)
@@ -259,6 +278,8 @@ class RunTracker:
         marked_sids = set(marked) - {own} - sids - pinned_sids if run_id else set()
         if sids or live or pinned_sids or marked_sids:
             self._find_members(sids, set(live), pinned_sids, still_pinned, marked_sids, run_id)
+        if before_kill is not None:
+            before_kill()
         left = []
         for pid in sorted(self.escaped):
             fd = self._fds.get(pid)
@@ -392,6 +413,8 @@ class RunTracker:
         out: dict[str, object] = {}
         if self.escaped:
             out["escaped_pids"] = sorted(self.escaped)
+        if self.moved_to:
+            out["moved_to"] = sorted(set(self.moved_to.values()))
         if self.limit_hit:
             out["limit_hit"] = True
             out["limit"] = RunTracker._max

@@ -54,7 +54,7 @@ class Child:
 
     def release(self) -> None:
         """Open the gate and wait for exec. Raises ExecError if exec failed,
-        SetupError if the child could not be set up (``--network none``)."""
+        SetupError if the child could not be set up (a sealed run: ``kernel.seal``)."""
         if self._gate_w is not None:
             try:
                 os.write(self._gate_w, b"x")
@@ -157,29 +157,21 @@ def fork_command(
     env: dict[str, str] | None,
     cwd: str | None,
     gated: bool,
-    isolate_network_from: str | None = None,
+    seal=None,
     controlling_tty: bool = False,
     umask: int | None = None,
 ) -> Child:
     """Fork the command in a new session; exec at once unless ``gated``.
 
     For an ungated child, call ``release()`` right away: it returns when the
-    exec has happened (or raises ExecError). With ``isolate_network_from``
-    (corral's own network namespace, ``netns.current()``) the child first
-    moves to a network namespace of its own and checks it (``netns.isolate``);
-    if that fails, it never execs and ``release()`` raises SetupError. With
+    exec has happened (or raises ExecError). With ``seal`` (a
+    ``kernel.seal.Seal``: ``--network none``, ``--handoff deny``) the child
+    first seals itself and checks it (``Seal.apply``); if that fails, it
+    never execs and ``release()`` raises SetupError. With
     ``controlling_tty``, ``stdin`` is a terminal that becomes the controlling
     terminal of the child's new session (``--pty``). ``umask``: the child's
     (None: this process's).
     """
-    isolate = None
-    if isolate_network_from is not None:
-        # Loaded here, before fork, only when asked for (socket alone costs
-        # milliseconds of every run's start-up); the child only calls it.
-        from . import netns
-
-        netns.prepare()
-        isolate = netns.isolate
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     gate_r = gate_w = None
     if gated:
@@ -193,13 +185,13 @@ def fork_command(
             for sig in _DEFAULT_IN_CHILD:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
-            if isolate is not None and isolate_network_from is not None:
+            if seal is not None:
                 try:
-                    isolate(isolate_network_from)
+                    seal.apply()
                 except (OSError, RuntimeError) as exc:
                     why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                     os.write(
-                        err_w, _SETUP_FAILED + f"--network none: not in place ({why}); the command never ran".encode()
+                        err_w, _SETUP_FAILED + f"{seal.what}: not in place ({why}); the command never ran".encode()
                     )
                     os._exit(125)
             if gate_r is not None and gate_w is not None:

@@ -215,8 +215,10 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
         raise NotServed("--background outside a session: its corral would be a child of this service")
     if not spec.may_be_systemd:
         raise NotServed("the fallback and --cgroup-parent engines run in the corral process")
-    if spec.network == "none" and spec.unit_type == "scope":
-        raise NotServed("--network none for a scope: its command is forked by corral itself")
+    if spec.sealed and spec.unit_type == "scope":
+        raise NotServed(
+            "a sealed scope (--network none, --handoff deny): its command is forked and sealed by corral itself"
+        )
     if "CORRAL_RUN_ID" in checked["environment"] or in_a_run(peer_pid):
         raise NotServed("a run inside a corral run stays inside it")
     from ..state.registry import state_dir

@@ -104,6 +104,10 @@ class SystemdEngine(CgroupLimits, Engine):
         #: Processes that leave the unit's cgroup (see RunTracker); a scope's
         #: main process is held unreaped until close(), so its session id stays the run's.
         self.tracker = RunTracker()
+        #: Escaped pids asked about, and the units the manager said hold them
+        #: (not this run's: a hand-off, ``handed_off``).
+        self._asked: set[int] = set()
+        self._moved_into: dict[int, str] = {}
         self._hold_main = True
         if spec.cpu_time is not None:
             self.limits_enforced["cpu_time"] = "watch"
@@ -149,7 +153,7 @@ class SystemdEngine(CgroupLimits, Engine):
     _slice_limits: dict = {}
 
     # -- 2-4. start ----------------------------------------------------
-    def start(self, argv, *, stdin, stdout, stderr, env, cwd):
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
         spec, strategy = self.spec, self.strategy
         strategy.prepare(argv, env, cwd)  # a service: ExecError (127/126) before anything starts
         aux = []
@@ -164,7 +168,9 @@ class SystemdEngine(CgroupLimits, Engine):
             keep_failed=strategy.keep_failed,
         )
         try:
-            command_props, fds = strategy.launch(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+            command_props, fds = strategy.launch(
+                argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, survey=survey
+            )
             # None from either: the connection ended and the strategy took over (a service adopted)
             job = self.link.start_unit(props + command_props, aux, fds, self.tether_unit, strategy, self.warnings)
             result = None
@@ -451,7 +457,10 @@ class SystemdEngine(CgroupLimits, Engine):
             left, v1_only = [], []
         if v1_only and self.tracker is not None and self.tracker.cgroup is not None:
             # Out of the unit in the unified hierarchy, still in it in name=systemd: left it.
-            self.tracker.escaped.update(p for p in v1_only if self.tracker.in_group(p) is False)
+            for pid in v1_only:
+                if self.tracker.in_group(pid) is False:
+                    self.tracker.mark_escaped(pid)
+            self._attribute_escapes()
         if left:
             return [p for p in left if p != -1] or left
         # The kernel says empty: the figures are final, and the manager may
@@ -492,7 +501,43 @@ class SystemdEngine(CgroupLimits, Engine):
             not_orphans=frozenset(not_orphans),
             # corral's own children are its helpers or the run's; a caller's may be anything of its own
             orphans_marked=self._subreaper != os.getpid(),
+            before_kill=self._attribute_escapes,
         )
+
+    def _track(self, pids) -> None:
+        super()._track(pids)
+        self._attribute_escapes()
+
+    def _attribute_escapes(self) -> None:
+        """For each process that left the unit's cgroup alive (the tracker's
+        escapers), ask the manager, while it lives, which unit holds it now
+        (GetUnitByPID): another unit of the same manager is a hand-off
+        (``systemd-run --scope`` inside the run moves itself into a scope of
+        its own). systemd 252 records no requester of a unit (a job's
+        requester only while the job runs, by bus name): this, the process
+        corral had tracked as the run's, is the evidence there is."""
+        if self.tracker is None or self.manager.lost is not None:
+            return
+        for pid in self.tracker.new_escapers(self._asked):
+            self._asked.add(pid)
+            try:
+                unit = self.manager.unit_of_pid(pid)
+            except BusError:
+                continue  # not in a unit of this manager (or gone): an escape, not a hand-off to it
+            if unit != self.unit:
+                self._moved_into[pid] = unit
+
+    def handed_off(self) -> list[str]:
+        return sorted(set(self._moved_into.values()))
+
+    def unproven(self) -> str | None:
+        why = super().unproven()
+        if why is not None and self._moved_into:
+            units = ", ".join(self.handed_off())
+            why += (
+                f"; the {self.manager_kind} manager holds them in {units} (a hand-off: what it runs is not the run's)"
+            )
+        return why
 
     def ignore_child(self, pid: int) -> None:
         self._not_orphans.add(pid)

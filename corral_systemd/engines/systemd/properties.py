@@ -169,25 +169,49 @@ def isolation_properties(manager_kind: str) -> list:
     return [prop("PrivateMounts", "b", True)] if manager_kind == "system" else []
 
 
-def network_properties(network: str, host_netns: str, check_script: str) -> list:
-    """--network none for a system manager's service: PrivateNetwork=, and
-    an ExecStartPre= that checks, inside the unit and before the command,
-    that the namespace is not ``host_netns`` and holds only lo (the manager
-    makes the namespace once per unit; the check and the command share it)."""
-    if network != "none":
-        return []
+def seal_properties(masks, network: bool, host_net: str, host_user: str, check_script: str) -> list:
+    """A sealed run for a system manager's service (``--handoff deny``,
+    ``--network none``), as ``kernel.seal`` makes it for a forked child:
+    PrivateUsers= (its own uid and gid mapped, set up after the mount and
+    network namespaces, which it then cannot change or leave), each socket
+    of ``masks`` covered by /dev/null (BindReadOnlyPaths=), each directory by
+    an empty tmpfs (TemporaryFileSystem=: read-only for a spool, the
+    command's own for a multiplexer's socket directory), PrivateNetwork= for
+    --network none; and an ExecStartPre= that checks, inside the unit and
+    before the command, that it is so (``seal.CHECK_SCRIPT``: not
+    ``host_user``'s user namespace, nothing of ``masks`` visible, PID 1's
+    network namespace out of reach, and for ``host_net`` only lo)."""
+    sockets = [("/dev/null", m.path, True, 0) for m in masks if m.how == "socket"]
+    directories = [(m.path, "ro,mode=0555" if m.how == "spool" else "mode=0700") for m in masks if m.how != "socket"]
     return [
-        prop("PrivateNetwork", "b", True),
+        prop("PrivateUsers", "b", True),
+        *([prop("PrivateNetwork", "b", True)] if network else []),
+        *([prop("BindReadOnlyPaths", "a(ssbt)", sockets)] if sockets else []),
+        *([prop("TemporaryFileSystem", "a(ss)", directories)] if directories else []),
         prop(
             "ExecStartPre",
             "a(sasb)",
-            [("/bin/sh", ["/bin/sh", "-c", check_script, NETWORK_CHECK, host_netns], False)],
+            [
+                (
+                    "/bin/sh",
+                    [
+                        "/bin/sh",
+                        "-c",
+                        check_script,
+                        SEAL_CHECK,
+                        host_net if network else "",
+                        host_user,
+                        *(f"{m.how}:{m.path}" for m in masks),
+                    ],
+                    False,
+                )
+            ],
         ),
     ]
 
 
-#: The network check's $0, by which its ExecStartPre= entry is found again.
-NETWORK_CHECK = "corral-network"
+#: The seal check's $0, by which its ExecStartPre= entry is found again.
+SEAL_CHECK = "corral-seal"
 
 
 def environment_properties(environment: dict, env_file: str | None) -> list:

@@ -29,7 +29,7 @@ from ...dbus.connection import BusError
 from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
 from ...kernel.spawn import ExecError, spawn_gated_by_shell
-from ..base import fork_run_command, network_fact, network_to_leave
+from ..base import fork_run_command, network_fact, refuse_unmaskable
 from ..unitcgroup import cgroup_of
 from . import properties as P
 from .envfile import EnvFile, resolve_for_service, valid_env
@@ -71,26 +71,37 @@ class ScopeStrategy:
     def prepare(self, argv, env, cwd) -> None:
         """Before anything starts: nothing to check (exec tells)."""
 
-    def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
+    def launch(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None) -> tuple[list, list]:
         """(properties, descriptors) for StartTransientUnit: the command forked, held.
 
         A caller's held process (``kernel.held.HeldProcess``: the corral
         service's runs) is the command's process already: it gets its
-        command, environment and stdio when its gate opens (``started``)."""
+        command, environment and stdio when its gate opens (``started``);
+        it cannot be sealed (the service declines those runs)."""
         engine = self.engine
-        isolate = network_to_leave(engine.spec)
+        sealed = engine.spec.sealed
+        if sealed and engine.held is not None:
+            raise SetupError("a sealed run's scope is forked by corral itself, not held for a caller")
         if engine.held is not None:
             engine._child, engine.held = engine.held, None
             engine._child.prepare(argv, env, cwd, engine.spec.umask, (stdin, stdout, stderr))
         elif engine.session is None:
             engine._child = fork_run_command(
-                engine.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True
+                engine.spec,
+                argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                cwd=cwd,
+                gated=True,
+                survey=survey,
             )
-        elif isolate is not None or engine.spec.pty:
-            # The child would have to leave the network namespace (or take a
-            # terminal) between fork and exec, and a library host,
-            # multi-threaded, must not fork.
-            what = "--network none" if isolate is not None else "--pty"
+        elif sealed or engine.spec.pty:
+            # The child would have to seal itself (or take a terminal)
+            # between fork and exec, and a library host, multi-threaded,
+            # must not fork.
+            what = ("--network none" if engine.spec.network == "none" else "--handoff deny") if sealed else "--pty"
             raise SetupError(f"{what}: a Runner's scope cannot have it; use unit_type='service' (the default)")
         else:
             engine._child = spawn_gated_by_shell(
@@ -120,7 +131,7 @@ class ScopeStrategy:
         try:
             engine._child.release()
         except SetupError:
-            # It never ran and is reaped (--network none not in place), or a
+            # It never ran and is reaped (its seal not in place), or a
             # caller's held process did not take its command: killed.
             engine._child.close()
             engine._child = None
@@ -179,7 +190,7 @@ class ServiceStrategy:
         in the engine's close()). The credentials are known once the run
         guard has seen the engine, before start()."""
         spec = self.engine.spec
-        return self.engine.direct and (bool(spec.credentials) or spec.network == "none")
+        return self.engine.direct and (bool(spec.credentials) or spec.sealed)
 
     def prepare(self, argv, env, cwd) -> None:
         """Resolve the executable as a scope's exec would (ExecError 127/126
@@ -213,35 +224,59 @@ class ServiceStrategy:
             pass
         return sorted(names - set(env))
 
-    def launch(self, argv, *, stdin, stdout, stderr, env, cwd) -> tuple[list, list]:
+    def launch(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None) -> tuple[list, list]:
         from ...common.credential_check import CHECK_SCRIPT
-        from ...kernel import netns
 
         engine = self.engine
         if engine.held is not None:  # the manager starts the command: a caller's held process is not needed
             engine.held.abandon()
             engine.held = None
-        if engine.spec.network == "none" and engine.manager_kind == "user":
-            # A user manager gives each of a unit's processes a user namespace
-            # of its own (PrivateUsers=); the network namespace the first one
-            # makes cannot be joined by the next, which systemd 252 then runs
-            # on the host's network with only a warning (execute.c: "network
-            # namespace setup failed, ignoring"). Seen in the VM lane as uid 1000.
-            raise SetupError(
-                "--network none: a user manager's service cannot be given a network of its own reliably "
-                "(systemd 252); use --unit-type scope, or the system manager"
-            )
-        host_netns = netns.current() if engine.spec.network == "none" else ""
         props = [
             *self._service_props,
             *P.credential_properties(engine.spec.credentials, CHECK_SCRIPT),
             *P.isolation_properties(engine.manager_kind),
-            *P.network_properties(engine.spec.network, host_netns, netns.CHECK_SCRIPT),
+            *self._seal_properties(survey),
             *P.stdio_properties(),
             *P.tty_properties(stdin if engine.spec.pty else None),
             *self._environment_properties(),
         ]
         return props, [stdin, stdout, stderr]
+
+    def _seal_properties(self, survey) -> list:
+        """A sealed run (``spec.sealed``): the system manager's namespaces
+        (``properties.seal_properties``). A user manager's service cannot be
+        sealed: SetupError, before anything starts."""
+        engine = self.engine
+        spec = engine.spec
+        if not spec.sealed:
+            return []
+        what = "--network none" if spec.network == "none" else "--handoff deny"
+        if engine.manager_kind == "user":
+            # A user manager gives each of a unit's processes a user namespace
+            # of its own, made first, with the mount and network namespaces
+            # inside it (execute.c: "If we're unprivileged, set up the user
+            # namespace first"): the network namespace the first process makes
+            # cannot be joined by the next, which systemd 252 then runs on the
+            # host's network with only a warning ("network namespace setup
+            # failed, ignoring"; seen in the VM lane as uid 1000). Its mount
+            # namespace is then owned by the service's own user namespace,
+            # unlike a system manager's (made before it, as corral's child
+            # makes it): not tried with the masks here, so not offered.
+            raise SetupError(
+                f"{what}: a user manager's service cannot be sealed reliably (systemd 252 makes its "
+                "namespaces inside a user namespace of each process's own); use --unit-type scope, "
+                "or the system manager"
+            )
+        refuse_unmaskable(spec, survey)
+        from ...kernel import netns, seal
+
+        return P.seal_properties(
+            survey.masks if survey is not None else [],
+            spec.network == "none",
+            netns.current(),
+            os.readlink("/proc/self/ns/user"),
+            seal.CHECK_SCRIPT,
+        )
 
     def _environment_properties(self) -> list:
         """The service's environment, without its values in the unit.
@@ -281,7 +316,7 @@ class ServiceStrategy:
         it. Returns when the command did run (systemd 252 can fail a Type=exec
         start job of a command that exits at once): the run is real."""
         self._check_credentials_delivered()
-        self._check_network_isolated()
+        self._check_sealed()
         if not self._service_ran():
             raise SetupError(f"systemd could not start {self.engine.unit}: job {result}")
         self._check_exec_failed()
@@ -377,28 +412,34 @@ class ServiceStrategy:
                 f"code {check[0]}, status {check[1]}); use --unit-type scope or fix the manager"
             )
 
-    def _check_network_isolated(self) -> None:
-        """After a failed start job: SetupError if --network none is why (the
-        unit's check found the host's namespace, or more than lo)."""
-        from ...kernel import netns
+    def _check_sealed(self) -> None:
+        """After a failed start job: SetupError if the seal is why (the unit's
+        check found corral's user namespace, a channel still visible, PID 1's
+        network namespace within reach, corral's network namespace, or more
+        than lo)."""
+        from ...kernel import netns, seal
 
         engine = self.engine
-        if engine.spec.network != "none":
+        if not engine.spec.sealed:
             return
         try:
             pre = engine.manager.get(engine.unit, interface_for(engine.unit), "ExecStartPre")
         except BusError:
             return
+        what = "--network none" if engine.spec.network == "none" else "--handoff deny"
         for entry in pre:
-            if len(entry[1]) > 3 and entry[1][3] == P.NETWORK_CHECK and entry[8]:
+            if len(entry[1]) > 3 and entry[1][3] == P.SEAL_CHECK and entry[8]:
                 code, status = entry[8], entry[9]
                 if (code, status) == (1, 0):
                     return
                 why = {
                     netns.CHECK_SHARED: "it shares corral's network namespace",
                     netns.CHECK_INTERFACES: "its network namespace holds more than lo",
+                    seal.CHECK_USERNS: "it shares corral's user namespace",
+                    seal.CHECK_VISIBLE: "a channel it should not reach is visible",
+                    seal.CHECK_JOIN: "it could open PID 1's network namespace",
                 }.get(status if code == 1 else -1, f"the check ended with code {code}, status {status}")
-                raise SetupError(f"--network none: not in place in {engine.unit} ({why}); the command never ran")
+                raise SetupError(f"{what}: not in place in {engine.unit} ({why}); the command never ran")
 
     def network_fact(self) -> dict:
         if self.engine.spec.network != "none":
