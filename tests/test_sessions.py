@@ -787,3 +787,21 @@ def test_a_removed_state_directory_does_not_keep_a_session_from_ending(agent, mo
     finally:
         fg.kill()
         kill_marked(marker)
+
+
+def test_a_sessions_holder_is_a_hand_off_channel(agent):
+    """The holder starts background runs outside the caller's tree: a run's record lists
+    its socket as a channel (``corral-session``), and a sealed run cannot reach it."""
+    sid = start_session(agent, mode="fallback")
+    sock = agent.directory / "sessions" / f"{sid}.sock"
+    probe = [
+        sys.executable,
+        "-c",
+        f"import socket; socket.socket(socket.AF_UNIX).connect({str(sock)!r}); print('reached')",
+    ]
+    unsealed = agent.corral(["--cgroup-mode", "fallback", "--json", "-", "--", *probe])
+    assert unsealed.returncode == 0 and unsealed.stdout.startswith("reached"), unsealed.stderr
+    assert "corral-session" in json.loads(unsealed.stdout.split("\n", 1)[1])["handoff"]
+    sealed = agent.corral(["--cgroup-mode", "fallback", "--handoff", "deny", "--", *probe])
+    assert sealed.returncode == 1 and "reached" not in sealed.stdout, sealed.stderr
+    assert agent.ctl("session", "end", sid).returncode == 0

@@ -319,7 +319,7 @@ class Supervisor:
             env = command_env(spec.env, spec.run_id)  # CORRAL_RUN_ID: a corral inside knows (nesting.py)
             # What the command could ask to start work outside the run: a
             # sealed run hides it all, and its variables go; else the record lists it.
-            channels = handoff.survey(env)
+            channels = handoff.survey(env, sessions_dir=_sessions_dir(env))
             if spec.sealed:
                 env = channels.command_env(env)
             self.engine.start(
@@ -558,3 +558,14 @@ class _LimitsRestored:
         self.kill_all = retrying(engine.kill_all)
         self.verify_empty = retrying(engine.verify_empty)
         self.unproven = retrying(engine.unproven)
+
+
+def _sessions_dir(env: dict) -> str | None:
+    """Where corral sessions' holders listen, for the command's registry (a hand-off channel)."""
+    from ..state.registry import state_dir
+    from ..state.sessions import sessions_dir
+
+    try:
+        return sessions_dir(state_dir(env))
+    except (OSError, ValueError):
+        return None

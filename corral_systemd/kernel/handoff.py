@@ -72,6 +72,7 @@ CHANNELS = (
     Channel("session-bus", "the session bus ($XDG_RUNTIME_DIR/bus, $DBUS_SESSION_BUS_ADDRESS)"),
     Channel("user-sockets", "other listening sockets in the user's runtime directory (socket activation, agents)"),
     Channel("corral-service", "a corral service ($XDG_RUNTIME_DIR/io.corral.Run, /run/io.corral.Run)"),
+    Channel("corral-session", "a corral session's holder (<state dir>/sessions/<id>.sock: it starts background runs)"),
     Channel("system-manager", "the system manager (/run/systemd/private)"),
     Channel("system-bus", "the system bus (/run/dbus/system_bus_socket, $DBUS_SYSTEM_BUS_ADDRESS)"),
     Channel("atd", "atd's spool (/var/spool/cron/atjobs)"),
@@ -161,9 +162,12 @@ def runtime_dirs(env: dict, uid: int) -> list[str]:
     return out
 
 
-def survey(env: dict, uid: int | None = None, listening: set[str] | None = None) -> Survey:
+def survey(
+    env: dict, uid: int | None = None, listening: set[str] | None = None, sessions_dir: str | None = None
+) -> Survey:
     """The channels the command (uid ``uid``, environment ``env``) could reach
-    and what hides them; see the module's docstring."""
+    and what hides them; see the module's docstring. ``sessions_dir``: where
+    corral sessions' holders listen (``state.sessions.sessions_dir``)."""
     uid = os.geteuid() if uid is None else uid
     listening = listening_sockets() if listening is None else listening
     found = Survey()
@@ -191,6 +195,11 @@ def survey(env: dict, uid: int | None = None, listening: set[str] | None = None)
         add("session-bus", path, "socket", listens(path))
     for path in _corral_services(env, runtimes):
         add("corral-service", path, "socket", listens(path))
+    # A holder binds its socket through /proc/self/fd/N/ (a state directory's
+    # path may be too long for a unix socket's): /proc/net/unix does not name
+    # it by its path, so the sockets there are what counts.
+    for path in _holder_sockets(sessions_dir):
+        add("corral-session", path, "socket", _socket_we_may_use(path))
     prefixes = tuple(runtime + "/" for runtime in runtimes)
     for path in sorted(p for p in listening if p.startswith(prefixes)):
         real = os.path.realpath(path)
@@ -218,6 +227,14 @@ def _socket_we_may_use(path: str) -> bool:
     except OSError:
         return False
     return stat.S_ISSOCK(st.st_mode) and os.access(path, os.W_OK)
+
+
+def _holder_sockets(sessions_dir: str | None) -> list[str]:
+    try:
+        with os.scandir(sessions_dir or "/nonexistent") as entries:
+            return sorted(e.path for e in entries if e.name.endswith(".sock"))
+    except OSError:
+        return []
 
 
 def _corral_services(env: dict, runtimes: list[str]) -> list[str]:
