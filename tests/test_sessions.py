@@ -40,6 +40,8 @@ def agent(tmp_path):
         def corral(self, args, *, env=None, timeout=60 * TIME_SCALE):
             marker = new_marker()
             markers.append(marker)
+            if "--background" in args and "--ready-timeout" not in args:  # its 30 s, scaled for emulation
+                args = [*READY_TIMEOUT, *args]
             proc = subprocess.run(
                 [*CORRAL, *args],
                 env=dict(self.env, **(env or {}), **{MARKER_ENV: marker}),
@@ -116,8 +118,7 @@ def the_agents_day(agent, mode, sid: str) -> int:
     port = free_port()
     env = {"CORRAL_SESSION": sid}
     server = agent.corral(
-        [*flags, "--background", "--name", "web", *READY_TIMEOUT, "--ready-port", str(port), "--", *SERVER, str(port)],
-        env=env,
+        [*flags, "--background", "--name", "web", "--ready-port", str(port), "--", *SERVER, str(port)], env=env
     )
     assert server.returncode == 0, server.stderr
     fetch = agent.corral(
