@@ -781,6 +781,10 @@ def test_a_removed_state_directory_does_not_keep_a_session_from_ending(agent, mo
         while not (agent.directory / "sessions" / f"{sid}.json").exists():
             assert time.monotonic() < deadline, "the holder did not write its entry again"
             time.sleep(0.05)
+        # and listens again: a background run started now is still the holder's child
+        again = agent.corral([*flags, "--session", sid, "--background", "--json", "-", "--", "sleep", "1000"])
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["started_by"] == "holder", again.stdout + again.stderr
         end = agent.ctl("session", "end", sid)
         assert end.returncode == 0, end.stdout + end.stderr
         assert gone_within(agent) == [] and marked_pids(marker) == []
