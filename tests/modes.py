@@ -88,6 +88,7 @@ def delegated_cgroup_parent() -> str | None:
 
 
 MODE_FLAGS = {
+    "auto": ["--cgroup-mode", "auto"],
     "fallback": ["--cgroup-mode", "fallback"],
     "scope": ["--cgroup-mode", "enforced", "--unit-type", "scope"],
     "service": ["--cgroup-mode", "enforced", "--unit-type", "service"],
@@ -113,11 +114,21 @@ def _unavailable(why: str):
     pytest.skip(why)
 
 
+#: A container lane cell (tests/containers/run-lane) names the modes its fault
+#: matrix runs in: "auto" (whatever tier the container gives), "fallback",
+#: "cgroup-parent". Unset: every mode but "auto".
+CONTAINER_MODES = os.environ.get("CORRAL_TEST_CONTAINER_MODES")
+
+
 def all_modes() -> list:
     """Modes as pytest params, marked so a run can select them (-m)."""
-    return [
+    modes = [
         "fallback",
         pytest.param("scope", marks=pytest.mark.systemd),
         pytest.param("service", marks=pytest.mark.systemd),
         pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
     ]
+    if CONTAINER_MODES is None:
+        return modes
+    wanted = CONTAINER_MODES.split()
+    return [m for m in ["auto", *modes] if (m if isinstance(m, str) else m.values[0]) in wanted]
