@@ -37,7 +37,7 @@ MODES = [
 #: cgroup v2 subtree found without being named) runs these in auto mode too
 #: (tests/containers/cell sets it).
 if os.environ.get("CORRAL_TEST_ESCAPE_AUTO") == "1":
-    MODES.append("auto")
+    MODES.append(pytest.param("auto"))
 
 
 def _mounts():
