@@ -41,7 +41,7 @@ def test_summary_says_why_auto_fell_back(corral, args, env):
     lines = run.stderr.decode().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("corral: fallback: command exited 0; exit 0;")
-    assert lines[0].endswith(f"; auto mode fell back: {reason}")
+    assert lines[0].endswith(f"; auto mode fell back: {reason}; guarantee {run.record['guarantee']}")
     assert run.stderr.decode().count(reason) == 1
 
 

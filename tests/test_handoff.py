@@ -116,7 +116,7 @@ def test_unsealed_the_command_reaches_every_channel_and_the_record_lists_them(co
     listed = ("user-manager", "session-bus", "user-sockets", "corral-service")
     assert list(listed) == [c for c in run.record["handoff"] if c in listed], run.record["handoff"]
     assert run.record["handed_off"] == []
-    assert run.stderr.decode().rstrip().endswith("; tree-only"), run.stderr
+    assert run.stderr.decode().rstrip().endswith(f"; tree-only; guarantee {run.record['guarantee']}"), run.stderr
 
 
 @pytest.mark.parametrize("network", ["host", "none"])
@@ -457,7 +457,7 @@ def test_a_service_asked_for_by_name_is_listed_not_attributed(corral):
         run = corral(["--", "systemd-run", *scope_flag(), "-q", "--unit", unit, "sleep", "1006"])
         assert run.returncode == 0, run.stderr
         assert ("user-manager" if MANAGER == "user" else "system-manager") in run.record["handoff"]
-        assert run.stderr.decode().rstrip().endswith("; tree-only")
+        assert run.stderr.decode().rstrip().endswith(f"; tree-only; guarantee {run.record['guarantee']}")
     finally:
         subprocess.run(["systemctl", *scope_flag(), "stop", f"{unit}.service"], capture_output=True, timeout=60)
 

@@ -17,6 +17,7 @@ when it happens, not at the next limit check.
 import errno
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from ..common.errors import SetupError
 from ..common.unit_names import group_name
@@ -26,21 +27,26 @@ from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_f
 from .cgroup_limits import asked
 from .unitcgroup import UnitCgroup
 
+if TYPE_CHECKING:
+    from .delegated import Subtree
+
 
 class CgroupEngine(CgroupLimits, Engine):
     mode = "cgroup"
+    guarantee = "cgroup"
 
-    def __init__(self, spec):
+    def __init__(self, spec, *, delegated: "Subtree | None" = None):
+        """In ``spec.cgroup_parent``, or in the ``delegated`` subtree corral runs
+        in (``delegated.find_subtree``: auto's cgroup tier), whose warnings
+        (what the limits cannot get there) become the engine's."""
         super().__init__()
         self.spec = spec
-        parent = os.path.abspath(spec.cgroup_parent)
-        if not os.path.isdir(parent):
-            raise SetupError(f"--cgroup-parent {parent}: no such directory")
         mounts = cgroupfs.Mounts()
-        if mounts.unified is None or not (parent + "/").startswith(mounts.unified.rstrip("/") + "/"):
-            raise SetupError(f"--cgroup-parent {parent}: not inside a cgroup v2 hierarchy")
-        if not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK) or not os.access(parent, os.W_OK):
-            raise SetupError(f"--cgroup-parent {parent}: not delegated to us (cannot write)")
+        if delegated is not None:
+            parent = delegated.path
+            self.warnings += delegated.warnings
+        else:
+            parent = checked_parent(spec.cgroup_parent, mounts)
         self.path = os.path.join(parent, group_name(spec.run_id))
         try:
             os.mkdir(self.path)
@@ -222,6 +228,19 @@ class CgroupEngine(CgroupLimits, Engine):
     @property
     def processes_stopped(self) -> int:
         return len(self._stopped)
+
+
+def checked_parent(path: str, mounts: cgroupfs.Mounts) -> str:
+    """``--cgroup-parent PATH`` made absolute, or SetupError: not a directory
+    of the cgroup v2 hierarchy that corral may write."""
+    parent = os.path.abspath(path)
+    if not os.path.isdir(parent):
+        raise SetupError(f"--cgroup-parent {parent}: no such directory")
+    if mounts.unified is None or not (parent + "/").startswith(mounts.unified.rstrip("/") + "/"):
+        raise SetupError(f"--cgroup-parent {parent}: not inside a cgroup v2 hierarchy")
+    if not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK) or not os.access(parent, os.W_OK):
+        raise SetupError(f"--cgroup-parent {parent}: not delegated to us (cannot write)")
+    return parent
 
 
 def write_limits(path: str, spec, parent: str) -> tuple[dict[str, str], list[str]]:

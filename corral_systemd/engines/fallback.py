@@ -34,9 +34,8 @@ MEMORY_WATCH_INTERVAL = 0.025
 
 class FallbackEngine(Engine):
     mode = "fallback"
+    guarantee = "subreaper"
     marks_processes = True
-    #: Set by ``open_engine`` when auto mode chose this engine: why not systemd.
-    auto_fallback_reason: str | None = None
 
     def __init__(self, spec):
         super().__init__()
@@ -270,8 +269,6 @@ class FallbackEngine(Engine):
         info["cpu_usage_nsec"] = sum(self._cpu)
         info["cpu_user_nsec"], info["cpu_system_nsec"] = self._cpu
         info["accounting_source"] = "procfs"
-        if self.auto_fallback_reason:
-            info["auto_fallback_reason"] = self.auto_fallback_reason
         if self._mem_limit is not None:
             # No cgroup: the largest sum of the run's resident set sizes that
             # the --mem watch sampled (a lower bound of memory.peak's figure).
