@@ -95,6 +95,12 @@ MODE_FLAGS = {
 
 
 def mode_flags(mode: str) -> list[str]:
+    if mode == "cgroup-tier":
+        import delegated
+
+        if (why := delegated.unavailable()) is not None:
+            pytest.skip(f"the cgroup tier's test subtree: {why}")
+        return ["--guarantee", "cgroup"]  # forced: not found is 125, never a weaker tier
     if mode == "cgroup-parent":
         parent = delegated_cgroup_parent()
         if parent is None:
@@ -103,6 +109,17 @@ def mode_flags(mode: str) -> list[str]:
     if mode in ("scope", "service") and not manager_reachable():
         _unavailable(f"no systemd {MANAGER} manager reachable")
     return MODE_FLAGS[mode]
+
+
+def mode_program(mode: str, corral: list[str]) -> list[str] | None:
+    """The argv that is corral for ``mode`` (None: ``corral`` itself): the
+    cgroup tier's runs start inside a delegated subtree of their own
+    (``tests/delegated.py``: what a container with a writable cgroup gives)."""
+    if mode != "cgroup-tier":
+        return None
+    import delegated
+
+    return delegated.program(corral)
 
 
 def _unavailable(why: str):
@@ -121,3 +138,9 @@ def all_modes() -> list:
         pytest.param("service", marks=pytest.mark.systemd),
         pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
     ]
+
+
+#: Modes whose runs need their own argv for corral (``mode_program``): the
+#: cgroup tier's, in a subtree of their own. Not in ``all_modes``: a test
+#: parametrized with them passes ``program=mode_program(mode, CORRAL)``.
+PROGRAM_MODES = ["cgroup-tier"]

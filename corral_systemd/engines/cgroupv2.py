@@ -188,6 +188,16 @@ class CgroupEngine(CgroupLimits, Engine):
             self.group.read_watches()
 
     def _rmdir(self) -> bool:
+        """Remove the group, and first the groups the command made in it (it
+        may write its own group: an empty child left would keep the rmdir
+        refused). Only called once the whole subtree is unpopulated; the
+        kernel refuses to remove a group with a process in it (EBUSY)."""
+        for below, dirs, _files in os.walk(self.path, topdown=False):
+            for name in dirs:
+                try:
+                    os.rmdir(os.path.join(below, name))
+                except OSError:
+                    pass  # the rmdir of the group below says what is left
         try:
             os.rmdir(self.path)
         except FileNotFoundError:
