@@ -10,7 +10,8 @@ that private mount namespace; corral is exec'd there. ``shared=True`` puts a
 ``sleep`` in G first, as a container's shell would be (the no-internal-processes
 case). The wrapper waits for corral, then kills what is left in G through
 ``cgroup.kill`` (G is its own) and removes G; it exits with corral's status,
-or 99 when G could not be removed (something was left in it).
+or 99 when G could not be removed (something was left in it), 96 when G did
+not empty by itself within ``wait_empty`` seconds of corral's end.
 """
 
 import os
@@ -18,9 +19,10 @@ import shutil
 
 from corral_systemd.kernel.cgroupfs import Mounts
 
-#: The wrapper: $1 the host's cgroup2 mount, $2 "shared" or "alone", then corral's argv.
+#: The wrapper: $1 the host's cgroup2 mount, $2 "shared" or "alone", $3 how many tenths of a
+#: second to wait for G to empty by itself once corral is gone (0: none), then corral's argv.
 _WRAP = r"""
-u=$1; how=$2; shift 2
+u=$1; how=$2; wait=$3; shift 3
 g=$u/corral-tiers-test-$$
 mkdir "$g" || exit 98
 if [ "$how" = shared ]; then
@@ -31,12 +33,18 @@ fi
 sh -c 'g=$1; shift; echo $$ >"$g/cgroup.procs" &&
     exec unshare --cgroup --mount sh -c "mount -t cgroup2 none /sys/fs/cgroup && exec \"\$@\"" sh "$@"' sh "$g" "$@"
 rc=$?
+i=0
+while [ $i -lt "$wait" ] && grep -qx "populated 1" "$g/cgroup.events"; do sleep 0.1; i=$((i + 1)); done
+[ "$wait" -gt 0 ] && grep -qx "populated 1" "$g/cgroup.events" && rc=96   # corral's run outlived it
 if [ "$how" = shared ]; then
     grep -qx "$other" "$g/cgroup.procs" || rc=97   # the other process was not corral's to touch
 fi
 echo 1 >"$g/cgroup.kill"
-for d in "$g"/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done
-for i in $(seq 100); do rmdir "$g" 2>/dev/null && exit $rc; sleep 0.05; done
+for i in $(seq 100); do
+    find "$g" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null
+    rmdir "$g" 2>/dev/null && exit $rc
+    sleep 0.05
+done
 exit 99
 """
 
@@ -55,9 +63,12 @@ def unavailable() -> str | None:
     return None
 
 
-def program(corral: list[str], *, shared: bool = False) -> list[str]:
-    """``corral``'s argv run inside a fresh delegated subtree (see the module)."""
-    return ["sh", "-c", _WRAP, "sh", Mounts().unified, "shared" if shared else "alone", *corral]
+def program(corral: list[str], *, shared: bool = False, wait_empty: float = 0) -> list[str]:
+    """``corral``'s argv run inside a fresh delegated subtree (see the module).
+    ``wait_empty``: once corral is gone, wait up to that many seconds for the
+    subtree to empty by itself before killing what is left (exit 96 then)."""
+    how = "shared" if shared else "alone"
+    return ["sh", "-c", _WRAP, "sh", Mounts().unified, how, str(int(wait_empty * 10)), *corral]
 
 
 def controllers() -> set[str]:

@@ -201,3 +201,32 @@ def test_an_empty_leaf_a_corral_left_is_removed_by_the_next(corral, subtree):
     assert run.returncode == 0, run.stderr
     assert run.stdout == b"removed\n"
     _ran_in_the_tier(run)
+
+
+def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree):
+    """kill -9 corral mid-run: its tether (a child of corral holding a pipe
+    only corral writes) runs the stop sequence on the run group, TERM-ignoring
+    processes included; the wrapper sees the subtree empty by itself (96 if
+    not within 10 s of corral's death; 137 is corral's own SIGKILL)."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import TIME_SCALE
+    from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+    marker = new_marker()
+    script = "trap '' TERM; setsid sh -c \"trap '' TERM; exec sleep 600\" & sleep 600"
+    argv = [*CORRAL, *AUTO, "--grace", "1s", "--wall", "60s", "--", "sh", "-c", script]
+    try:
+        proc = subprocess.Popen(subtree.program(argv, wait_empty=10 * TIME_SCALE), env={**NO_BUS, MARKER_ENV: marker})
+        deadline = time.monotonic() + 30 * TIME_SCALE
+        while len(marked_pids(marker)) < 6 and time.monotonic() < deadline:  # wrapper, corral, tether, 3 of the run
+            time.sleep(0.05)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            corral_pid = int(f.read().split()[0])  # the wrapper's child exec'd into corral
+        os.kill(corral_pid, signal.SIGKILL)
+        assert proc.wait(timeout=60 * TIME_SCALE) == 128 + signal.SIGKILL  # 96: the run outlived corral
+        assert marked_pids(marker) == []
+    finally:
+        kill_marked(marker)

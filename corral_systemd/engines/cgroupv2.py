@@ -5,7 +5,8 @@ For ``--cgroup-parent PATH``: no systemd involved. The run gets
 moved in, so nothing it starts can be outside the group. Limits go to
 memory.max / pids.max when the parent delegates those controllers; SIGKILL
 is one write to cgroup.kill; the run is proven gone when cgroup.events
-says ``populated 0`` and the group's rmdir succeeds.
+says ``populated 0`` and the group's rmdir succeeds. If corral dies, its
+tether (``fallback_tether``, with the group as its target) stops the run.
 
 Only corral removes the group, and only after the last reads: its
 ``memory.events`` (OOM kills) and resource figures are read from the group
@@ -14,7 +15,6 @@ memory.events is kept open and polled for POLLPRI, so an OOM kill is seen
 when it happens, not at the next limit check.
 """
 
-import errno
 import os
 import signal
 from typing import TYPE_CHECKING
@@ -25,6 +25,8 @@ from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_fact, usage_facts
 from .cgroup_limits import asked
+from .cgroup_target import CgroupTarget, remove_group
+from .fallback_tether import FallbackTether
 from .unitcgroup import UnitCgroup
 
 if TYPE_CHECKING:
@@ -64,6 +66,19 @@ class CgroupEngine(CgroupLimits, Engine):
             self._rmdir()
             raise
         self.group.arm(oom_eventfd=False)  # memory.events (if delegated) and cgroup.events
+        # If corral dies (SIGKILL, a crash), its tether stops the run: the stop
+        # sequence on the group (``CgroupTarget``), as corralctl would.
+        path = self.path
+        try:
+            self._tether = FallbackTether(
+                spec.run_id, spec.grace, spec.verify_timeout, target=lambda: CgroupTarget(path)
+            )
+        except BaseException:
+            self._rmdir()
+            raise
+
+    def helper_pids(self):
+        return [self._tether.pid]
 
     def _apply_limits(self, parent):
         enforced, warnings = write_limits(self.path, self.spec, parent)
@@ -188,24 +203,10 @@ class CgroupEngine(CgroupLimits, Engine):
             self.group.read_watches()
 
     def _rmdir(self) -> bool:
-        """Remove the group, and first the groups the command made in it (it
-        may write its own group: an empty child left would keep the rmdir
-        refused). Only called once the whole subtree is unpopulated; the
-        kernel refuses to remove a group with a process in it (EBUSY)."""
-        for below, dirs, _files in os.walk(self.path, topdown=False):
-            for name in dirs:
-                try:
-                    os.rmdir(os.path.join(below, name))
-                except OSError:
-                    pass  # the rmdir of the group below says what is left
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if exc.errno == errno.EBUSY:
-                return False
-            raise
+        """Remove the run group (``cgroup_target.remove_group``); False while
+        the kernel shows a process in it."""
+        if not remove_group(self.path):
+            return False
         self._removed = True
         self.group.close()  # a removed group's files would poll ready forever
         return True
@@ -214,6 +215,7 @@ class CgroupEngine(CgroupLimits, Engine):
         self.group.close()
         if not self._removed:
             self._rmdir()
+        self._tether.close()
         self.tracker.close()
         self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
