@@ -2,9 +2,10 @@
 cross-checked against the manager or the kernel before anything is signalled or removed.
 
 About 450 lines, kept together: what proves a unit, a cgroup or a process the run's
-(``_Bus.not_corrals``, ``_not_corrals_cgroup``, the run mark) sits beside the three stop
-targets that act on that proof, so no action can be reached without it. The stop
-sequence itself is shared with the supervisor (``common.stopping``)."""
+(``_Bus.not_corrals``, ``_not_corrals_cgroup``, the run mark) sits beside the stop
+targets that act on that proof, so no action can be reached without it (the cgroup's,
+``engines.cgroup_target``, is the cgroup engine's tether's too). The stop sequence itself
+is shared with the supervisor (``common.stopping``)."""
 
 import os
 import signal
