@@ -87,8 +87,12 @@ def delegated_cgroup_parent() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+#: The pid namespace tier, forced (SHIM until issue28-tiers: CORRAL_SHIM_PIDNS=1 + fallback).
+PIDNS_FLAGS = ["--cgroup-mode", "fallback"]
+
 MODE_FLAGS = {
     "fallback": ["--cgroup-mode", "fallback"],
+    "pidns": PIDNS_FLAGS,
     "scope": ["--cgroup-mode", "enforced", "--unit-type", "scope"],
     "service": ["--cgroup-mode", "enforced", "--unit-type", "service"],
 }
@@ -106,6 +110,8 @@ def mode_flags(mode: str) -> list[str]:
         if parent is None:
             _unavailable("no delegated cgroup v2 directory (CORRAL_TEST_CGROUP_PARENT)")
         return ["--cgroup-parent", parent]
+    if mode == "pidns" and (why := pidns_unavailable()) is not None:
+        pytest.skip(f"no pid namespace here: {why}")
     if mode in ("scope", "service") and not manager_reachable():
         _unavailable(f"no systemd {MANAGER} manager reachable")
     return MODE_FLAGS[mode]
@@ -134,6 +140,7 @@ def all_modes() -> list:
     """Modes as pytest params, marked so a run can select them (-m)."""
     return [
         "fallback",
+        pytest.param("pidns", marks=pytest.mark.pidns),
         pytest.param("scope", marks=pytest.mark.systemd),
         pytest.param("service", marks=pytest.mark.systemd),
         pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
@@ -144,3 +151,26 @@ def all_modes() -> list:
 #: cgroup tier's, in a subtree of their own. Not in ``all_modes``: a test
 #: parametrized with them passes ``program=mode_program(mode, CORRAL)``.
 PROGRAM_MODES = ["cgroup-tier"]
+
+
+_PIDNS_PROBE: list = []
+
+
+def pidns_unavailable() -> str | None:
+    """Why this user can have no pid namespace with a /proc of its own here
+    (None: it can), as ``unshare`` finds it; asked once."""
+    if not _PIDNS_PROBE:
+        import subprocess
+
+        user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]
+        try:
+            probe = subprocess.run(
+                ["unshare", *user, "--pid", "--fork", "--mount-proc", "true"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            _PIDNS_PROBE.append(None if probe.returncode == 0 else probe.stderr.strip() or f"exit {probe.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _PIDNS_PROBE.append(str(exc))
+    return _PIDNS_PROBE[0]

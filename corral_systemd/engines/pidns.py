@@ -56,8 +56,10 @@ class PidnsEngine(ProcessTreeEngine):
         from ..kernel import namespaces as ns
 
         self._uid, self._gid = os.geteuid(), os.getegid()
+        # Root makes the namespaces as itself; root without the capability over
+        # its pid namespace (uid 0 of a user namespace) and any other user in a
+        # user namespace of their own first, which owns them.
         self._userns = self._uid != 0
-        flags = ns.CLONE_NEWPID | ns.CLONE_NEWNS | (ns.CLONE_NEWUSER if self._userns else 0)
         lib = ns.libc()
         import socket
 
@@ -65,7 +67,13 @@ class PidnsEngine(ProcessTreeEngine):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         me = os.pidfd_open(os.getpid())
         try:
-            pid, pidfd = ns.clone_into(flags)
+            try:
+                pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | (ns.CLONE_NEWUSER if self._userns else 0))
+            except PermissionError:
+                if self._userns:
+                    raise
+                self._userns = True
+                pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | ns.CLONE_NEWUSER)
         except OSError as exc:
             for fd in (status_r, status_w, me):
                 os.close(fd)
@@ -285,12 +293,11 @@ class PidnsEngine(ProcessTreeEngine):
 def _refused(exc: OSError, userns: bool) -> str:
     """Why the kernel refused the namespaces, in one clause."""
     if exc.errno == errno.EPERM:
-        if userns:
-            return (
-                "not root, and unprivileged user namespaces are forbidden here "
-                "(kernel.unprivileged_userns_clone, AppArmor or a seccomp filter: EPERM)"
-            )
-        return "new namespaces are forbidden here (a seccomp filter or a container without CAP_SYS_ADMIN: EPERM)"
+        who = "not root" if os.geteuid() != 0 else "root without CAP_SYS_ADMIN over its pid namespace"
+        return (
+            f"{who}, and user namespaces are forbidden here "
+            "(kernel.unprivileged_userns_clone, AppArmor or a seccomp filter: EPERM)"
+        )
     if exc.errno == errno.ENOSPC:
         return "a namespace limit is reached (user.max_user_namespaces, user.max_pid_namespaces: ENOSPC)"
     if exc.errno in (errno.EINVAL, errno.ENOSYS):
