@@ -35,8 +35,8 @@ import pytest
 from serving import Service, compiled_client  # noqa: F401  (fixture)
 
 from conftest import CORRAL
-from modes import PIDNS_FLAGS
 from corral_systemd.kernel.signals import CHILD_DEFAULTS
+from modes import PIDNS_FLAGS
 from procscan import MARKER_ENV, kill_marked, new_marker
 
 pytestmark = pytest.mark.systemd
