@@ -87,8 +87,8 @@ def delegated_cgroup_parent() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
-#: The pid namespace tier, forced (SHIM until issue28-tiers: CORRAL_SHIM_PIDNS=1 + fallback).
-PIDNS_FLAGS = ["--cgroup-mode", "fallback"]
+#: The pid namespace tier, forced.
+PIDNS_FLAGS = ["--guarantee", "pidns"]
 
 MODE_FLAGS = {
     "fallback": ["--cgroup-mode", "fallback"],

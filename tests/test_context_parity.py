@@ -160,8 +160,7 @@ PATHS = {
     "served, compiled client": ("compiled", {}, [], "service"),
     "fallback, python client": ("python", {}, ["--cgroup-mode", "fallback"], "cli"),
     "fallback, compiled client": ("compiled", {}, ["--cgroup-mode", "fallback"], "cli"),
-    # SHIM env until issue28-tiers: then {} and the forced tier's flags alone.
-    "pidns, python client": ("python", {"CORRAL_SHIM_PIDNS": "1"}, PIDNS_FLAGS, "cli"),
+    "pidns, python client": ("python", {}, PIDNS_FLAGS, "cli"),
 }
 
 #: The pid namespace tier's documented differences (README, engines/pidns.py):

@@ -6,19 +6,14 @@ from corral_systemd.core.record import RunRecord
 from corral_systemd.engines.cgroupv2 import CgroupEngine
 from corral_systemd.engines.fallback import FallbackEngine
 from corral_systemd.engines.kinds import GUARANTEE_MEANINGS, GUARANTEES, KINDS, MODES, leftovers_of
+from corral_systemd.engines.pidns import PidnsEngine
 from corral_systemd.engines.systemd import SystemdEngine
 
-try:  # issue 28 part B (its own branch until merged)
-    from corral_systemd.engines.pidns import PidnsEngine  # type: ignore[import-not-found]
-except ImportError:
-    PidnsEngine = None
-
-ENGINES = tuple(e for e in (SystemdEngine, CgroupEngine, PidnsEngine, FallbackEngine) if e is not None)
+ENGINES = (SystemdEngine, CgroupEngine, PidnsEngine, FallbackEngine)
 
 
 def test_every_engine_has_one_kind_and_every_kind_an_engine():
-    declared = sorted(KINDS) if PidnsEngine is not None else sorted(set(KINDS) - {"pidns"})
-    assert sorted(e.mode for e in ENGINES) == declared
+    assert sorted(e.mode for e in ENGINES) == sorted(KINDS)
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.mode)
@@ -28,8 +23,7 @@ def test_every_engine_names_a_declared_guarantee(engine):
 
 def test_every_guarantee_is_an_engines_and_says_what_it_means():
     assert set(GUARANTEE_MEANINGS) == set(GUARANTEES)
-    given = {e.guarantee for e in ENGINES}
-    assert given == (set(GUARANTEES) if PidnsEngine is not None else set(GUARANTEES) - {"pidns"})
+    assert {e.guarantee for e in ENGINES} == set(GUARANTEES)
 
 
 def test_the_record_takes_exactly_the_declared_guarantees():

@@ -41,8 +41,6 @@ from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 pytestmark = pytest.mark.pidns
 HERE = Path(__file__).resolve().parent
-#: SHIM until issue28-tiers lands: what makes PIDNS_FLAGS the pid namespace tier.
-SHIM_ENV = {"CORRAL_SHIM_PIDNS": "1"}
 ROOT = os.geteuid() == 0
 
 
@@ -53,7 +51,7 @@ def _pidns_here():
 
 
 def _env(marker: str, **extra) -> dict:
-    return {**os.environ, **SHIM_ENV, MARKER_ENV: marker, "CORRAL_SERVICE": "0", **extra}
+    return {**os.environ, MARKER_ENV: marker, "CORRAL_SERVICE": "0", **extra}
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -203,7 +201,7 @@ def test_forced_where_none_can_be_had_is_125_in_one_line_and_nothing_runs(how):
         )
         lines = [line for line in proc.stderr.splitlines() if "not registered" not in line]
         assert proc.returncode == 125, proc.stderr
-        assert len(lines) == 1 and lines[0].startswith("corral: no pid namespace: "), proc.stderr
+        assert len(lines) == 1 and lines[0].startswith("corral: --guarantee pidns: "), proc.stderr
         assert "Traceback" not in proc.stderr
         assert not os.path.exists(witness)
     finally:
@@ -213,14 +211,13 @@ def test_forced_where_none_can_be_had_is_125_in_one_line_and_nothing_runs(how):
 
 # -- corral as pid 1 -------------------------------------------------------------------------------
 
-TIERS = {"pidns": PIDNS_FLAGS, "fallback": ["--cgroup-mode", "fallback"]}
+TIERS = {"pidns": PIDNS_FLAGS, "subreaper": ["--guarantee", "subreaper"], "auto": []}
 as_pid_one = pytest.mark.skipif(not ROOT or not shutil.which("unshare"), reason="needs root and unshare")
 
 
 def _pid_one(tier: str, command: list[str], record: str | None = None) -> list[str]:
-    env_for_tier = [] if tier == "pidns" else ["env", "-u", "CORRAL_SHIM_PIDNS"]
     extra = ["--json", record] if record else []
-    return [*env_for_tier, "unshare", "--pid", "--fork", "--mount-proc", *CORRAL, "--no-registry", *extra] + [
+    return ["unshare", "--pid", "--fork", "--mount-proc", *CORRAL, "--no-registry", *extra] + [
         *TIERS[tier],
         "--",
         *command,

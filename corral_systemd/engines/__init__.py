@@ -63,7 +63,7 @@ def _ladder(spec, session) -> tuple:
     return (
         ("unit", lambda: _unit(spec, session)),
         ("cgroup", lambda: _delegated_cgroup(spec)),
-        # ("pidns", ...): issue 28 part B's PID-namespace tier goes here
+        ("pidns", lambda: _pidns(spec)),
         ("subreaper", lambda: _subreaper(spec)),
     )
 
@@ -129,6 +129,14 @@ def _delegated_cgroup(spec):
     subtree = delegated.find_subtree()
     delegated.prepare(subtree, {limit.controller for limit, _ in asked(spec)})
     return CgroupEngine(spec, delegated=subtree)
+
+
+def _pidns(spec):
+    """A PID namespace whose init is corral's child (PidnsEngine); SetupError
+    where none can be had (user namespaces forbidden, no /proc of its own)."""
+    from .pidns import PidnsEngine
+
+    return PidnsEngine(spec)
 
 
 def _subreaper(spec):

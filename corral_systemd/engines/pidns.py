@@ -46,9 +46,8 @@ from .proctree import ProcessTreeEngine
 class PidnsEngine(ProcessTreeEngine):
     mode = "pidns"
     guarantee = "pidns"
-    #: The command's processes carry the run's mark too (``CORRAL_RUN_ID``):
-    #: nothing is left once corral is gone, but corralctl may look.
-    marks_processes = True
+    #: Nothing of the run outlives corral (``kinds``: "namespace"): no mark needed.
+    marks_processes = False
     _tier_words = "the pid namespace tier"
 
     def __init__(self, spec):
@@ -79,7 +78,7 @@ class PidnsEngine(ProcessTreeEngine):
                 os.close(fd)
             mine.close()
             theirs.close()
-            raise SetupError(f"no pid namespace: {_refused(exc, self._userns)}") from None
+            raise SetupError(_refused(exc, self._userns)) from None
         if pid == 0:  # pragma: no cover  (the init; tested through the runs it serves)
             from . import pidns_init
 
@@ -106,6 +105,8 @@ class PidnsEngine(ProcessTreeEngine):
         self._buffer = b""
         self._eof = False
         self._main: int | None = None
+        self._helpers: set[int] = set()
+        self._pid_one = os.getpid() == 1
         self._main_ns: int | None = None
         self._namespace = _ns_link(pid)
         said = self._next_line()
@@ -113,7 +114,7 @@ class PidnsEngine(ProcessTreeEngine):
             self._reap_init(block=True)
             why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended before it was ready"
             self._close_channels()
-            raise SetupError(f"no pid namespace: {why}")
+            raise SetupError(why)
 
     # -- the init's channel ---------------------------------------------
     def _next_line(self, block: bool = True) -> str | None:
@@ -191,7 +192,16 @@ class PidnsEngine(ProcessTreeEngine):
     def main_status(self) -> int | None:
         return self._status
 
+    def ignore_child(self, pid):
+        self._helpers.add(pid)
+
     def reap(self) -> None:
+        if self._pid_one:
+            # A container's pid 1: orphans outside the run (a `podman exec`'s)
+            # are corral's children now; their statuses are nobody's.
+            from ..kernel.wait import reap_adopted
+
+            reap_adopted({self._init, *self._helpers})
         while self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
             if said.startswith("exit "):
                 self._status = int(said[5:])
