@@ -133,7 +133,12 @@ def _delegated_cgroup(spec):
 
 def _pidns(spec):
     """A PID namespace whose init is corral's child (PidnsEngine); SetupError
-    where none can be had (user namespaces forbidden, no /proc of its own)."""
+    where none can be had (user namespaces forbidden, no /proc of its own).
+    auto passes it by for a run in a session: a corral inside the run (which
+    joins the session too) would read the holder's and the registry's pids
+    through the namespace's own /proc, where they are not."""
+    if spec.session is not None and len(spec.tiers()) > 1:
+        raise SetupError("a session's run: corrals inside it must see the session's holder by its pid")
     from .pidns import PidnsEngine
 
     return PidnsEngine(spec)
