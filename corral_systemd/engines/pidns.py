@@ -29,7 +29,9 @@ rights there, and groups it has but that are not mapped read as
 ``PidnsEngine(spec)`` raises SetupError (one line: why) when no pid
 namespace can be had: not root and unprivileged user namespaces forbidden
 (sysctl, AppArmor, a seccomp filter: EPERM), a namespace limit (ENOSPC),
-or no /proc of its own can be mounted in it (a container's masked /proc).
+or no /proc of its own can be mounted in it (a container's masked /proc);
+and in a process with other threads (a library's host: the library runs a
+manager-less run in a child process of its own, ``core.fallback_child``).
 """
 
 import errno
@@ -54,6 +56,10 @@ class PidnsEngine(ProcessTreeEngine):
         super().__init__(spec)
         from ..kernel import namespaces as ns
 
+        if len(os.listdir("/proc/self/task")) > 1:
+            # The init is a clone of this process: other threads' locks would be
+            # held for good in it, and its PR_SET_PDEATHSIG would follow this thread.
+            raise SetupError("this process runs other threads (a library's host): the init is only cloned from one")
         self._uid, self._gid = os.geteuid(), os.getegid()
         # Root makes the namespaces as itself; root without the capability over
         # its pid namespace (uid 0 of a user namespace) and any other user in a
@@ -149,8 +155,7 @@ class PidnsEngine(ProcessTreeEngine):
         payload = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "masks": masks}).encode()
         try:
             socket.send_fds(self._control, [b"s"], [stdin, stdout, stderr])
-            self._control.sendall(payload)
-            self._control.shutdown(socket.SHUT_WR)
+            self._control.sendall(len(payload).to_bytes(8, "big") + payload)
         except OSError:
             pass  # the init is gone: its last line (or none) says why
         said = self._next_line()
@@ -161,7 +166,11 @@ class PidnsEngine(ProcessTreeEngine):
             why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended first"
             raise SetupError(f"pid namespace: {why}; the command never ran")
         self._main_ns = int(said[4:])
-        self._main = self._host_pid(self._main_ns)
+        self._main = self._host_pid(self._main_ns)  # the init reaps nothing until told
+        try:
+            self._control.send(b"k")
+        except OSError:
+            pass
         if self._main is not None:
             self.seen.add(self._main)
 

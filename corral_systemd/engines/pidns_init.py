@@ -27,7 +27,8 @@ In order:
 5. on the start message: the command forked as the fallback forks it
    (``kernel.spawn.fork_command``: its own session, the seal of a sealed
    run, a terminal, the umask); ``run PID`` (its pid here), ``exec ERRNO``
-   or ``setup WHY``;
+   or ``setup WHY``; after ``run`` it reaps nothing until corral's byte
+   says corral has found the main process in its own /proc;
 6. it reaps every process that ends in the namespace (orphans re-parent to
    it), says ``exit STATUS`` when the command's main process ends, and exits
    once it has no child left: then the namespace is empty.
@@ -95,10 +96,8 @@ def _start(spec, status, control) -> int | None:
     head, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
     if not head:
         return None
-    data = bytearray()
-    while chunk := sock.recv(1 << 16):
-        data += chunk
-    sock.close()
+    size = int.from_bytes(_exactly(sock, 8), "big")
+    data = _exactly(sock, size)
     message = json.loads(data)
     seal = None
     if spec.sealed:
@@ -130,7 +129,19 @@ def _start(spec, status, control) -> int | None:
         os._exit(0)
     _say(status, f"run {child.pid}")
     os.close(child.pidfd)
+    # Not reaped before corral has found it in its own /proc (its pid there):
+    # corral says so with a byte (or is gone: end of file).
+    sock.recv(1)
+    sock.close()
     return child.pid
+
+
+def _exactly(sock, size: int) -> bytes:
+    """``size`` bytes from ``sock`` (fewer: corral is gone)."""
+    data = bytearray()
+    while len(data) < size and (chunk := sock.recv(min(1 << 16, size - len(data)))):
+        data += chunk
+    return bytes(data)
 
 
 def _say(fd: int, line: str) -> None:
