@@ -87,23 +87,46 @@ def delegated_cgroup_parent() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+#: The pid namespace tier, forced.
+PIDNS_FLAGS = ["--guarantee", "pidns"]
+
 MODE_FLAGS = {
     "auto": ["--cgroup-mode", "auto"],
     "fallback": ["--cgroup-mode", "fallback"],
+    "pidns": PIDNS_FLAGS,
     "scope": ["--cgroup-mode", "enforced", "--unit-type", "scope"],
     "service": ["--cgroup-mode", "enforced", "--unit-type", "service"],
 }
 
 
 def mode_flags(mode: str) -> list[str]:
+    if mode == "cgroup-tier":
+        import delegated
+
+        if (why := delegated.unavailable()) is not None:
+            pytest.skip(f"the cgroup tier's test subtree: {why}")
+        return ["--guarantee", "cgroup"]  # forced: not found is 125, never a weaker tier
     if mode == "cgroup-parent":
         parent = delegated_cgroup_parent()
         if parent is None:
             _unavailable("no delegated cgroup v2 directory (CORRAL_TEST_CGROUP_PARENT)")
         return ["--cgroup-parent", parent]
+    if mode == "pidns" and (why := pidns_unavailable()) is not None:
+        pytest.skip(f"no pid namespace here: {why}")
     if mode in ("scope", "service") and not manager_reachable():
         _unavailable(f"no systemd {MANAGER} manager reachable")
     return MODE_FLAGS[mode]
+
+
+def mode_program(mode: str, corral: list[str]) -> list[str] | None:
+    """The argv that is corral for ``mode`` (None: ``corral`` itself): the
+    cgroup tier's runs start inside a delegated subtree of their own
+    (``tests/delegated.py``: what a container with a writable cgroup gives)."""
+    if mode != "cgroup-tier":
+        return None
+    import delegated
+
+    return delegated.program(corral)
 
 
 def _unavailable(why: str):
@@ -124,6 +147,7 @@ def all_modes() -> list:
     """Modes as pytest params, marked so a run can select them (-m)."""
     modes = [
         "fallback",
+        pytest.param("pidns", marks=pytest.mark.pidns),
         pytest.param("scope", marks=pytest.mark.systemd),
         pytest.param("service", marks=pytest.mark.systemd),
         pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
@@ -132,3 +156,32 @@ def all_modes() -> list:
         return modes
     wanted = CONTAINER_MODES.split()
     return [m for m in ["auto", *modes] if (m if isinstance(m, str) else m.values[0]) in wanted]
+
+
+#: Modes whose runs need their own argv for corral (``mode_program``): the
+#: cgroup tier's, in a subtree of their own. Not in ``all_modes``: a test
+#: parametrized with them passes ``program=mode_program(mode, CORRAL)``.
+PROGRAM_MODES = [m for m in ["cgroup-tier"] if CONTAINER_MODES is None or m in CONTAINER_MODES.split()]
+
+
+_PIDNS_PROBE: list = []
+
+
+def pidns_unavailable() -> str | None:
+    """Why this user can have no pid namespace with a /proc of its own here
+    (None: it can), as ``unshare`` finds it; asked once."""
+    if not _PIDNS_PROBE:
+        import subprocess
+
+        user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]
+        try:
+            probe = subprocess.run(
+                ["unshare", *user, "--pid", "--fork", "--mount-proc", "true"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            _PIDNS_PROBE.append(None if probe.returncode == 0 else probe.stderr.strip() or f"exit {probe.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _PIDNS_PROBE.append(str(exc))
+    return _PIDNS_PROBE[0]

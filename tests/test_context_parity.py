@@ -36,6 +36,7 @@ from serving import Service, compiled_client  # noqa: F401  (fixture)
 
 from conftest import CORRAL
 from corral_systemd.kernel.signals import CHILD_DEFAULTS
+from modes import PIDNS_FLAGS
 from procscan import MARKER_ENV, kill_marked, new_marker
 
 pytestmark = pytest.mark.systemd
@@ -159,6 +160,15 @@ PATHS = {
     "served, compiled client": ("compiled", {}, [], "service"),
     "fallback, python client": ("python", {}, ["--cgroup-mode", "fallback"], "cli"),
     "fallback, compiled client": ("compiled", {}, ["--cgroup-mode", "fallback"], "cli"),
+    "pidns, python client": ("python", {}, PIDNS_FLAGS, "cli"),
+}
+
+#: The pid namespace tier's documented differences (README, engines/pidns.py):
+#: the command's parent is the namespace's init (pid 1), and it has a mount
+#: namespace of its own (a /proc for its pid namespace). Row -> the check.
+PIDNS_ROWS = {
+    "parent: the caller": lambda got, bare, ctx: (got["ppid"], 1),
+    "mount namespace": lambda got, bare, ctx: (got["ns"].get("mnt") != ctx["caller"]["ns"].get("mnt"), True),
 }
 
 
@@ -246,6 +256,8 @@ def test_the_command_gets_the_callers_context(tmp_path, run, path, parity_servic
     for name, (row_run, read) in ROWS.items():
         if row_run != run:
             continue
+        if path.startswith("pidns"):
+            read = PIDNS_ROWS.get(name, read)
         seen, want = read(got, bare[1], ctx)
         if seen != want:
             wrong.append(f"{name}: {seen!r} != {want!r}")

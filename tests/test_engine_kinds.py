@@ -5,14 +5,34 @@ import pytest
 from corral_systemd.core.record import RunRecord
 from corral_systemd.engines.cgroupv2 import CgroupEngine
 from corral_systemd.engines.fallback import FallbackEngine
-from corral_systemd.engines.kinds import KINDS, MODES, leftovers_of
+from corral_systemd.engines.kinds import GUARANTEE_MEANINGS, GUARANTEES, KINDS, MODES, leftovers_of
+from corral_systemd.engines.pidns import PidnsEngine
 from corral_systemd.engines.systemd import SystemdEngine
 
-ENGINES = (SystemdEngine, CgroupEngine, FallbackEngine)
+ENGINES = (SystemdEngine, CgroupEngine, PidnsEngine, FallbackEngine)
 
 
 def test_every_engine_has_one_kind_and_every_kind_an_engine():
     assert sorted(e.mode for e in ENGINES) == sorted(KINDS)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.mode)
+def test_every_engine_names_a_declared_guarantee(engine):
+    assert engine.guarantee in GUARANTEES
+
+
+def test_every_guarantee_is_an_engines_and_says_what_it_means():
+    assert set(GUARANTEE_MEANINGS) == set(GUARANTEES)
+    assert {e.guarantee for e in ENGINES} == set(GUARANTEES)
+
+
+def test_the_record_takes_exactly_the_declared_guarantees():
+    assert RunRecord.model_fields["guarantee"].annotation.__args__ == GUARANTEES
+
+
+def test_a_pidns_run_leaves_nothing_once_its_corral_is_gone():
+    assert leftovers_of({"mode": "pidns"}) == "namespace"
+    assert KINDS["pidns"].reclaim_note
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.mode)

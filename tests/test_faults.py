@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from conftest import REPEAT, TIME_SCALE, fault_argv, fault_cases, requires_met
-from modes import all_modes, mode_flags
+from conftest import CORRAL, REPEAT, TIME_SCALE, fault_argv, fault_cases, requires_met
+from modes import PROGRAM_MODES, all_modes, mode_flags, mode_program
 
 GRACE = 2.0
 WALL = 2.0 * TIME_SCALE  # the manifest's 2 s, scaled on a slow machine (conftest.TIME_SCALE)
@@ -25,7 +25,7 @@ SELF_ENDING_SCALE = 3.0  # see test_fault
 
 @pytest.mark.parametrize("rep", range(REPEAT))
 @pytest.mark.parametrize("fault,args,expected", fault_cases())
-@pytest.mark.parametrize("mode", all_modes())
+@pytest.mark.parametrize("mode", [*all_modes(), *PROGRAM_MODES])
 def test_fault(corral, mode, fault, args, expected, rep):
     if not requires_met(fault):
         pytest.skip(f"needs {fault['requires']}")
@@ -34,12 +34,14 @@ def test_fault(corral, mode, fault, args, expected, rep):
         # A fault that ends on its own meets its wall only as a bound; under
         # emulation node's start-up alone outlasts 2 s x TIME_SCALE (F11).
         args, wall = dict(args, wall=f"{2.0 * SELF_ENDING_SCALE:g}s"), WALL * SELF_ENDING_SCALE
-    run = corral(mode_flags(mode) + fault_argv(fault, args))
+    run = corral(mode_flags(mode) + fault_argv(fault, args), program=mode_program(mode, CORRAL))
     detail = f"stderr: {run.stderr.decode(errors='replace')[-800:]}"
     left_behind = _remove_temp_files(fault, run)
     assert run.survivors == [], f"{fault['id']} left processes: {run.survivors}; {detail}"
     assert run.returncode == expected, detail
     assert run.record is not None and run.record["verified"] is True
+    if mode in PROGRAM_MODES:
+        assert run.record["guarantee"] == "cgroup", run.record
     # The run's own timings (corral's clock, start to verified end) within wall + grace + 1 s.
     # The whole process's elapsed time is not bounded: interpreter start-up on a
     # loaded machine is not corral's to promise.

@@ -32,6 +32,7 @@ PROBE = (
 
 HOW = {
     "fallback": ("netns", "userns+netns"),
+    "pidns": ("userns+netns",),
     "scope": ("netns", "userns+netns"),
     "cgroup-parent": ("netns", "userns+netns"),
     "service": ("PrivateNetwork",),

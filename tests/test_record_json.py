@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from corral_systemd.core import record_json
 from corral_systemd.core.record import EngineInfo, EnvironmentNames, Limits, RunRecord, Steps, from_result
 from corral_systemd.core.result import RunOutcome
+from corral_systemd.engines.kinds import GUARANTEES
 
 
 def test_field_lists_are_the_models():
@@ -26,7 +27,12 @@ def test_field_lists_are_the_models():
     assert record_json.ENGINE_FIELDS == tuple(EngineInfo.model_fields)
     assert record_json.ENVIRONMENT_FIELDS == tuple(EnvironmentNames.model_fields)
     outcome = RunOutcome(
-        run_id="0" * 12, mode="fallback", argv=["true"], cwd="/", limits={"grace": 2, "verify_timeout": 2}
+        run_id="0" * 12,
+        mode="fallback",
+        guarantee="subreaper",
+        argv=["true"],
+        cwd="/",
+        limits={"grace": 2, "verify_timeout": 2},
     )
     assert tuple(record_json.record_data(outcome)) == tuple(RunRecord.model_fields)
 
@@ -64,6 +70,7 @@ def outcomes(draw):
     outcome = RunOutcome(
         run_id=draw(st.text("0123456789abcdef", min_size=12, max_size=12)),
         mode=draw(st.sampled_from(["fallback", "systemd", "cgroup"])),
+        guarantee=draw(st.sampled_from(GUARANTEES)),
         argv=draw(
             st.lists(
                 st.one_of(_text, st.sampled_from(["--password=hunter2", "Authorization: Bearer x"])),

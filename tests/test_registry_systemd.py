@@ -383,7 +383,7 @@ def test_stop_through_owner_and_gc_of_ownerless_unit(state, markers):
 
 @pytest.mark.cgroupv2
 def test_gc_stops_a_dead_corrals_cgroup_with_the_stop_sequence(state, tmp_path, markers):
-    """--cgroup-parent, corral SIGKILLed: its cgroup keeps the command's
+    """--cgroup-parent, corral and its tether SIGKILLed: its cgroup keeps the command's
     processes, one of them ignoring SIGTERM. gc stops them as corral would
     have (TERM, the run's grace period, KILL, the kernel's word that the
     group is empty) and removes the group."""
@@ -406,9 +406,12 @@ def test_gc_stops_a_dead_corrals_cgroup_with_the_stop_sequence(state, tmp_path, 
     )
     [run_id] = wait_for(lambda: run_ids(state))
     wait_for(ready.exists, timeout=20)
+    entry = json.loads((state / f"{run_id}.json").read_text())
+    # corral and its tether both gone (which stops the run when only corral dies: test_tiers).
+    [tether] = entry["helper_pids"]
+    os.kill(tether, signal.SIGKILL)
     proc.kill()
     proc.wait()
-    entry = json.loads((state / f"{run_id}.json").read_text())
     group = entry["control_group"]
     assert os.path.isdir(group) and len(marked_pids(marker)) >= 3
     r = ctl(state, "gc", "--json")

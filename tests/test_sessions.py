@@ -95,7 +95,13 @@ def gone_within(agent, seconds: float = 5) -> list[int]:
 #: Where a session of each run mode's tests lives: a fallback run's in a holder
 #: process, a unit's in a slice with a holder unit (so the mode tests each world);
 #: a --cgroup-parent run joins whichever the machine gives.
-SESSION_MODE = {"fallback": "fallback", "scope": "enforced", "service": "enforced", "cgroup-parent": "auto"}
+SESSION_MODE = {
+    "fallback": "fallback",
+    "pidns": "fallback",
+    "scope": "enforced",
+    "service": "enforced",
+    "cgroup-parent": "auto",
+}
 
 
 def start_session(agent, *args, mode: str | None = None) -> str:

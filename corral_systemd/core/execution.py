@@ -174,17 +174,21 @@ class Execution:
         return engine.live_pids() if engine is not None else []
 
     def _use_child(self) -> bool:
-        """Fallback runs go to a child process; cgroup and systemd runs stay here."""
+        """Runs without a manager go to a child process (the rest of the
+        ladder: the delegated cgroup, which may move its corral into a leaf;
+        the subreaper, which owns its process's descendants); --cgroup-parent
+        and systemd runs stay here."""
         spec = self.spec
-        if spec.cgroup_parent is not None or spec.cgroup_mode == "enforced":
+        if spec.cgroup_parent is not None or spec.cgroup_mode == "enforced" or spec.guarantee == "unit":
             return False
         return spec.cgroup_mode == "fallback" or self._session in (None, NO_SYSTEMD)
 
     def _in_child(self) -> R.RunOutcome:
         spec = self.spec
         fields = asdict(spec)
-        fields["cgroup_mode"] = "fallback"
         fields["register"] = self._register
+        # auto found no manager here: the child climbs the rest of the ladder
+        fields["skip_manager"] = spec.cgroup_mode == "auto"
         # trio's pair: ``always_cleanup`` holds what is ours for the whole run
         # (closed however it ends), ``childs_ends`` what the child inherits,
         # closed here as soon as it has them (the pipes' EOF needs them gone).

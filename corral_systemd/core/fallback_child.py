@@ -1,9 +1,11 @@
-"""A fallback run in its own process, for the library.
+"""A run without a manager in its own process, for the library.
 
 The fallback engine makes its process the child subreaper and owns every
-descendant of it — right for the CLI, wrong inside an application that has
+descendant of it, and the delegated cgroup tier may move its process into
+a leaf group — right for the CLI, wrong inside an application that has
 children of its own and runs several commands at once. So the library runs
-each fallback run here: ``python -m corral_systemd.core.fallback_child SPEC RESULT CANCEL``
+each such run here (the ladder below the manager: ``engines.open_engine``):
+``python -m corral_systemd.core.fallback_child SPEC RESULT CANCEL``
 (three inherited file descriptors).
 
 Protocol: the spec arrives as JSON on SPEC; the command's stdio is this
@@ -22,7 +24,7 @@ from dataclasses import asdict
 
 def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
     from ..common.errors import CorralError
-    from ..engines.fallback import FallbackEngine
+    from ..engines import open_engine
     from .assemble import assemble_and_run
     from .signalwatch import SignalWatch
     from .spec import RunSpec
@@ -33,13 +35,14 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
         with os.fdopen(spec_fd, "rb") as f:
             fields = json.load(f)
         register = fields.pop("register", True)
+        skip_manager = fields.pop("skip_manager", False)
         spec = RunSpec(**fields)
         # Registered with this process as owner: `corralctl stop` SIGTERMs it,
         # which stops the run like any corral.
         try:
             outcome = assemble_and_run(
                 spec,
-                lambda: FallbackEngine(spec),
+                lambda: open_engine(spec, skip_manager=skip_manager),
                 guard={"registry": register},
                 supervisor={"signals": signals, "cancel_fd": cancel_fd},
             )

@@ -6,7 +6,7 @@ No click and no typer here."""
 from dataclasses import dataclass
 
 from ..common.limits import LIMITS, Limit
-from .spec import CGROUP_MODES, HANDOFFS, MANAGERS, NETWORKS, STDIN_MODES, UNIT_TYPES
+from .spec import CGROUP_MODES, GUARANTEE_CHOICES, HANDOFFS, MANAGERS, NETWORKS, STDIN_MODES, UNIT_TYPES
 
 #: --json values that mean "standard output" (the record follows the command's output there).
 STDOUT_PATHS = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
@@ -83,6 +83,16 @@ OPTIONS: tuple[Option, ...] = (
         "auto: systemd when reachable, else fallback.",
         default="auto",
         choices=CGROUP_MODES,
+    ),
+    Option(
+        "guarantee",
+        ("--guarantee",),
+        "value",
+        "What holds the run, strongest first: unit (a systemd unit), cgroup (a delegated cgroup v2 "
+        "subtree), pidns (a PID namespace of its own), subreaper. auto: the strongest to be had "
+        "(with --cgroup-mode fallback: subreaper); a tier named and not to be had: 125.",
+        default="auto",
+        choices=GUARANTEE_CHOICES,
     ),
     Option(
         "cgroup_parent",

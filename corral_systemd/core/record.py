@@ -13,7 +13,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
-from ..engines.kinds import MODES
+from ..engines.kinds import GUARANTEES, MODES
 from ..kernel.handoff import NAMES
 from .record_json import RECORD_VERSION, record_data
 
@@ -146,6 +146,11 @@ class RunRecord(_Strict):
     version: Literal[1] = RECORD_VERSION
     run_id: str
     mode: Literal[MODES]  # type: ignore[valid-type]  # the engines, declared once (engines/kinds.py)
+    #: The guarantee tier the run had, strongest first: "unit" (a systemd
+    #: unit), "cgroup" (a child group of a delegated cgroup v2 subtree),
+    #: "pidns" (a PID namespace of its own), "subreaper" (corral as child
+    #: subreaper); declared once (``engines.kinds.GUARANTEES``).
+    guarantee: Literal[GUARANTEES]  # type: ignore[valid-type]
     #: The command line, with secret-looking arguments replaced by "[redacted]"
     #: (as in the registry and ``corralctl ps``).
     argv: list[str]

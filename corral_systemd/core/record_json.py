@@ -94,6 +94,7 @@ def record_data(result) -> dict:
         "version": RECORD_VERSION,
         "run_id": result.run_id,
         "mode": result.mode,
+        "guarantee": result.guarantee,
         "argv": argv,
         "argv_redacted": argv != exact,
         "cwd": result.cwd,

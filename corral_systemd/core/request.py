@@ -266,6 +266,7 @@ def from_options(
             grace=coerce_duration(given("grace", "2s"), "--grace"),
             verify_timeout=coerce_duration(given("verify_timeout", "2s"), "--verify-timeout"),
             cgroup_mode=given("cgroup_mode", "auto"),
+            guarantee=given("guarantee", "auto"),
             cgroup_parent=given("cgroup_parent"),
             # --pty relays corral's stdin to the terminal
             stdin="inherit" if values.get("pty") else given("stdin", "null"),
@@ -372,6 +373,7 @@ def spec_from_keywords(
     grace=2.0,
     verify_timeout=2.0,
     mode: str = "auto",
+    guarantee: str = "auto",
     unit_type: str = "service",
     manager: str = "auto",
     slice: str = "corral.slice",
@@ -391,7 +393,7 @@ def spec_from_keywords(
     """The library's keyword arguments as a RunSpec (UsageError if bad); the
     public ``corral_systemd.make_spec``. A limit is text (parsed as the CLI
     parses it) or a number (seconds, bytes, a count, CPUs); paths are str or
-    os.PathLike; ``mode`` is --cgroup-mode.
+    os.PathLike; ``mode`` is --cgroup-mode, ``guarantee`` --guarantee.
 
     ``unit_type`` defaults to "service" here (the CLI's default is "scope"):
     the manager starts the command, so the host process, which is usually
@@ -452,6 +454,7 @@ def spec_from_keywords(
             grace=coerce_duration(grace, "grace"),
             verify_timeout=coerce_duration(verify_timeout, "verify_timeout"),
             cgroup_mode=mode,
+            guarantee=guarantee,
             cgroup_parent=cgroup_parent,
             stdin="null" if stdin is None else stdin,
             manager=manager,

@@ -26,6 +26,8 @@ NEVER_RAN = (SPAWN_FAILED, SETUP_FAILED)
 class RunOutcome:
     run_id: str
     mode: str
+    #: The guarantee tier the run had (``engines.kinds.GUARANTEES``).
+    guarantee: str
     argv: list[str]
     cwd: str
     limits: dict
@@ -160,4 +162,4 @@ def summary_line(result: RunOutcome) -> str:
         line += "; tree-only"
     if result.remaining_pids:
         line += f"; NOT VERIFIED, still present: {' '.join(map(str, result.remaining_pids))}"
-    return line
+    return f"{line}; guarantee {result.guarantee}"

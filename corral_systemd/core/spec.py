@@ -24,8 +24,13 @@ from dataclasses import dataclass, field
 from ..common.errors import UsageError
 from ..common.limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
 from ..common.unit_names import new_run_id
+from ..engines.kinds import GUARANTEES
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
+#: --guarantee: "auto" (the strongest tier that can be had here, per
+#: --cgroup-mode: ``engines.open_engine``'s ladder) or one tier, forced
+#: (``engines.kinds.GUARANTEES``; not to be had: 125, one line).
+GUARANTEE_CHOICES = ("auto", *GUARANTEES)
 STDIN_MODES = ("null", "inherit")
 MANAGERS = ("auto", "user", "system")
 UNIT_TYPES = ("scope", "service")
@@ -54,6 +59,7 @@ class RunSpec:
     cpu_time: float | None = None  # CPU seconds of the whole run
     cpus: float | None = None  # CPU quota, in CPUs
     cgroup_mode: str = "auto"
+    guarantee: str = "auto"
     cgroup_parent: str | None = None
     stdin: str | bytes = "null"  # "null", "inherit", "pipe" (library) or the bytes to send
     manager: str = "auto"
@@ -105,6 +111,8 @@ class RunSpec:
             else:
                 _check_int(limit.field, value, int(limit.maximum), _BOUNDS[limit.kind])
         _check_choice("cgroup_mode", self.cgroup_mode, CGROUP_MODES)
+        _check_choice("guarantee", self.guarantee, GUARANTEE_CHOICES)
+        self.tiers()  # a combination that asks for two things at once
         _check_choice("manager", self.manager, MANAGERS)
         _check_choice("unit_type", self.unit_type, UNIT_TYPES)
         _check_choice("network", self.network, NETWORKS)
@@ -153,7 +161,10 @@ class RunSpec:
         if not isinstance(self.properties, list) or not all(_text(p) for p in self.properties):
             raise UsageError("invalid properties: expected NAME=VALUE strings")
         if not self.may_be_systemd:
-            raise UsageError("--property needs a systemd unit: not with --cgroup-mode fallback or --cgroup-parent")
+            raise UsageError(
+                "--property needs a systemd unit: not with --cgroup-mode fallback, --cgroup-parent "
+                "or a --guarantee other than unit"
+            )
         for text in self.properties:
             parse_property(text, self.unit_type)
 
@@ -166,9 +177,39 @@ class RunSpec:
 
     @property
     def may_be_systemd(self) -> bool:
-        """Can this run be a systemd unit? Never in fallback mode or with
-        --cgroup-parent; in auto mode only the opened engine knows if it is."""
-        return self.cgroup_mode != "fallback" and self.cgroup_parent is None
+        """Can this run be a systemd unit? Never in fallback mode, with
+        --cgroup-parent or a --guarantee weaker than "unit"; in auto mode
+        only the opened engine knows if it is."""
+        return self.cgroup_mode != "fallback" and self.cgroup_parent is None and self.guarantee in ("auto", "unit")
+
+    def tiers(self) -> tuple[str, ...]:
+        """The guarantee tiers this run may have, strongest first (``open_engine``
+        tries them in order), per --guarantee and --cgroup-mode / --cgroup-parent:
+
+        - --cgroup-parent: "cgroup" (the directory named);
+        - --cgroup-mode enforced (``corral-enforced``): "unit", a manager's;
+        - --cgroup-mode fallback: no manager; "subreaper" as ever, or the tier
+          --guarantee names (cgroup, pidns, subreaper);
+        - --cgroup-mode auto: every tier (--guarantee auto), else the one named.
+
+        UsageError for --guarantee naming a tier the mode excludes."""
+        guarantee = self.guarantee
+        allowed: tuple[str, ...]
+        if self.cgroup_parent is not None:
+            allowed, mode = ("cgroup",), "--cgroup-parent"
+        elif self.cgroup_mode == "enforced":
+            allowed, mode = ("unit",), "--cgroup-mode enforced"
+        elif self.cgroup_mode == "fallback":
+            allowed, mode = GUARANTEES[1:], "--cgroup-mode fallback"
+            if guarantee == "auto":
+                return ("subreaper",)
+        else:
+            return GUARANTEES if guarantee == "auto" else (guarantee,)
+        if guarantee == "auto":
+            return allowed
+        if guarantee not in allowed:
+            raise UsageError(f"--guarantee {guarantee} cannot be had with {mode} ({', '.join(allowed)} only)")
+        return (guarantee,)
 
     def limits(self) -> dict:
         """The record's ``limits``: every limit (None: not set) and the stop timings."""

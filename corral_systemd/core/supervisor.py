@@ -129,6 +129,7 @@ class Supervisor:
         self.result = R.RunOutcome(
             run_id=spec.run_id,
             mode=engine.mode,
+            guarantee=engine.guarantee,
             argv=list(spec.argv),
             cwd=spec.cwd or os.getcwd(),
             limits=spec.limits(),
@@ -528,6 +529,8 @@ class Supervisor:
         res.warnings = [*engine.warnings, *res.warnings]  # the engine's, then a registry failure
         try:
             res.engine = engine.describe()
+            if engine.auto_fallback_reason:
+                res.engine["auto_fallback_reason"] = engine.auto_fallback_reason
         except Exception as exc:  # the stop and the proof are done: their outcome stands, said unproven
             res.engine = {}
             res.reason, res.detail = R.INTERNAL_ERROR, f"while describing the run: {exc!r}"

@@ -79,7 +79,8 @@ def run_processes(entry: dict, events: list, table) -> list:
         for d in dirs:
             pids.update(cgroupfs.procs_below(d))
         return [table[p] for p in sorted(pids) if p in table]
-    if leftovers_of(entry) != "sessions":
+    leftovers = leftovers_of(entry)
+    if leftovers not in ("sessions", "namespace"):
         return []
     if REG.owner_alive(entry):
         owner = entry["owner"]["pid"]
@@ -93,7 +94,8 @@ def run_processes(entry: dict, events: list, table) -> list:
             if p.alive:
                 members.append(p)
         return members
-    return session_members(entry, events, table)
+    # A PID namespace died with its init, which dies with corral: nothing is left.
+    return session_members(entry, events, table) if leftovers == "sessions" else []
 
 
 def run_memory(entry: dict, events: list, procs: list) -> int:

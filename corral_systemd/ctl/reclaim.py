@@ -2,15 +2,17 @@
 cross-checked against the manager or the kernel before anything is signalled or removed.
 
 About 450 lines, kept together: what proves a unit, a cgroup or a process the run's
-(``_Bus.not_corrals``, ``_not_corrals_cgroup``, the run mark) sits beside the three stop
-targets that act on that proof, so no action can be reached without it. The stop
-sequence itself is shared with the supervisor (``common.stopping``)."""
+(``_Bus.not_corrals``, ``_not_corrals_cgroup``, the run mark) sits beside the stop
+targets that act on that proof, so no action can be reached without it (the cgroup's,
+``engines.cgroup_target``, is the cgroup engine's tether's too). The stop sequence itself
+is shared with the supervisor (``common.stopping``)."""
 
 import os
 import signal
 import time
 
 from ..common.unit_names import group_name, is_tether, run_of_unit, run_units
+from ..engines.cgroup_target import CgroupTarget as _CgroupTarget
 from ..engines.kinds import kind_of, leftovers_of
 from ..state import registry as REG
 from .processes import session_members
@@ -143,55 +145,6 @@ class _UnitTarget:
             except BusError:
                 pass
         return [-1]
-
-    def unproven(self) -> str | None:
-        return None
-
-
-class _CgroupTarget:
-    """A ``--cgroup-parent`` run's cgroup, through the cgroup engine's own
-    group (``engines.unitcgroup.UnitCgroup``): signalled member by member
-    through pidfds checked against its listing, killed with cgroup.kill,
-    proven empty by the kernel's listing and removed."""
-
-    def __init__(self, path: str):
-        from ..engines.unitcgroup import UnitCgroup
-
-        self.path = path
-        self.group = UnitCgroup.v2_directory(path)
-        self._last: list[int] = []
-        self._signalled: set[int] = set()
-
-    def remaining(self) -> list[int]:
-        self._last = self.group.pids()
-        return self._last
-
-    def _send(self, pids: list[int], sigs) -> int:
-        self._signalled.update(pids)
-        return len(self.group.signal(pids, sigs))
-
-    def signal_all(self, *sigs: int) -> int:
-        return self._send(self.remaining(), sigs)
-
-    def signal_new(self, *sigs: int) -> int:
-        return self._send([p for p in self._last if p not in self._signalled], sigs)
-
-    def kill_all(self) -> None:
-        if not self.group.kill(use_cgroup_kill=True):
-            self._send(self.remaining(), (signal.SIGKILL,))  # no cgroup.kill (Linux < 5.14)
-
-    def verify_empty(self) -> list[int]:
-        if not os.path.isdir(self.path):
-            return []
-        if left := self.group.remaining()[0]:
-            return left
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return self.group.pids() or [-1]
-        return []
 
     def unproven(self) -> str | None:
         return None

@@ -22,10 +22,17 @@ class Engine:
     """What callers ask an engine is this contract, never its ``mode``: an
     engine says what it can do through the capabilities below."""
 
-    #: Its kind (``kinds.KINDS``: "fallback", "systemd" or "cgroup"), recorded
+    #: Its kind (``kinds.KINDS``: "fallback", "systemd", "cgroup", "pidns"), recorded
     #: as the run's mode. Nothing decides by the name: corralctl reads what a
     #: registered run leaves from its kind's declaration, the core this contract.
     mode = "?"
+    #: The guarantee tier it gives (``kinds.GUARANTEES``: "unit", "cgroup",
+    #: "pidns", "subreaper"), recorded as the run's ``guarantee``.
+    guarantee = "?"
+    #: Set by ``open_engine`` when auto's ladder took a weaker tier than the
+    #: strongest: why each stronger one could not be had (the record's
+    #: ``engine.auto_fallback_reason``, the summary line).
+    auto_fallback_reason: str | None = None
     #: No cgroup holds the run: once corral is gone, only a mark in the
     #: command's environment (inherited by all it starts) proves a process
     #: the run's to corralctl (``registry.carries_mark``).

@@ -5,7 +5,8 @@ For ``--cgroup-parent PATH``: no systemd involved. The run gets
 moved in, so nothing it starts can be outside the group. Limits go to
 memory.max / pids.max when the parent delegates those controllers; SIGKILL
 is one write to cgroup.kill; the run is proven gone when cgroup.events
-says ``populated 0`` and the group's rmdir succeeds.
+says ``populated 0`` and the group's rmdir succeeds. If corral dies, its
+tether (``fallback_tether``, with the group as its target) stops the run.
 
 Only corral removes the group, and only after the last reads: its
 ``memory.events`` (OOM kills) and resource figures are read from the group
@@ -14,9 +15,9 @@ memory.events is kept open and polled for POLLPRI, so an OOM kill is seen
 when it happens, not at the next limit check.
 """
 
-import errno
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from ..common.errors import SetupError
 from ..common.unit_names import group_name
@@ -24,23 +25,30 @@ from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_fact, usage_facts
 from .cgroup_limits import asked
+from .cgroup_target import CgroupTarget, remove_group
+from .fallback_tether import FallbackTether
 from .unitcgroup import UnitCgroup
+
+if TYPE_CHECKING:
+    from .delegated import Subtree
 
 
 class CgroupEngine(CgroupLimits, Engine):
     mode = "cgroup"
+    guarantee = "cgroup"
 
-    def __init__(self, spec):
+    def __init__(self, spec, *, delegated: "Subtree | None" = None):
+        """In ``spec.cgroup_parent``, or in the ``delegated`` subtree corral runs
+        in (``delegated.find_subtree``: auto's cgroup tier), whose warnings
+        (what the limits cannot get there) become the engine's."""
         super().__init__()
         self.spec = spec
-        parent = os.path.abspath(spec.cgroup_parent)
-        if not os.path.isdir(parent):
-            raise SetupError(f"--cgroup-parent {parent}: no such directory")
         mounts = cgroupfs.Mounts()
-        if mounts.unified is None or not (parent + "/").startswith(mounts.unified.rstrip("/") + "/"):
-            raise SetupError(f"--cgroup-parent {parent}: not inside a cgroup v2 hierarchy")
-        if not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK) or not os.access(parent, os.W_OK):
-            raise SetupError(f"--cgroup-parent {parent}: not delegated to us (cannot write)")
+        if delegated is not None:
+            parent = delegated.path
+            self.warnings += delegated.warnings
+        else:
+            parent = checked_parent(spec.cgroup_parent, mounts)
         self.path = os.path.join(parent, group_name(spec.run_id))
         try:
             os.mkdir(self.path)
@@ -58,6 +66,19 @@ class CgroupEngine(CgroupLimits, Engine):
             self._rmdir()
             raise
         self.group.arm(oom_eventfd=False)  # memory.events (if delegated) and cgroup.events
+        # If corral dies (SIGKILL, a crash), its tether stops the run: the stop
+        # sequence on the group (``CgroupTarget``), as corralctl would.
+        path = self.path
+        try:
+            self._tether = FallbackTether(
+                spec.run_id, spec.grace, spec.verify_timeout, target=lambda: CgroupTarget(path)
+            )
+        except BaseException:
+            self._rmdir()
+            raise
+
+    def helper_pids(self):
+        return [self._tether.pid]
 
     def _apply_limits(self, parent):
         enforced, warnings = write_limits(self.path, self.spec, parent)
@@ -182,14 +203,10 @@ class CgroupEngine(CgroupLimits, Engine):
             self.group.read_watches()
 
     def _rmdir(self) -> bool:
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if exc.errno == errno.EBUSY:
-                return False
-            raise
+        """Remove the run group (``cgroup_target.remove_group``); False while
+        the kernel shows a process in it."""
+        if not remove_group(self.path):
+            return False
         self._removed = True
         self.group.close()  # a removed group's files would poll ready forever
         return True
@@ -198,6 +215,7 @@ class CgroupEngine(CgroupLimits, Engine):
         self.group.close()
         if not self._removed:
             self._rmdir()
+        self._tether.close()
         self.tracker.close()
         self._release_main()
         if self._child is not None and self._child.pidfd >= 0:
@@ -222,6 +240,19 @@ class CgroupEngine(CgroupLimits, Engine):
     @property
     def processes_stopped(self) -> int:
         return len(self._stopped)
+
+
+def checked_parent(path: str, mounts: cgroupfs.Mounts) -> str:
+    """``--cgroup-parent PATH`` made absolute, or SetupError: not a directory
+    of the cgroup v2 hierarchy that corral may write."""
+    parent = os.path.abspath(path)
+    if not os.path.isdir(parent):
+        raise SetupError(f"--cgroup-parent {parent}: no such directory")
+    if mounts.unified is None or not (parent + "/").startswith(mounts.unified.rstrip("/") + "/"):
+        raise SetupError(f"--cgroup-parent {parent}: not inside a cgroup v2 hierarchy")
+    if not os.access(os.path.join(parent, "cgroup.procs"), os.W_OK) or not os.access(parent, os.W_OK):
+        raise SetupError(f"--cgroup-parent {parent}: not delegated to us (cannot write)")
+    return parent
 
 
 def write_limits(path: str, spec, parent: str) -> tuple[dict[str, str], list[str]]:

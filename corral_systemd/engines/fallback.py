@@ -20,53 +20,29 @@ a live thread.
 
 import os
 import signal
-import time
 
-from ..common.limits import CPU_TIME_INTERVAL, MEM
 from ..kernel import procfs
-from ..kernel.pidfd import signal_process
 from ..kernel.prctl import set_child_subreaper
-from .base import Engine, cpu_time_reached, fork_run_command, network_fact
+from .base import fork_run_command, network_fact
 from .fallback_tether import FallbackTether
+from .proctree import ProcessTreeEngine
 
-MEMORY_WATCH_INTERVAL = 0.025
 
-
-class FallbackEngine(Engine):
+class FallbackEngine(ProcessTreeEngine):
     mode = "fallback"
+    guarantee = "subreaper"
+    _tier_words = "fallback mode"
     marks_processes = True
-    #: Set by ``open_engine`` when auto mode chose this engine: why not systemd.
-    auto_fallback_reason: str | None = None
 
     def __init__(self, spec):
-        super().__init__()
-        self.spec = spec
+        super().__init__(spec)
         self._self_pid = os.getpid()
-        self._mem_limit = spec.mem
-        if spec.mem is not None:
-            self.limits_enforced["mem"] = "watch"
-        if spec.pids is not None:
-            self.limits_enforced["pids"] = "none"
-            self.warnings.append("--pids is not enforced in fallback mode (no cgroup)")
-        if spec.cpus is not None:
-            self.limits_enforced["cpus"] = "none"
-            self.warnings.append("--cpus is not enforced in fallback mode (no cgroup)")
-        self._cpu_time_limit = spec.cpu_time
-        if spec.cpu_time is not None:
-            self.limits_enforced["cpu_time"] = "watch"
-        self._next_cpu_check = 0.0
-        self._cpu = (0, 0)  # (user, system) ns, as last read
-        # What corral's reaped children used before the run: not the run's.
-        self._reaped_before = _reaped_cpu_nsec()
         set_child_subreaper()
         # If corral dies, the tether stops the run (fallback_tether.py): forked
         # now, before the foreign children are listed, so it is one of them.
         self._tether = FallbackTether(spec.run_id, spec.grace, spec.verify_timeout)
         # Children corral already had are not the run's: never signal them.
         self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
-        self._signalled: set[tuple[int, int]] = set()
-        self._peak_rss = 0
-        self._last_infos: list[procfs.ProcInfo] = []
         #: cgroup v1 freezer groups thawed to stop the run (the record's ``thawed``).
         self._thawed: list[str] = []
 
@@ -121,42 +97,6 @@ class FallbackEngine(Engine):
                 return False
         return info.pid in self._foreign
 
-    # -- limits --------------------------------------------------------
-    def watch_interval(self):
-        intervals = [MEMORY_WATCH_INTERVAL] if self._mem_limit is not None else []
-        if self._cpu_time_limit is not None:
-            intervals.append(CPU_TIME_INTERVAL)
-        return min(intervals) if intervals else None
-
-    def check_limits(self):
-        if self._mem_limit is not None:
-            total = sum(procfs.resident_bytes(p.pid) for p in self._members() if p.alive)
-            self._peak_rss = max(self._peak_rss, total)
-            if total > self._mem_limit:
-                return MEM.field
-        if self._cpu_time_limit is not None and time.monotonic() >= self._next_cpu_check:
-            self._next_cpu_check = time.monotonic() + CPU_TIME_INTERVAL
-            return cpu_time_reached(self._cpu_time_limit, self.cpu_time_nsec())
-        return None
-
-    def cpu_time_nsec(self) -> int:
-        """The run's CPU time: what corral has reaped of it (it is their
-        subreaper: getrusage(RUSAGE_CHILDREN) since the run began), plus each
-        process still in /proc, zombies included, with what it has reaped
-        itself (utime+cutime, stime+cstime). The rusage is read first: a
-        process reaped between the two reads is missed once, never counted
-        twice, so a reading errs low."""
-        (user_now, system_now), (user_before, system_before) = _reaped_cpu_nsec(), self._reaped_before
-        reaped_user, reaped_system = user_now - user_before, system_now - system_before
-        user = system = 0
-        for info in self._members():
-            ticks = procfs.cpu_ticks(info.pid)
-            if ticks is not None:
-                user, system = user + ticks[0], system + ticks[1]
-        tick = 1_000_000_000 // procfs.CLOCK_TICKS
-        self._cpu = max(self._cpu, (reaped_user + user * tick, reaped_system + system * tick), key=sum)
-        return sum(self._cpu)
-
     # -- stopping ------------------------------------------------------
     def signal_all(self, *sigs):
         # First the command's process group, in one kill(): the kernel makes
@@ -200,21 +140,8 @@ class FallbackEngine(Engine):
         others = [p for p in members if p.pgid != group]
         return len(in_group) + self._signal(others, sigs, {p.pid for p in members})
 
-    def _signal(self, members, sigs, pids) -> int:
-        def belongs(current):
-            return (current.ppid == self._self_pid and current.pid not in self._foreign) or current.ppid in pids
-
-        count = 0
-        for info in members:
-            if not info.alive:
-                continue
-            delivered = False
-            for sig in sigs:
-                delivered = signal_process(info, sig, belongs) or delivered
-            if delivered:
-                count += 1
-                self._signalled.add((info.pid, info.starttime))
-        return count
+    def _reaper_child(self, current) -> bool:
+        return current.ppid == self._self_pid and current.pid not in self._foreign
 
     def kill_all(self):
         self.signal_all(signal.SIGKILL)
@@ -239,15 +166,6 @@ class FallbackEngine(Engine):
                 except ChildProcessError:
                     pass
 
-    def remaining(self):
-        self.reap()
-        self._last_infos = self._members()
-        return [p.pid for p in self._last_infos]
-
-    def signal_new(self, *sigs):
-        fresh = [p for p in self._last_infos if (p.pid, p.starttime) not in self._signalled]
-        return self._signal(fresh, sigs, {p.pid for p in self._last_infos}) if fresh else 0
-
     def verify_empty(self):
         left = self.remaining()
         if not left and self._status is not None:
@@ -263,29 +181,7 @@ class FallbackEngine(Engine):
             self._child.pidfd = -1
 
     def describe(self):
-        info = {"processes_signalled": len(self._signalled), **network_fact(self.spec)}
+        info = {**self.tree_facts(), **network_fact(self.spec)}
         if self._thawed:
             info["thawed"] = list(self._thawed)
-        self.cpu_time_nsec()
-        info["cpu_usage_nsec"] = sum(self._cpu)
-        info["cpu_user_nsec"], info["cpu_system_nsec"] = self._cpu
-        info["accounting_source"] = "procfs"
-        if self.auto_fallback_reason:
-            info["auto_fallback_reason"] = self.auto_fallback_reason
-        if self._mem_limit is not None:
-            # No cgroup: the largest sum of the run's resident set sizes that
-            # the --mem watch sampled (a lower bound of memory.peak's figure).
-            info["memory_peak"] = self._peak_rss
         return info
-
-    @property
-    def processes_stopped(self) -> int:
-        return len(self._signalled)
-
-
-def _reaped_cpu_nsec() -> tuple[int, int]:
-    """(user, system) CPU time of this process's reaped children, in ns."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return round(usage.ru_utime * 1e9), round(usage.ru_stime * 1e9)

@@ -28,13 +28,17 @@ _DONE = b"d"
 
 
 class FallbackTether:
-    def __init__(self, run_id: str, grace: float, verify_timeout: float):
+    """``target``: what the tether stops when corral dies, made in the tether
+    (a ``common.stopping.StopTarget``; default: ``MarkedProcesses(run_id)``);
+    the cgroup engine's is its run group (``cgroup_target.CgroupTarget``)."""
+
+    def __init__(self, run_id: str, grace: float, verify_timeout: float, target=None):
         parent = os.getpid()
         done_r, done_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:  # pragma: no cover  (the tether; tested by killing corral)
             try:
-                _tether(parent, done_r, run_id, grace, verify_timeout)
+                _tether(parent, done_r, target or (lambda: MarkedProcesses(run_id)), grace, verify_timeout)
             finally:
                 os._exit(0)
         os.close(done_r)
@@ -57,7 +61,7 @@ class FallbackTether:
             pass
 
 
-def _tether(parent: int, done_r: int, run_id: str, grace: float, verify_timeout: float) -> None:  # pragma: no cover
+def _tether(parent: int, done_r: int, target, grace: float, verify_timeout: float) -> None:  # pragma: no cover
     signal.set_wakeup_fd(-1)
     os.setsid()
     for sig in _IGNORED:
@@ -80,7 +84,7 @@ def _tether(parent: int, done_r: int, run_id: str, grace: float, verify_timeout:
     # End of file without "done": corral is gone (however it died).
     from ..common.stopping import stop_and_verify
 
-    stop_and_verify(MarkedProcesses(run_id), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
+    stop_and_verify(target(), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
 
 
 def _sleep(seconds: float) -> bool:

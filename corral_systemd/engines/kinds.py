@@ -1,5 +1,6 @@
 """The engines by the name a record and a registry entry give them (``mode``),
-and what a run of each leaves for corralctl once its corral is gone.
+what a run of each leaves for corralctl once its corral is gone, and the
+guarantee tiers an engine gives (``GUARANTEES``: the record's ``guarantee``).
 
 Declared once, importing nothing, so that corralctl and the record read it
 without loading an engine (the systemd one loads dbus-fast). Each engine
@@ -7,6 +8,19 @@ class names its kind (``Engine.mode``); a test checks they agree.
 """
 
 from dataclasses import dataclass
+
+#: The guarantee tiers, strongest first: what holds the run's processes, and
+#: so what corral can promise. ``--guarantee auto`` takes the first one that
+#: can be had here (``engines.open_engine``: the ladder); each engine class
+#: names its own (``Engine.guarantee``; ``tests/test_engine_kinds.py`` checks).
+GUARANTEES = ("unit", "cgroup", "pidns", "subreaper")
+#: What each tier guarantees, in one line (for --help, the docs and messages).
+GUARANTEE_MEANINGS = {
+    "unit": "a systemd unit's cgroup: kernel limits; the manager stops the run if corral dies",
+    "cgroup": "a child group of a delegated cgroup v2 subtree: kernel limits where delegated, cgroup.kill",
+    "pidns": "a PID namespace whose init dies with corral: no process can leave it or outlive it",
+    "subreaper": "corral as child subreaper: processes found in /proc and stopped through pidfds; limits watched",
+}
 
 
 @dataclass(frozen=True)
@@ -17,7 +31,10 @@ class EngineKind:
     #: "unit": its systemd unit, through the manager (checked to be corral's);
     #: "cgroup": the control group its entry names (checked to be corral's);
     #: "sessions": the sessions its log names, marked processes only (while its
-    #: corral lives: the owner's descendants).
+    #: corral lives: the owner's descendants);
+    #: "namespace": its PID namespace, whose init dies with corral, and the
+    #: kernel kills every process in it: nothing once corral is gone (while
+    #: its corral lives: the owner's descendants, the namespace's processes).
     leftovers: str
     #: What corralctl says about a reclaim of such a run ("" for nothing).
     reclaim_note: str = ""
@@ -33,6 +50,12 @@ KINDS = {
             "sessions",
             "fallback: only processes still in the command's session, or in the session of a "
             "detached process the log recorded, can be found once corral is gone",
+        ),
+        EngineKind(
+            "pidns",
+            "namespace",
+            "pidns: the run's PID namespace ended with its corral (its init dies with corral, and the kernel "
+            "kills every process in it): nothing of it can be left",
         ),
     )
 }

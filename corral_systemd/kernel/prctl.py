@@ -18,3 +18,12 @@ def _prctl(option: int, arg: int) -> None:
 def set_child_subreaper(enable: bool = True) -> None:
     """Orphans below this process re-parent to it instead of to init."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1 if enable else 0)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """``sig`` is sent to this process when the *thread* that forked it exits
+    (not its process: a parent thread that ends fires it too)."""
+    _prctl(PR_SET_PDEATHSIG, sig)

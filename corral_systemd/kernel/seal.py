@@ -40,18 +40,10 @@ systemd's ``PrivateUsers=``, ``BindReadOnlyPaths=``,
 import os
 import stat
 
+from . import namespaces as ns
 from . import netns
 from .handoff import Mask
-
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWNET = 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_BIND = 4096
-_MS_REC = 16384
-_MS_SLAVE = 1 << 19
-_MNT_DETACH = 2
-_PR_SET_DUMPABLE = 4
+from .namespaces import errno_error, libc, map_self, mount, set_dumpable
 
 #: The record's ``network`` for --network none made this way.
 HOW = "userns+netns"
@@ -69,34 +61,34 @@ class Seal:
         self.host_user = os.readlink("/proc/self/ns/user")
         self.host_mnt = os.readlink("/proc/self/ns/mnt")
         self.uid, self.gid = os.geteuid(), os.getegid()
-        self._libc = _libc()
+        self._libc = libc()
 
     # -- in the child ----------------------------------------------------
     def apply(self) -> None:
         """Seal this process (see the module's docstring). Raises OSError
         (the kernel refused) or RuntimeError (it is not sealed)."""
-        net = _CLONE_NEWNET if self.network else 0
+        net = ns.CLONE_NEWNET if self.network else 0
         # Our own /proc/self files (uid_map, ...) are ours to write only while
         # we are dumpable; a parent that is not (the Python client) passed that on.
-        self._libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+        set_dumpable(self._libc)
         if self.uid == 0:
-            self._unshare(_CLONE_NEWNS | net)
+            self._unshare(ns.CLONE_NEWNS | net)
         else:
-            self._unshare(_CLONE_NEWUSER | _CLONE_NEWNS | net)
+            self._unshare(ns.CLONE_NEWUSER | ns.CLONE_NEWNS | net)
             self._map_self()
         if self.network:
             netns.loopback_up()
-        self._mount(None, "/", None, _MS_REC | _MS_SLAVE)
+        self._mount(None, "/", None, ns.MS_REC | ns.MS_SLAVE)
         for mask in self.masks:
             if mask.how == "socket":
-                self._mount("/dev/null", mask.path, None, _MS_BIND)
+                self._mount("/dev/null", mask.path, None, ns.MS_BIND)
             elif mask.how == "spool":
-                flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+                flags = ns.MS_RDONLY | ns.MS_NOSUID | ns.MS_NODEV | ns.MS_NOEXEC
                 self._mount("tmpfs", mask.path, "tmpfs", flags, "mode=0555,size=4k")
             else:
                 options = f"mode=0700,uid={self.uid},gid={self.gid}"
-                self._mount("tmpfs", mask.path, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
-        self._unshare(_CLONE_NEWUSER)
+                self._mount("tmpfs", mask.path, "tmpfs", ns.MS_NOSUID | ns.MS_NODEV, options)
+        self._unshare(ns.CLONE_NEWUSER)
         self._map_self()
         if (why := self.why_not_sealed()) is not None:
             raise RuntimeError(why)
@@ -113,7 +105,7 @@ class Seal:
         for mask in self.masks:
             if (why := _visible(mask)) is not None:
                 return why
-        if self.masks and self._libc.umount2(os.fsencode(self.masks[0].path), _MNT_DETACH) == 0:
+        if self.masks and self._libc.umount2(os.fsencode(self.masks[0].path), ns.MNT_DETACH) == 0:
             return f"it could unmount what hides {self.masks[0].path}"
         try:
             os.close(os.open(f"/proc/{os.getppid()}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
@@ -126,22 +118,14 @@ class Seal:
 
     def _unshare(self, flags: int) -> None:
         if self._libc.unshare(flags) != 0:
-            raise _errno("unshare")
+            raise errno_error("unshare")
 
     def _mount(self, source, target, fstype, flags: int, data: str | None = None) -> None:
-        args = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
-        if self._libc.mount(args[0], args[1], args[2], flags, args[3]) != 0:
-            raise _errno(f"mount {target}")
+        mount(self._libc, source, target, fstype, flags, data)
 
     def _map_self(self) -> None:
         """This user namespace maps only our own uid and gid (setgroups denied)."""
-        for name, text in (
-            ("setgroups", "deny"),
-            ("uid_map", f"{self.uid} {self.uid} 1"),
-            ("gid_map", f"{self.gid} {self.gid} 1"),
-        ):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
+        map_self(self.uid, self.gid)
 
 
 def _visible(mask: Mask) -> str | None:
@@ -159,24 +143,6 @@ def _visible(mask: Mask) -> str | None:
             return None  # unreadable: nothing in it can be reached either
         return f"{mask.path} cannot be checked ({exc.strerror or exc})"
     return None
-
-
-def _errno(what: str) -> OSError:
-    import ctypes
-
-    err = ctypes.get_errno()
-    return OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _libc():
-    """libc's unshare, mount, umount2 and prctl, loaded in corral before the fork
-    (``os.unshare`` is Python 3.12's; the child only calls them)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    for name in ("unshare", "mount", "umount2", "prctl"):
-        getattr(libc, name)
-    return libc
 
 
 #: ``why_not_sealed`` inside a unit, as ExecStartPre=: $1 is corral's network

@@ -48,3 +48,35 @@ def wait_status(info) -> int:
     if info.si_code == os.CLD_EXITED:
         return (info.si_status & 0xFF) << 8
     return (info.si_status & 0x7F) | (0x80 if info.si_code == os.CLD_DUMPED else 0)
+
+
+def reap_adopted(known) -> list[int]:
+    """Reap this process's exited children that are not in ``known``; return them.
+
+    For a pid namespace's init (corral as a container's pid 1): every orphan
+    of the namespace becomes its child, and one nobody reaps stays a zombie.
+    ``known`` are the children whose status their owner will read (the run's
+    own, corral's helpers): never reaped here, so no status is stolen. Only
+    for a process that knows all its children (never a library's host)."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            children = [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+    reaped = []
+    for pid in children:
+        if pid in known:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in (b"Z", b"X"):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    reaped.append(pid)
+            except ChildProcessError:
+                pass
+    return reaped

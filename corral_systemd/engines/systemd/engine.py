@@ -58,6 +58,7 @@ from .unit_state import UnitState
 
 class SystemdEngine(CgroupLimits, Engine):
     mode = "systemd"
+    guarantee = "unit"
     #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
     kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
 

@@ -1,0 +1,344 @@
+"""The PID namespace tier: the run in a pid namespace whose init is corral's child.
+
+Guarantees:
+- no process of the run can leave the namespace, however it detaches
+  (setsid, double fork, a setuid program): every one is a descendant of the
+  namespace's init (``pidns_init``), its pid 1, which reaps every orphan;
+- when the init dies the kernel SIGKILLs every process of the namespace,
+  atomically (no fork outruns it), and reaps them all before the init's own
+  exit is reported; the init dies with corral (``PR_SET_PDEATHSIG``), so a
+  SIGKILLed corral leaves nothing of the run behind, at once;
+- the stop: TERM and CONT to each process of the namespace (found in
+  corral's /proc as the init's descendants, each signalled through a pidfd
+  re-checked against the scan: ``proctree``), the grace period, then
+  SIGKILL to the init (the whole namespace);
+- the proof: corral reaped the init. That covers every process that was
+  ever in the namespace, the ones corral never saw included.
+
+Limits as in the fallback (``proctree``): --mem and --cpu-time watched,
+--pids and --cpus not enforced.
+
+What differs from the other tiers, for the command (said in the record's
+``engine.pid_namespace``): its pids are the namespace's (it is not pid 1:
+the init is; ``$$`` is small) and it sees only the run's processes in
+/proc; not root, it runs in a user namespace of its own (its uid and gid
+mapped to themselves): a set-user-ID program does not gain its owner's
+rights there, and groups it has but that are not mapped read as
+``nobody``'s (65534).
+
+``PidnsEngine(spec)`` raises SetupError (one line: why) when no pid
+namespace can be had: not root and unprivileged user namespaces forbidden
+(sysctl, AppArmor, a seccomp filter: EPERM), a namespace limit (ENOSPC),
+or no /proc of its own can be mounted in it (a container's masked /proc);
+and in a process with other threads (a library's host: the library runs a
+manager-less run in a child process of its own, ``core.fallback_child``).
+"""
+
+import errno
+import os
+import select
+import signal
+
+from ..common.errors import SetupError
+from ..kernel import procfs
+from .base import network_fact, refuse_unmaskable
+from .proctree import ProcessTreeEngine
+
+
+class PidnsEngine(ProcessTreeEngine):
+    mode = "pidns"
+    guarantee = "pidns"
+    #: Nothing of the run outlives corral (``kinds``: "namespace"): no mark needed.
+    marks_processes = False
+    _tier_words = "the pid namespace tier"
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        from ..kernel import namespaces as ns
+
+        if len(os.listdir("/proc/self/task")) > 1:
+            # The init is a clone of this process: other threads' locks would be
+            # held for good in it, and its PR_SET_PDEATHSIG would follow this thread.
+            raise SetupError("this process runs other threads (a library's host): the init is only cloned from one")
+        self._uid, self._gid = os.geteuid(), os.getegid()
+        # Root makes the namespaces as itself; root without the capability over
+        # its pid namespace (uid 0 of a user namespace) and any other user in a
+        # user namespace of their own first, which owns them.
+        self._userns = self._uid != 0
+        lib = ns.libc()
+        import socket
+
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        me = os.pidfd_open(os.getpid())
+        try:
+            try:
+                pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | (ns.CLONE_NEWUSER if self._userns else 0))
+            except PermissionError:
+                if self._userns:
+                    raise
+                self._userns = True
+                pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | ns.CLONE_NEWUSER)
+        except OSError as exc:
+            for fd in (status_r, status_w, me):
+                os.close(fd)
+            mine.close()
+            theirs.close()
+            raise SetupError(_refused(exc, self._userns)) from None
+        if pid == 0:  # pragma: no cover  (the init; tested through the runs it serves)
+            from . import pidns_init
+
+            mine.close()
+            os.close(status_r)
+            pidns_init.run(
+                spec,
+                status=status_w,
+                control=theirs.detach(),
+                corral_pidfd=me,
+                uid=self._uid,
+                gid=self._gid,
+                userns=self._userns,
+                lib=lib,
+            )
+        os.close(status_w)
+        os.close(me)
+        theirs.close()
+        self._init, self._init_fd = pid, pidfd
+        self._init_reaped = False
+        self._init_killed = False
+        self._status_r = status_r
+        self._control = mine
+        self._buffer = b""
+        self._eof = False
+        self._main: int | None = None
+        self._helpers: set[int] = set()
+        self._pid_one = os.getpid() == 1
+        self._main_ns: int | None = None
+        self._namespace = _ns_link(pid)
+        said = self._next_line()
+        if said != "ready":
+            self._reap_init(block=True)
+            why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended before it was ready"
+            self._close_channels()
+            raise SetupError(why)
+
+    # -- the init's channel ---------------------------------------------
+    def _next_line(self, block: bool = True) -> str | None:
+        """The init's next line (None: none yet, or it is gone: ``_eof``)."""
+        while b"\n" not in self._buffer:
+            if self._eof:
+                return None
+            if not block and not select.select([self._status_r], [], [], 0)[0]:
+                return None
+            chunk = os.read(self._status_r, 4096)
+            if not chunk:
+                self._eof = True
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def _close_channels(self) -> None:
+        if self._status_r >= 0:
+            os.close(self._status_r)
+            self._status_r = -1
+        self._control.close()
+
+    # -- start ---------------------------------------------------------
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
+        import json
+        import socket
+
+        from ..kernel.spawn import ExecError
+
+        refuse_unmaskable(self.spec, survey)
+        masks = [[m.path, m.how] for m in survey.masks] if survey is not None and self.spec.sealed else []
+        payload = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "masks": masks}).encode()
+        try:
+            socket.send_fds(self._control, [b"s"], [stdin, stdout, stderr])
+            self._control.sendall(len(payload).to_bytes(8, "big") + payload)
+        except OSError:
+            pass  # the init is gone: its last line (or none) says why
+        said = self._next_line()
+        if said is None or not said.startswith("run "):
+            self._reap_init(block=True)
+            if said is not None and said.startswith("exec "):
+                raise ExecError(int(said[5:]), argv[0])
+            why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended first"
+            raise SetupError(f"pid namespace: {why}; the command never ran")
+        self._main_ns = int(said[4:])
+        self._main = self._host_pid(self._main_ns)  # the init reaps nothing until told
+        try:
+            self._control.send(b"k")
+        except OSError:
+            pass
+        if self._main is not None:
+            self.seen.add(self._main)
+
+    def _host_pid(self, ns_pid: int) -> int | None:
+        """The main process's pid as corral's /proc numbers it: the init's child
+        whose innermost pid (``NSpid``) is ``ns_pid``."""
+        try:
+            with open(f"/proc/{self._init}/task/{self._init}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except OSError:
+            children = [p.pid for p in procfs.scan().values() if p.ppid == self._init]
+        for pid in children:
+            if _innermost_pid(pid) == ns_pid:
+                return pid
+        return None
+
+    @property
+    def main_pid(self) -> int | None:
+        return self._main
+
+    # -- events --------------------------------------------------------
+    def wait_fds(self) -> list[int]:
+        return [self._status_r] if self._status is None and not self._eof and self._status_r >= 0 else []
+
+    def poll_events(self) -> None:
+        self.reap()
+
+    def main_status(self) -> int | None:
+        return self._status
+
+    def ignore_child(self, pid):
+        self._helpers.add(pid)
+
+    def reap(self) -> None:
+        if self._pid_one:
+            # A container's pid 1: orphans outside the run (a `podman exec`'s)
+            # are corral's children now; their statuses are nobody's.
+            from ..kernel.wait import reap_adopted
+
+            reap_adopted({self._init, *self._helpers})
+        while self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
+            if said.startswith("exit "):
+                self._status = int(said[5:])
+        if self._eof and self._status is None and self._main is not None:
+            # The init ended before the command's main process did: the kernel
+            # SIGKILLed it with the namespace.
+            self._status = int(signal.SIGKILL)
+            if not self._init_killed:
+                self.warnings.append("the pid namespace's init ended before the command did (killed from outside?)")
+
+    # -- membership ----------------------------------------------------
+    def _members(self) -> list[procfs.ProcInfo]:
+        if self._init_reaped:
+            return []
+        members = [p for p in procfs.descendants(procfs.scan(), self._init) if p.alive]
+        self.seen.update(p.pid for p in members)
+        return members
+
+    def _reaper_child(self, current) -> bool:
+        return current.ppid == self._init and not self._init_reaped
+
+    def _reaper_cpu_ticks(self) -> tuple[int, int]:
+        if self._init_reaped:
+            return (0, 0)  # its figures are corral's reaped children's now
+        return procfs.cpu_ticks(self._init) or (0, 0)
+
+    # -- stopping ------------------------------------------------------
+    def signal_all(self, *sigs):
+        members = self._members()
+        return self._signal(members, sigs, {p.pid for p in members})
+
+    def kill_all(self):
+        """SIGKILL the init: the kernel kills every process of the namespace at once."""
+        self._signalled.update((p.pid, p.starttime) for p in self._last_infos if p.alive)
+        self._kill_init()
+
+    def _kill_init(self) -> None:
+        if self._init_reaped or self._init_killed:
+            return
+        try:
+            signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._init_killed = True
+
+    def kill_without_descriptors(self) -> bool:
+        if self._init_reaped:
+            return False
+        os.kill(self._init, signal.SIGKILL)  # our unreaped child: the pid is still the init's
+        self._init_killed = True
+        return True
+
+    def _reap_init(self, block: bool = False) -> bool:
+        """Reap the init if it has exited (``block``: wait for it); True once reaped."""
+        if not self._init_reaped:
+            try:
+                pid, _ = os.waitpid(self._init, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pid = self._init
+            if pid:
+                self._init_reaped = True
+                os.close(self._init_fd)
+                self._init_fd = -1
+        return self._init_reaped
+
+    def verify_empty(self):
+        """[] once corral has reaped the init: the kernel reports an init's exit
+        only after every other process of its namespace has exited and been
+        reaped. Until then the init is SIGKILLed (the stop is over)."""
+        left = self.remaining()
+        self._kill_init()
+        if self._reap_init():
+            self.reap()  # the init's last lines (the main process's status)
+            return []
+        return left or [self._init]
+
+    def helper_pids(self) -> list[int]:
+        return [self._init]
+
+    def close(self):
+        if not self._init_reaped:
+            self._kill_init()
+            self._reap_init(block=True)
+        self._close_channels()
+
+    def describe(self):
+        info = {**self.tree_facts(), **network_fact(self.spec)}
+        info["pid_namespace"] = {
+            "namespace": self._namespace,
+            "init_pid": self._init,
+            "main_pid_inside": self._main_ns,
+            "user_namespace": "own, uid and gid mapped to themselves" if self._userns else "corral's",
+            "proof": "the namespace's init reaped by corral: the kernel ends and reaps every process of the "
+            "namespace first, those corral never saw included",
+        }
+        return info
+
+
+def _refused(exc: OSError, userns: bool) -> str:
+    """Why the kernel refused the namespaces, in one clause."""
+    if exc.errno == errno.EPERM:
+        who = "not root" if os.geteuid() != 0 else "root without CAP_SYS_ADMIN over its pid namespace"
+        return (
+            f"{who}, and user namespaces are forbidden here "
+            "(kernel.unprivileged_userns_clone, AppArmor or a seccomp filter: EPERM)"
+        )
+    if exc.errno == errno.ENOSPC:
+        return "a namespace limit is reached (user.max_user_namespaces, user.max_pid_namespaces: ENOSPC)"
+    if exc.errno in (errno.EINVAL, errno.ENOSYS):
+        return f"this kernel cannot make one ({exc.strerror})"
+    return exc.strerror or str(exc)
+
+
+def _ns_link(pid: int) -> str | None:
+    """``pid``'s pid namespace, as the kernel names it."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _innermost_pid(pid: int) -> int | None:
+    """``pid``'s number in its own pid namespace (the last of /proc/PID/status's NSpid)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None

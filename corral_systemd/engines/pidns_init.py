@@ -1,0 +1,152 @@
+"""The init of a run's PID namespace: corral's child, pid 1 of the namespace.
+
+It runs in the process ``PidnsEngine`` cloned (``kernel.namespaces.clone_into``),
+never returns, and speaks to corral over two channels: lines on ``status``
+(init to corral) and one start message on ``control`` (corral to init: the
+command, its environment and directory, the masks of a sealed run, and its
+three stdio descriptors).
+
+In order:
+
+1. ``PR_SET_PDEATHSIG`` SIGKILL, then a look at corral's pidfd: had corral
+   died before the prctl, the signal would never come, so it exits. From
+   then on corral's death (SIGKILL included) kills it, and the kernel kills
+   every process of the namespace with it. The signal is tied to the
+   *thread* that cloned it: the engine is opened and closed in the thread
+   that runs the supervisor;
+2. a session of its own (a terminal's signals are corral's), every stop
+   signal ignored (the command starts with them at their defaults,
+   ``kernel.signals.CHILD_DEFAULTS``); a pid 1 gets no signal from inside its
+   namespace that it does not handle anyway;
+3. not root: its user namespace maps the caller's uid and gid to themselves
+   (``setgroups`` denied), so the command runs as the caller;
+4. a mount namespace whose mounts do not propagate out, and a /proc of the
+   namespace's own over the old one (the command, and a corral inside it,
+   read pids as their namespace numbers them); then ``ready``, or ``setup
+   WHY`` and exit;
+5. on the start message: the command forked as the fallback forks it
+   (``kernel.spawn.fork_command``: its own session, the seal of a sealed
+   run, a terminal, the umask); ``run PID`` (its pid here), ``exec ERRNO``
+   or ``setup WHY``; after ``run`` it reaps nothing until corral's byte
+   says corral has found the main process in its own /proc;
+6. it reaps every process that ends in the namespace (orphans re-parent to
+   it), says ``exit STATUS`` when the command's main process ends, and exits
+   once it has no child left: then the namespace is empty.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+
+
+def run(spec, *, status: int, control: int, corral_pidfd: int, uid: int, gid: int, userns: bool, lib) -> None:
+    """Be the namespace's init (see the module's docstring); exits, never returns."""
+    try:
+        _run(spec, status, control, corral_pidfd, uid, gid, userns, lib)
+    except BaseException as exc:  # noqa: BLE001 -- whatever failed is said to corral, never raised into its code
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        _say(status, f"setup {why}")
+    os._exit(125)
+
+
+def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
+    from ..kernel.namespaces import map_self, mount_own_proc, set_dumpable
+    from ..kernel.prctl import set_parent_death_signal
+    from ..kernel.signals import stop_signals
+
+    set_parent_death_signal(signal.SIGKILL)
+    poller = select.poll()
+    poller.register(corral_pidfd, select.POLLIN)
+    if poller.poll(0):
+        os._exit(0)  # corral died before the prctl: nobody is left to serve
+    os.close(corral_pidfd)
+    signal.set_wakeup_fd(-1)
+    for sig in stop_signals():
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGCHLD, signal.SIGWINCH):
+        signal.signal(sig, signal.SIG_DFL)
+    os.setsid()
+    if userns:
+        set_dumpable(lib)
+        map_self(uid, gid)
+    try:
+        mount_own_proc(lib)
+    except OSError as exc:
+        raise OSError(exc.errno, f"no /proc of its own can be mounted ({exc.strerror or exc})") from None
+    _say(status, "ready")
+    main = _start(spec, status, control)
+    if main is None:
+        os._exit(0)
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)  # no child left: every process of the namespace is gone
+        if pid == main:
+            _say(status, f"exit {wait_status}")
+
+
+def _start(spec, status, control) -> int | None:
+    """The command, forked from the start message; its pid, or None (corral sent none)."""
+    from ..kernel.spawn import ExecError, fork_command
+
+    sock = socket.socket(fileno=control)
+    head, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
+    if not head:
+        return None
+    size = int.from_bytes(_exactly(sock, 8), "big")
+    data = _exactly(sock, size)
+    message = json.loads(data)
+    seal = None
+    if spec.sealed:
+        from ..kernel.handoff import Mask
+        from ..kernel.seal import Seal
+
+        seal = Seal([Mask(path, how) for path, how in message["masks"]], network=spec.network == "none")
+    child = fork_command(
+        message["argv"],
+        stdin=fds[0],
+        stdout=fds[1],
+        stderr=fds[2],
+        env=message["env"],
+        cwd=message["cwd"],
+        gated=False,
+        seal=seal,
+        controlling_tty=spec.pty,
+        umask=spec.umask,
+    )
+    for fd in set(fds):
+        os.close(fd)
+    try:
+        child.release()
+    except ExecError as exc:
+        _say(status, f"exec {exc.errno}")
+        os._exit(0)
+    except Exception as exc:  # noqa: BLE001 -- a failed seal (SetupError): said, the command never ran
+        _say(status, f"setup {exc}")
+        os._exit(0)
+    _say(status, f"run {child.pid}")
+    os.close(child.pidfd)
+    # Not reaped before corral has found it in its own /proc (its pid there):
+    # corral says so with a byte (or is gone: end of file).
+    sock.recv(1)
+    sock.close()
+    return child.pid
+
+
+def _exactly(sock, size: int) -> bytes:
+    """``size`` bytes from ``sock`` (fewer: corral is gone)."""
+    data = bytearray()
+    while len(data) < size and (chunk := sock.recv(min(1 << 16, size - len(data)))):
+        data += chunk
+    return bytes(data)
+
+
+def _say(fd: int, line: str) -> None:
+    """One line to corral; corral gone (EPIPE) is nobody to tell."""
+    try:
+        os.write(fd, line.replace("\n", " ").encode() + b"\n")
+    except OSError:
+        pass

@@ -1,0 +1,132 @@
+"""Namespace plumbing shared by a sealed run (``kernel.seal``) and the PID
+namespace tier (``engines.pidns``): a child cloned straight into new
+namespaces, a user namespace that maps its own uid and gid to themselves, a
+mount made through libc, a fresh /proc.
+
+``clone_into`` is ``os.fork`` with namespace flags: the child is this
+process's own child (waitable, with a pidfd from ``clone3``), and the pid
+namespace among ``flags`` is the child's own (it is its pid 1), not only its
+children's as ``unshare`` would make it. Python's fork bookkeeping runs on
+both sides (``PyOS_BeforeFork`` / ``AfterFork_*``), and the syscall is made
+holding the GIL (``PyDLL``), so the child starts in the state ``os.fork``
+leaves it in; like ``os.fork``, only from a process whose other threads hold
+no lock the child will need.
+
+Failure modes: ``clone_into`` raises OSError with the kernel's errno: EPERM
+(no privilege, unprivileged user namespaces forbidden by sysctl, AppArmor or
+a seccomp filter), ENOSPC (a namespace count limit, ``user.max_user_namespaces``),
+EINVAL (a kernel without the namespace).
+"""
+
+import ctypes
+import os
+import signal
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+_CLONE_PIDFD = 0x1000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND = 4096
+MS_REC = 16384
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
+PR_SET_DUMPABLE = 4
+
+_SYS_CLONE3 = 435  # the same number on every architecture
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120, "riscv64": 220}
+
+
+def libc():
+    """libc's unshare, mount, umount2 and prctl, errno kept (``os.unshare``
+    is Python 3.12's); load it before a fork, call it in the child."""
+    lib = ctypes.CDLL(None, use_errno=True)
+    for name in ("unshare", "mount", "umount2", "prctl"):
+        getattr(lib, name)
+    return lib
+
+
+def errno_error(what: str) -> OSError:
+    """The last libc call's errno as an OSError naming ``what``."""
+    err = ctypes.get_errno()
+    return OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(lib, source, target, fstype, flags: int, data: str | None = None) -> None:
+    """mount(2) through ``lib`` (``libc()``); OSError naming ``target`` if refused."""
+    args = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
+    if lib.mount(args[0], args[1], args[2], flags, args[3]) != 0:
+        raise errno_error(f"mount {target}")
+
+
+def map_self(uid: int, gid: int) -> None:
+    """This process's user namespace (new, unmapped) maps only ``uid`` and
+    ``gid`` to themselves, ``setgroups`` denied. The process must be
+    dumpable (its /proc/self files are its own only then)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def mount_own_proc(lib) -> None:
+    """In a mount namespace of this process's own whose pid namespace it
+    leads: nothing mounted here propagates out (every mount a slave), and a
+    /proc for its pid namespace over the old one. OSError if refused (a
+    container's /proc with masked paths is not "fully visible": a user
+    namespace may not mount another) or if /proc still does not show this
+    process as pid 1."""
+    mount(lib, None, "/", None, MS_REC | MS_SLAVE)
+    mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if os.readlink("/proc/self") != str(os.getpid()):
+        raise OSError(0, "the new /proc does not number this namespace's processes")
+
+
+class _CloneArgs(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "flags",
+            "pidfd",
+            "child_tid",
+            "parent_tid",
+            "exit_signal",
+            "stack",
+            "stack_size",
+            "tls",
+            "set_tid",
+            "set_tid_size",
+            "cgroup",
+        )
+    ]
+
+
+def clone_into(flags: int) -> tuple[int, int]:
+    """Fork into new namespaces (``CLONE_NEW*`` ``flags``): (pid, pidfd) in
+    the parent, (0, -1) in the child. See the module's docstring."""
+    pidfd = ctypes.c_int(-1)
+    args = _CloneArgs(flags=flags | _CLONE_PIDFD, pidfd=ctypes.addressof(pidfd), exit_signal=signal.SIGCHLD)
+    lib = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held across the call
+    lib.syscall.restype = ctypes.c_long
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = lib.syscall(_SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
+    err = ctypes.get_errno() if pid < 0 else 0
+    if pid < 0 and err == 38 and (number := _SYS_CLONE.get(os.uname().machine)) is not None:
+        # ENOSYS: clone3 filtered (Docker's seccomp profile does), the old clone is allowed.
+        pid = lib.syscall(number, ctypes.c_ulong(flags | signal.SIGCHLD), None, None, None, None)
+        err = ctypes.get_errno() if pid < 0 else 0
+        pidfd.value = -2
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0, -1
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, os.strerror(err))
+    return pid, pidfd.value if pidfd.value >= 0 else os.pidfd_open(pid)
+
+
+def set_dumpable(lib) -> None:
+    """This process's /proc/self files are its own to write (a parent that
+    was not dumpable passed that on)."""
+    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)

@@ -1,0 +1,321 @@
+"""Issue 28, part B: the pid namespace tier, and corral as a container's pid 1.
+
+The fault matrix and the other mode-parametrized tests run the tier as mode
+``pidns`` (``modes.all_modes``); here is what only it promises:
+
+- corral SIGKILLed: the namespace's init dies with it (``PR_SET_PDEATHSIG``)
+  and the kernel kills every process of the namespace -- one that dropped
+  the run's mark from its environment (beyond the fallback's tether) too;
+  shown by the init's pidfd (readable once it has exited, which the kernel
+  reports only after every process of its namespace is gone) and by no
+  marked process left;
+- as a user who is not root: the command keeps the caller's uid and gid,
+  the run is stopped and proven;
+- forced where no pid namespace can be had: 125 and one line, the command
+  never ran (a user namespace limit of 0, set in a user namespace of the
+  test's own: ``userns_limited.py``; a /proc with a locked mask on it, as a
+  container's);
+- corral as pid 1 (``unshare -fp --mount-proc corral``, what ``podman run
+  IMAGE corral`` makes): a signal sent to it stops the run (128+N), from
+  outside the namespace or inside it; the exit code reaches the runtime;
+  an orphan it adopts from outside the run is reaped, and the run's own
+  exit status is still the run's.
+"""
+
+import json
+import os
+import select
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CORRAL, TIME_SCALE
+from modes import PIDNS_FLAGS, pidns_unavailable
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+pytestmark = pytest.mark.pidns
+HERE = Path(__file__).resolve().parent
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(autouse=True)
+def _pidns_here():
+    if (why := pidns_unavailable()) is not None:
+        pytest.skip(f"no pid namespace here: {why}")
+
+
+def _env(marker: str, **extra) -> dict:
+    return {**os.environ, MARKER_ENV: marker, "CORRAL_SERVICE": "0", **extra}
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _ppid(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _wait_for(condition, what: str, seconds: float = 30):
+    """Poll ``condition()`` until it holds (its value) or fail naming ``what`` (a bound, not a timing)."""
+    end = time.monotonic() + seconds * TIME_SCALE
+    while time.monotonic() < end:
+        if value := condition():
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"never happened: {what}")
+
+
+def _exited(pidfd: int, seconds: float) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(seconds * 1000 * TIME_SCALE))
+
+
+def _user_home(uid: int) -> str:
+    top = tempfile.mkdtemp(prefix="corral-test-pidns-", dir="/tmp")
+    os.chmod(top, 0o777)
+    os.chown(top, uid, uid)
+    return top
+
+
+def _as_user(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
+USERS = ["root", pytest.param("user", marks=pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="root"))]
+
+
+# -- corral SIGKILLed ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("who", USERS)
+def test_a_sigkilled_corral_leaves_nothing_of_its_run(who):
+    """TERM-ignoring processes, one without the run's mark, and corral
+    SIGKILLed: the init is gone (its pidfd readable: the kernel reported its
+    exit, which it does only once the namespace is empty) and nothing carrying
+    the test's marker is left."""
+    if who == "user" and not ROOT:
+        pytest.skip("needs root to act as another user")
+    marker = new_marker()
+    uid = 55000 + os.getpid() % 1000
+    prefix, cwd = ([], None) if who == "root" else (_as_user(uid), _user_home(uid))
+    script = "trap '' TERM; env -u CORRAL_RUN_ID setsid sh -c \"trap '' TERM; exec sleep 600\" & sleep 600"
+    argv = [*prefix, *CORRAL, "--no-registry", *PIDNS_FLAGS, "--grace", "30s", "--", "sh", "-c", script]
+    proc = subprocess.Popen(argv, env=_env(marker), cwd=cwd, stderr=subprocess.DEVNULL)
+    try:
+        # corral, its init, sh, the detached sleep, the main sleep
+        _wait_for(lambda: len(marked_pids(marker)) >= 5, "the run's processes started")
+        init = _wait_for(lambda: [p for p in marked_pids(marker) if _ppid(p) == proc.pid], "the init")[0]
+        pidfd = os.pidfd_open(init)
+        proc.kill()
+        proc.wait()
+        try:
+            assert _exited(pidfd, 30), "the namespace's init outlived its corral"
+        finally:
+            os.close(pidfd)
+        assert marked_pids(marker) == [], "processes of the run outlived their corral"
+    finally:
+        kill_marked(marker)
+        if cwd:
+            shutil.rmtree(cwd, ignore_errors=True)
+
+
+# -- another user -------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="needs root and setpriv to act as another user")
+def test_as_another_user_the_command_keeps_its_ids_and_the_run_is_stopped_and_proven():
+    uid = 55000 + os.getpid() % 1000
+    home = _user_home(uid)
+    marker = new_marker()
+    record = os.path.join(home, "r.json")
+    script = "id -u; id -g; setsid sleep 600 & trap '' TERM; sleep 600"
+    try:
+        proc = subprocess.run(
+            [*_as_user(uid), *CORRAL, "--no-registry", *PIDNS_FLAGS, "--json", record, "--wall", "1s"]
+            + ["--grace", "0.5s", "--", "sh", "-c", script],
+            env=_env(marker, HOME=home),
+            cwd=home,
+            capture_output=True,
+            timeout=60,
+        )
+        survivors = marked_pids(marker)
+        assert proc.returncode == 124, proc.stderr
+        assert proc.stdout.split() == [str(uid).encode()] * 2
+        assert survivors == []
+        with open(record) as f:
+            data = json.load(f)
+        assert data["mode"] == "pidns" and data["verified"] is True
+        facts = data["engine"]["pid_namespace"]
+        assert facts["user_namespace"].startswith("own") and "init reaped" in facts["proof"]
+        assert data["processes_stopped"] >= 2
+    finally:
+        kill_marked(marker)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# -- not to be had -----------------------------------------------------------------------------
+
+
+def _forbidden(how: str, witness: str) -> list[str]:
+    corral = [*CORRAL, "--no-registry", *PIDNS_FLAGS, "--", "touch", witness]
+    if how == "userns-limit":
+        # The system's python, with the checkout on PYTHONPATH: this test's interpreter may live
+        # below a directory only root may search (a user namespace's uid may not).
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+        corral = ["env", f"PYTHONPATH={HERE.parent}", python, *corral[1:]]
+        return [sys.executable, str(HERE / "userns_limited.py"), str(55000 + os.getpid() % 1000), "--", *corral]
+    # A /proc with a mask its user namespace may not remove (a locked mount), as a container's:
+    # no /proc of the namespace's own may be mounted there.
+    inner = " ".join(["exec", "unshare", "--user", "--map-root-user", "--mount", *map(_quote, corral)])
+    return ["unshare", "--mount", "sh", "-c", f"mount --bind /dev/null /proc/timer_list && {inner}"]
+
+
+def _quote(word: str) -> str:
+    return shlex.quote(word)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to set up the forbidding namespaces")
+@pytest.mark.parametrize("how", ["userns-limit", "masked-proc"])
+def test_forced_where_none_can_be_had_is_125_in_one_line_and_nothing_runs(how):
+    if how == "masked-proc" and not os.path.exists("/proc/timer_list"):
+        pytest.skip("no /proc/timer_list to mask")
+    top = _user_home(55000 + os.getpid() % 1000)
+    witness = os.path.join(top, "ran")
+    marker = new_marker()
+    try:
+        proc = subprocess.run(
+            _forbidden(how, witness), env=_env(marker), cwd=top, capture_output=True, text=True, timeout=60
+        )
+        lines = [line for line in proc.stderr.splitlines() if "not registered" not in line]
+        assert proc.returncode == 125, proc.stderr
+        assert len(lines) == 1 and lines[0].startswith("corral: --guarantee pidns: "), proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not os.path.exists(witness)
+    finally:
+        kill_marked(marker)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+# -- corral as pid 1 -------------------------------------------------------------------------------
+
+TIERS = {"pidns": PIDNS_FLAGS, "subreaper": ["--guarantee", "subreaper"], "auto": []}
+as_pid_one = pytest.mark.skipif(not ROOT or not shutil.which("unshare"), reason="needs root and unshare")
+
+
+def _pid_one(tier: str, command: list[str], record: str | None = None) -> list[str]:
+    extra = ["--json", record] if record else []
+    return ["unshare", "--pid", "--fork", "--mount-proc", *CORRAL, "--no-registry", *extra] + [
+        *TIERS[tier],
+        "--",
+        *command,
+    ]
+
+
+@as_pid_one
+@pytest.mark.parametrize("tier", list(TIERS))
+def test_as_pid_one_the_exit_code_reaches_the_runtime(tier):
+    marker = new_marker()
+    try:
+        proc = subprocess.run(_pid_one(tier, ["sh", "-c", "exit 7"]), env=_env(marker), capture_output=True, timeout=60)
+        assert proc.returncode == 7, proc.stderr
+        assert marked_pids(marker) == []
+    finally:
+        kill_marked(marker)
+
+
+def _corral_as_pid_one(proc, marker) -> int:
+    """corral's pid (as this /proc numbers it): unshare's child, carrying the marker."""
+    return _wait_for(lambda: [p for p in marked_pids(marker) if _ppid(p) == proc.pid], "corral as pid 1")[0]
+
+
+@as_pid_one
+@pytest.mark.parametrize("tier", list(TIERS))
+@pytest.mark.parametrize("sig,sender", [(15, "outside"), (2, "outside"), (1, "outside"), (15, "inside")])
+def test_as_pid_one_a_signal_stops_the_run(tmp_path, tier, sig, sender):
+    """A pid 1 has no default actions (the kernel drops a signal it does not
+    handle): corral handles each stop signal, stops the run, exits 128+N."""
+    marker = new_marker()
+    record = str(tmp_path / "r.json")
+    command = ["sh", "-c", "setsid sleep 600 & sleep 600"]
+    proc = subprocess.Popen(_pid_one(tier, command, record), env=_env(marker), stderr=subprocess.PIPE)
+    try:
+        corral = _corral_as_pid_one(proc, marker)
+        _wait_for(lambda: len(marked_pids(marker)) >= 4, "the run's processes started")
+        if sender == "outside":
+            os.kill(corral, sig)
+        else:
+            subprocess.run(
+                ["nsenter", "-t", str(corral), "--pid", "--", "kill", f"-{sig}", "1"], check=True, timeout=30
+            )
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig, err
+        assert marked_pids(marker) == []
+        with open(record) as f:
+            data = json.load(f)
+        assert data["verified"] is True and data["corral_signal"] == sig
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked(marker)
+
+
+@as_pid_one
+def test_as_pid_one_an_adopted_orphan_is_reaped_and_the_runs_status_kept(tmp_path):
+    """An orphan from outside the run (what `podman exec` leaves when its shell
+    exits first) becomes corral's child: once it exits corral reaps it (no
+    zombie stays), and the run's own exit status is still 5."""
+    marker = new_marker()
+    flag = tmp_path / "go"
+    command = ["sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 5"]
+    proc = subprocess.Popen(_pid_one("pidns", command), env=_env(marker), stderr=subprocess.PIPE)
+    try:
+        corral = _corral_as_pid_one(proc, marker)
+        _wait_for(lambda: len(marked_pids(marker)) >= 3, "the run started")
+        orphan_env = {**_env(marker), "CORRAL_TEST_ORPHAN": "1"}
+        # The shell exits at once; its sleep, alive, re-parents to the namespace's pid 1: corral.
+        subprocess.run(
+            ["nsenter", "-t", str(corral), "--pid", "--mount", "--", "sh", "-c", "sleep 1 & exit 0"],
+            env=orphan_env,
+            check=True,
+            timeout=30,
+        )
+
+        def adopted():
+            return [p for p in marked_pids(marker) if _ppid(p) == corral and _orphan(p)]
+
+        orphan = _wait_for(adopted, "the orphan adopted by corral")[0]
+        pidfd = os.pidfd_open(orphan)
+        try:
+            assert _exited(pidfd, 30)
+        finally:
+            os.close(pidfd)
+        _wait_for(lambda: _stat(orphan) is None, f"the adopted orphan {orphan} reaped (still {_stat(orphan)})")
+        flag.touch()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 5, err
+        assert marked_pids(marker) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked(marker)
+
+
+def _orphan(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return b"CORRAL_TEST_ORPHAN=1" in f.read().split(b"\0")
+    except OSError:
+        return False
