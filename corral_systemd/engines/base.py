@@ -8,6 +8,7 @@ left. It never prints and never decides exit codes; it raises
 to 125) and lets ``ExecError`` from spawning through (126/127).
 """
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,17 @@ class Engine:
         or ``kernel.held.HeldProcess``: the same protocol)."""
         if self._child is not None and self._status is None:
             self._status = self._child.exited(hold=self._hold_main)
+
+    def _reap_adopted(self, *own: int | None) -> None:
+        """As a pid namespace's init (corral as a container's pid 1) corral is every
+        orphan's parent there, the run's and a `podman exec`'s alike, and one nobody
+        reaps stays a zombie: reap the exited children that are not the main process,
+        corral's helpers or ``own`` (whose statuses their owners read)."""
+        if os.getpid() != 1:
+            return
+        from ..kernel.wait import reap_adopted
+
+        reap_adopted({pid for pid in (self.main_pid, *self.helper_pids(), *own) if pid})
 
     def _release_main(self) -> None:
         """Reap a held main process for good (once the run is over)."""

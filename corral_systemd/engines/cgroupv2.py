@@ -56,6 +56,7 @@ class CgroupEngine(CgroupLimits, Engine):
             raise SetupError(f"cannot create cgroup {self.path}: {exc.strerror}") from None
         self._removed = False
         self._stopped: set[int] = set()
+        self._foreign: set[int] = set()  # corral's children beside the run (``ignore_child``)
         self._last: list[int] = []
         self.group = UnitCgroup.v2_directory(self.path, mounts)
         self.tracker = RunTracker("0")
@@ -79,6 +80,13 @@ class CgroupEngine(CgroupLimits, Engine):
 
     def helper_pids(self):
         return [self._tether.pid]
+
+    def ignore_child(self, pid):
+        self._foreign.add(pid)
+
+    def reap(self):
+        super().reap()
+        self._reap_adopted(*self._foreign)
 
     def _apply_limits(self, parent):
         enforced, warnings = write_limits(self.path, self.spec, parent)

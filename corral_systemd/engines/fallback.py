@@ -63,6 +63,7 @@ class FallbackEngine(ProcessTreeEngine):
 
     def poll_events(self):
         self._reap_main()
+        self._reap_adopted(*self._foreign)  # a SIGCHLD woke the loop: as pid 1, an orphan's end
 
     def _reap_main(self):
         # Read the main process's status but leave it a zombie (WNOWAIT):
@@ -159,6 +160,7 @@ class FallbackEngine(ProcessTreeEngine):
 
     def reap(self):
         self._reap_main()
+        self._reap_adopted(*self._foreign)
         for info in self._members():
             if info.ppid == self._self_pid and not info.alive and info.pid != self.main_pid:
                 try:

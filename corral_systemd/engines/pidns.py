@@ -112,7 +112,6 @@ class PidnsEngine(ProcessTreeEngine):
         self._eof = False
         self._main: int | None = None
         self._helpers: set[int] = set()
-        self._pid_one = os.getpid() == 1
         self._main_ns: int | None = None
         self._namespace = _ns_link(pid)
         said = self._next_line()
@@ -205,12 +204,8 @@ class PidnsEngine(ProcessTreeEngine):
         self._helpers.add(pid)
 
     def reap(self) -> None:
-        if self._pid_one:
-            # A container's pid 1: orphans outside the run (a `podman exec`'s)
-            # are corral's children now; their statuses are nobody's.
-            from ..kernel.wait import reap_adopted
-
-            reap_adopted({self._init, *self._helpers})
+        # A container's pid 1: orphans outside the run (a `podman exec`'s) are corral's children now.
+        self._reap_adopted(self._init, *self._helpers)
         while self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
             if said.startswith("exit "):
                 self._status = int(said[5:])
