@@ -662,6 +662,25 @@ def test_what_the_service_does_not_take_runs_in_the_client(service, tmp_path, co
 
 
 @systemd
+@pytest.mark.parametrize("tier", ["pidns", "subreaper"])
+def test_a_tier_below_the_unit_through_the_service_is_the_in_process_run(service, corral, client, tier):
+    """--guarantee TIER is no unit: the service declines it and the client runs it
+    itself, so the record (tier, exit code, nothing left) is the in-process CLI's."""
+    from modes import pidns_unavailable
+
+    if tier == "pidns" and (why := pidns_unavailable()) is not None:
+        pytest.skip(f"no pid namespace here: {why}")
+    argv = ["--guarantee", tier, "--", "sh", "-c", "setsid sleep 300 & exit 3"]
+    here = corral(argv)
+    served = corral(argv, env=service.env(), program=client)
+    for run in (here, served):
+        assert run.returncode == 3, run.stderr
+        assert run.record["guarantee"] == tier and run.record["verified"], run.record
+        assert run.survivors == []
+    assert served.record["via"] == "cli" and service.status()["runs_served"] == 0
+
+
+@systemd
 def test_a_busy_service_sends_runs_back(tmp_path, corral, client):
     svc = Service(tmp_path, "--max-runs", "0")
     try:

@@ -104,7 +104,7 @@ def prepare(subtree: Subtree, controllers_needed: set[str]) -> None:
     ``write_limits`` (watched or not enforced) with a warning here saying why."""
     remove_stale_leaves(subtree.path)
     wanted = controllers_needed & cgroupfs.controllers(subtree.path)
-    enabled = _subtree_control(subtree.path)
+    enabled = cgroupfs.controllers(subtree.path, "cgroup.subtree_control")
     if not wanted - enabled:
         return
     others = [pid for pid in _procs(subtree.path) if pid != os.getpid()]
@@ -155,13 +155,6 @@ def remove_stale_leaves(path: str) -> None:
                 os.rmdir(os.path.join(path, name))
             except OSError:
                 pass
-
-
-def _subtree_control(path: str) -> set[str]:
-    try:
-        return set(read_bytes(os.path.join(path, "cgroup.subtree_control")).decode().split())
-    except OSError:
-        return set()
 
 
 def _procs(path: str) -> list[int]:

@@ -176,13 +176,11 @@ class PidnsEngine(ProcessTreeEngine):
     def _host_pid(self, ns_pid: int) -> int | None:
         """The main process's pid as corral's /proc numbers it: the init's child
         whose innermost pid (``NSpid``) is ``ns_pid``."""
-        try:
-            with open(f"/proc/{self._init}/task/{self._init}/children") as f:
-                children = [int(p) for p in f.read().split()]
-        except OSError:
+        children = procfs.children(self._init)
+        if children is None:
             children = [p.pid for p in procfs.scan().values() if p.ppid == self._init]
         for pid in children:
-            if _innermost_pid(pid) == ns_pid:
+            if procfs.innermost_pid(pid) == ns_pid:
                 return pid
         return None
 
@@ -205,7 +203,7 @@ class PidnsEngine(ProcessTreeEngine):
 
     def reap(self) -> None:
         # A container's pid 1: orphans outside the run (a `podman exec`'s) are corral's children now.
-        self._reap_adopted(self._init, *self._helpers)
+        self._reap_adopted(*self._helpers)  # the init: helper_pids
         while self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
             if said.startswith("exit "):
                 self._status = int(said[5:])
@@ -325,15 +323,3 @@ def _ns_link(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
-
-
-def _innermost_pid(pid: int) -> int | None:
-    """``pid``'s number in its own pid namespace (the last of /proc/PID/status's NSpid)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None

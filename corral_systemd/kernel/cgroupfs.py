@@ -178,9 +178,11 @@ def kill(directory: str) -> bool:
         return False
 
 
-def controllers(directory: str) -> set[str]:
+def controllers(directory: str, file: str = "cgroup.controllers") -> set[str]:
+    """The controllers ``directory`` has (``file="cgroup.subtree_control"``:
+    those it enables for its children); empty if unreadable."""
     try:
-        return set(read_bytes(os.path.join(directory, "cgroup.controllers")).decode().split())
+        return set(read_bytes(os.path.join(directory, file)).decode().split())
     except OSError:
         return set()
 

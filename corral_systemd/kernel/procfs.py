@@ -110,6 +110,28 @@ def scan() -> dict[int, ProcInfo]:
     return table
 
 
+def children(pid: int) -> list[int] | None:
+    """``pid``'s children as the kernel lists them (its main thread's:
+    /proc/PID/task/PID/children); None if that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return None
+
+
+def innermost_pid(pid: int) -> int | None:
+    """``pid``'s number in its own pid namespace (the last of /proc/PID/status's NSpid)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def descendants(table: dict[int, ProcInfo], root: int) -> list[ProcInfo]:
     """All processes below ``root`` in ``table`` (root itself excluded)."""
     children: dict[int, list[ProcInfo]] = {}

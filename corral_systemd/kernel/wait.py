@@ -58,14 +58,10 @@ def reap_adopted(known) -> list[int]:
     ``known`` are the children whose status their owner will read (the run's
     own, corral's helpers): never reaped here, so no status is stolen. Only
     for a process that knows all its children (never a library's host)."""
-    me = os.getpid()
-    try:
-        with open(f"/proc/{me}/task/{me}/children") as f:
-            children = [int(p) for p in f.read().split()]
-    except OSError:
-        return []
+    from .procfs import children
+
     reaped = []
-    for pid in children:
+    for pid in children(os.getpid()) or []:
         if pid in known:
             continue
         try:
