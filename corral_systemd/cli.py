@@ -50,7 +50,7 @@ def detached_main(args: list[str]) -> int:
     stdout and stderr are the run's log. The command line is read again, here,
     as the front read it (same environment and working directory)."""
     from .common.errors import UsageError
-    from .core.background import detach
+    from .core.background import detach, run_detached
     from .kernel import startup
     from .state.registry import state_dir
 
@@ -61,7 +61,7 @@ def detached_main(args: list[str]) -> int:
         if request.background is None:
             raise UsageError("not a --background command line")
         detach(request, run_id, os.path.join(state_dir(), f"{run_id}.out"))
-        return run(request)
+        return run_detached(request, run)  # its log held to --log-max on disk (core.logkeeper)
     except CorralError as exc:
         print(f"corral: {exc}", file=sys.stderr)
         return exc.exit_code

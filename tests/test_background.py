@@ -385,3 +385,87 @@ def test_the_run_outlives_its_fronts_process_group_and_holds_none_of_its_descrip
     finally:
         os.close(r)
         kill_marked(marker)
+
+
+def _exited(pid: int, within: float) -> bool:
+    """Has ``pid`` (not this process's child) exited within ``within`` seconds?"""
+    import select
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], within)[0])
+    finally:
+        os.close(pidfd)
+
+
+#: Writes into its own run's log past corral: through corral's descriptor
+#: (/proc/$PPID/fd/1: corral's, or the pid namespace init's, a clone of corral's;
+#: only where that is the log) and by the log's path in the state directory.
+FLOOD = (
+    'log="$CORRAL_STATE_DIR/$CORRAL_RUN_ID.out"; echo first; '
+    'until grep -q first "$log"; do sleep 0.01; done; until [ -e "$1" ]; do sleep 0.01; done; '
+    'if [ /proc/$PPID/fd/1 -ef "$log" ]; then head -c 5000000 /dev/zero | tr "\\0" a >> /proc/$PPID/fd/1; fi; '
+    'head -c 5000000 /dev/zero | tr "\\0" b >> "$log"; echo last'
+)
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_log_max_bounds_the_log_on_disk_whoever_writes_it(bg, mode):
+    """--log-max bounds the file, not only what corral relays into it: 5 MB
+    written through corral's own descriptor and 5 MB by the log's path are cut
+    back (the keeper: core/logkeeper.py), and the log corral leaves is at most
+    --log-max + ROOM, its head first and a note saying what was cut."""
+    from corral_systemd.core.logkeeper import bound
+
+    go = bg.directory.parent / "go"
+    r = bg.start([*mode_flags(mode), "--background", "--log-max", "4K", "--json", "-", "--", "sh", "-c", FLOOD, "sh", str(go)])
+    assert r.returncode == 0, r.stderr
+    started = json.loads(r.stdout)
+    log = bg.directory / f"{started['run_id']}.out"
+    go.touch()
+    assert bg.ctl("wait", started["run_id"]).returncode == 0
+    assert _exited(started["corral_pid"], 60 * TIME_SCALE), "the run's corral did not exit"
+    out = log.read_bytes()
+    assert len(out) <= bound(4096), len(out)
+    assert out.startswith(b"first\n"), out[:100]
+    assert b"bytes cut in all]\n" in out, out[-400:]
+    assert gone(r.marker) == []
+
+
+#: Listens on 127.0.0.1:$1 (in its own network namespace, with --network none), then waits.
+LISTEN = "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(1000)"
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_ready_port_of_a_network_none_run_is_looked_for_in_its_own_namespace(bg, mode):
+    """--ready-port of a run with a network namespace of its own: a host process
+    listening on the port neither refuses the run nor makes it ready (the port
+    is looked for in the run's namespace, not connected to from the host's);
+    the command listening on it there does."""
+    from modes import MANAGER
+
+    if mode == "service" and MANAGER == "user":
+        pytest.skip("a user manager's service cannot have --network none (test_network.py)")
+    with socket.socket() as host:
+        host.bind(("127.0.0.1", 0))
+        host.listen()
+        port = str(host.getsockname()[1])
+        timeout = f"{2 * TIME_SCALE:g}s"
+        r = bg.start(
+            [*mode_flags(mode), "--background", "--network", "none", "--ready-port", port]
+            + ["--ready-timeout", timeout, "--", "sleep", "30"]
+        )
+        assert r.returncode == 124, r.stderr
+        assert f"was not accepting connections on port {port} within {timeout}: stopped" in r.stderr, r.stderr
+        assert r.stdout == "" and marked_pids(r.marker) == []
+        r = bg.start(
+            [*mode_flags(mode), "--background", "--network", "none", "--ready-port", port, *READY_TIMEOUT]
+            + ["--", sys.executable, "-c", LISTEN, port]
+        )
+        assert r.returncode == 0, r.stderr
+        run_id = r.stdout.strip()
+        assert bg.ctl("stop", run_id).returncode == 0
+        assert gone(r.marker) == []

@@ -20,6 +20,17 @@ The fault matrix and the other mode-parametrized tests run the tier as mode
   outside the namespace or inside it; the exit code reaches the runtime;
   an orphan it adopts from outside the run is reaped, and the run's own
   exit status is still the run's.
+
+Issue 37, what the command can reach (as root; as root without
+CAP_SYS_ADMIN, whose init makes a user namespace in which the command is
+uid 0; as another user):
+
+- its /proc unmounted, no process outside the namespace is listed where it
+  was: root finds an empty directory, the others cannot unmount it;
+- a status line written into every descriptor of the init's it can open
+  (/proc/1/fd/N) is not its exit status and reaches neither corral's output
+  nor its signal pipe; in a user namespace of the init's it can open none;
+  the command is dumpable (the init is not).
 """
 
 import json
@@ -319,3 +330,86 @@ def _orphan(pid: int) -> bool:
             return b"CORRAL_TEST_ORPHAN=1" in f.read().split(b"\0")
     except OSError:
         return False
+
+
+# -- what the command can reach ------------------------------------------------------------------
+
+REACH = [
+    "root",
+    pytest.param(
+        "root-without-cap-sys-admin", marks=pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="root")
+    ),
+    pytest.param("user", marks=pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="root")),
+]
+
+
+def _run_as(who: str, script: str, marker: str) -> tuple[subprocess.Popen, str, str]:
+    """corral (pidns tier, 5 s wall) running ``sh -c script`` as ``who``: the
+    process (its pid is corral's), its stdout and stderr."""
+    uid = 55000 + os.getpid() % 1000
+    prefix, cwd = {
+        "root": ([], None),
+        "root-without-cap-sys-admin": (["setpriv", "--bounding-set=-sys_admin"], None),
+        "user": (_as_user(uid), _user_home(uid)),
+    }[who]
+    argv = [*prefix, *CORRAL, "--no-registry", *PIDNS_FLAGS, "--wall", "5s", "--", "sh", "-c", script]
+    try:
+        proc = subprocess.Popen(
+            argv, env=_env(marker), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        kill_marked(marker)
+        if cwd:
+            shutil.rmtree(cwd, ignore_errors=True)
+    return proc, out, err
+
+
+@pytest.mark.parametrize("who", REACH)
+def test_unmounting_its_proc_shows_no_process_outside_the_namespace(who):
+    """The command unmounts its /proc (``umount -l``) and lists what is there
+    then: neither this test's pid nor corral's. Root may unmount it and finds
+    an empty directory (the init detached the host's /proc before it mounted
+    the namespace's); in a user namespace the command cannot (no capability
+    over the mounts, or, uid 0 there, one more user namespace that locks
+    them), and still lists the namespace's /proc (its init, pid 1)."""
+    proc, out, err = _run_as(who, "umount -l /proc 2>/dev/null; echo $?; ls -A /proc", new_marker())
+    assert proc.returncode == 0, err
+    unmounted, *names = out.split()
+    assert str(os.getpid()) not in names and str(proc.pid) not in names, (unmounted, names)
+    if who == "root":
+        assert (unmounted, names) == ("0", [])
+    else:
+        assert unmounted != "0" and "1" in names, (unmounted, names)
+
+
+@pytest.mark.parametrize("who", REACH)
+def test_a_status_line_forged_into_the_inits_descriptors_is_not_the_exit_status(who):
+    """``exit 0`` (and, as bytes, SIGUSR1's number: a newline) written into
+    every descriptor of the init's the command can open for writing
+    (/proc/1/fd/N; root may open them all): corral reports the command's own
+    exit (3) -- not the forged status, nor 138 from a forged signal byte on
+    corral's signal pipe -- and its output holds only the command's own.
+    In a user namespace of the init's (not root, or root without
+    CAP_SYS_ADMIN) the command can open none: the init is not dumpable. The
+    command itself is dumpable (PR_GET_DUMPABLE)."""
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    dumpable = f"{python} -c 'import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))'"
+    script = (
+        "n=0; for fd in /proc/1/fd/*; do printf 'exit 0\\n' 2>/dev/null >>\"$fd\" && n=$((n + 1)); done; "
+        # A forged line is read at once; until the command's own end nothing else is said.
+        f"echo $n; {dumpable}; sleep {TIME_SCALE}; exit 3"
+    )
+    proc, out, err = _run_as(who, script, new_marker())
+    assert proc.returncode == 3, err
+    assert "exit" not in out, out  # nothing reached corral's stdout but the command's own
+    opened, dumpable_now = out.split()
+    assert dumpable_now == "1", out
+    if who != "root":
+        assert opened == "0", out
+    else:
+        assert int(opened) >= 1, out  # the status pipe at least: root opens every descriptor

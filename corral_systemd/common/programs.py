@@ -10,6 +10,8 @@ PROGRAMS = {"corral": "auto", "corral-enforced": "enforced"}
 #: The manager's runtime directory (%t in corral.socket): /run for the system
 #: manager, $XDG_RUNTIME_DIR (/run/user/UID) for a user's.
 SYSTEM_SOCKET = "/run/" + SOCKET_NAME
+#: A corral session holder's abstract socket: this, then "<uid>/<session id>" (``state.sessions``).
+SESSION_ADDRESS_PREFIX = "corral-session/"
 
 
 def socket_paths() -> list[str]:

@@ -41,7 +41,7 @@ def assemble_and_run(
             opened(engine)
         observer = run_guard.register(engine)  # the entry on disk before the command starts, or SetupError
         outcome = Supervisor(
-            spec, engine, observer=observer, ends_with=run_guard.session_holder, **(supervisor or {})
+            spec, engine, observer=observer, ends_with=run_guard.session_ends, **(supervisor or {})
         ).run()
         run_guard.annotate(outcome)
     return outcome

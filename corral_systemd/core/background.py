@@ -118,7 +118,7 @@ def launch(request, run_here, caller: ServedCaller | None = None) -> Started:
     from ..state import registry as REG
 
     bg = request.background
-    _check_target_free(bg)
+    _check_target_free(bg, own_network=request.spec.network == "none")
     directory = REG.ensure_state_dir()
     if request.spec.session is not None:  # said here, in one line, not from the detached corral's log
         from ..state import sessions as S
@@ -180,6 +180,22 @@ def detach(request, run_id: str, log: str) -> None:
     request.background, request.output_log = None, log
 
 
+def run_detached(request, run_here) -> int:
+    """The detached corral's run (``request`` made so by ``detach``; stdout and
+    stderr: its log): ``run_here(request)``, its exit code, with the log held to
+    --log-max on disk for as long as this corral lives, whoever writes it
+    (``core.logkeeper``: its bound and what it does not hold). SetupError (125,
+    nothing started) if the log cannot be kept."""
+    from .logkeeper import LogKeeper
+
+    keeper = LogKeeper.start(1, request.spec.output_limit)
+    try:
+        return run_here(request)
+    finally:
+        if keeper is not None:
+            keeper.finish()  # after this corral's last write to the log
+
+
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -201,7 +217,7 @@ def _fork_detached(request, run_here, log_fd: int) -> int:
         os.closerange(3, _fd_limit())  # none of the caller's descriptors stays open in the run
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
-        code = run_here(request)
+        code = run_detached(request, run_here)
     except CorralError as exc:  # as cli.main says it, into the log
         code = exc.exit_code
         try:
@@ -225,8 +241,10 @@ def _fd_limit() -> int:
     return soft if 0 < soft < (1 << 20) else 1 << 20
 
 
-def _check_target_free(bg) -> None:
-    if bg.ready == "port" and _port_answers(bg.target):
+def _check_target_free(bg, own_network: bool) -> None:
+    # A run with a network namespace of its own starts with nothing listening
+    # in it: the host's port is not the run's, taken or not.
+    if bg.ready == "port" and not own_network and _port_answers(bg.target):
         raise UsageError(f"--ready-port {bg.target}: something already accepts connections there")
     if bg.ready == "file" and os.path.lexists(bg.target):
         raise UsageError(f"--ready-file {bg.target!r} already exists: remove it first")
@@ -271,15 +289,16 @@ def _await_ready(request, bg, directory: str, corral: "_Corral", asked: list[int
     lines = _LogLines(bg.log) if bg.ready == "log" else None
     deadline = time.monotonic() + bg.ready_timeout
     look = FIRST_LOOK
-    started = False
+    started: dict | None = None  # the "started" event's data: the command's pid and start time
     try:
         while True:
             code = corral.ended()
             if code is not None:
                 raise EndedEarly(f"{run_id} ended before it was ready (exit {code})", code, _tail(bg.log))
-            if not started:
-                started = any(e.get("event") == "started" for e in REG.read_events(directory, run_id))
-            if started and _ready(bg, lines):
+            if started is None:
+                event = next((e for e in REG.read_events(directory, run_id) if e.get("event") == "started"), None)
+                started = None if event is None else (event.get("data") or {})
+            if started is not None and _ready(bg, lines, started if request.spec.network == "none" else None):
                 entry = REG.read_entry(directory, run_id) or {}
                 return Started(
                     run_id, request.name, bg.log, entry.get("unit"), entry.get("mode"), corral.pid, corral.started_by
@@ -294,7 +313,8 @@ def _await_ready(request, bg, directory: str, corral: "_Corral", asked: list[int
             if time.monotonic() >= deadline:
                 code = _stop(request, corral)
                 raise NotReady(
-                    f"{run_id} was not {_awaited(bg) if started else 'started'} within {bg.ready_timeout:g}s: stopped",
+                    f"{run_id} was not {_awaited(bg) if started is not None else 'started'} "
+                    f"within {bg.ready_timeout:g}s: stopped",
                     120 if code == 120 else 124,
                     _tail(bg.log),
                 )
@@ -313,15 +333,29 @@ def _awaited(bg) -> str:
     return f"printing a line matching {bg.target.pattern!r}"
 
 
-def _ready(bg, lines: "_LogLines | None") -> bool:
+def _ready(bg, lines: "_LogLines | None", inside: dict | None) -> bool:
+    """Is the run ready? ``inside``: the started command (pid, start time) whose
+    network namespace, the run's own, a --ready-port is looked for in (None: the host's)."""
     if bg.ready is None:
         return True
     if bg.ready == "port":
-        return _port_answers(bg.target)
+        return _port_answers(bg.target) if inside is None else _listens_inside(inside, bg.target)
     if bg.ready == "file":
         return os.path.lexists(bg.target)
     assert lines is not None
     return any(bg.target.search(line) for line in lines.new_lines())
+
+
+def _listens_inside(started: dict, port: int) -> bool:
+    """A socket listens on ``port`` in the started command's network namespace
+    (``netns.listening``: read from outside it, the command pinned by its start time).
+    A connect from here would reach the host's port, which any host process could hold."""
+    from ..kernel import netns
+
+    pid, starttime = started.get("pid"), started.get("starttime")
+    if type(pid) is not int or type(starttime) is not int or pid <= 0:
+        return False
+    return netns.listening(pid, starttime, port) is True
 
 
 def _stop(request, corral: "_Corral") -> int:
@@ -448,33 +482,28 @@ def _remove(path: str | None) -> None:
 def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller=None) -> "_Corral | None":
     """Ask the session's holder to start the run's corral as its child; None
     (and the reason in ``warnings``) where it cannot be had faithfully."""
-    import socket
-
     from ..kernel.context import ProcessContext, cannot_carry
     from ..state import sessions as S
-    from ..varlink.wire import Channel, ProtocolError, VarlinkError, peer_credentials
+    from ..varlink.wire import Channel, ProtocolError, VarlinkError
 
     session_id = S.joinable(request.spec.session or "", directory)
-    entry = S.read_entry(directory, session_id) or {}
-    holder = (entry.get("holder") or {}).get("pid")
+    connected = S.connect_holder(session_id, timeout=10)  # the holder the kernel names, not an entry
+    if connected is None:
+        raise SetupError(f"session {session_id} has ended")
+    sock, holder = connected
     if caller is not None:
         context = caller.context
     else:
         context = ProcessContext.here(dict(os.environ if request.spec.env is None else request.spec.env))
-    why = cannot_carry(holder, context) if isinstance(holder, int) else "the session names no holder"
+    why = cannot_carry(holder, context)
     if why is not None:
+        sock.close()
         warnings.append(f"started by this corral, not by session {session_id}'s holder: {why}")
         return None
-    dirfd = os.open(S.sessions_dir(directory), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     # This process's own working directory as it is (renamed, or its path gone:
     # the same directory); a served caller's by its path (the service checked it is the same file system).
     cwd_fd = os.open("." if caller is None else context.cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        sock.settimeout(10)
-        sock.connect(S.socket_address(dirfd, session_id))
-        if peer_credentials(sock)[0] != holder or S.holder_token(entry) is None:
-            raise ConnectionRefusedError("the socket's peer is not the session's holder")
         channel = Channel(sock)
         parameters = {
             "default_mode": request.default_mode,
@@ -502,7 +531,6 @@ def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller
         return None
     finally:
         os.close(cwd_fd)
-        os.close(dirfd)
     if len(fds) != 1 or type(reply.get("pid")) is not int:
         for fd in fds:
             os.close(fd)

@@ -128,9 +128,7 @@ class RunGuard:
             )
             return None
         if session_id is not None:
-            self._session_open(engine, joining=session_id)  # again: it may have begun to end meanwhile
-            if not in_slice:  # in the slice, the session's end stops it, whatever befalls the holder
-                self._watch_holder(engine, session_id)
+            self._join_holder(engine, session_id, watch=not in_slice)
         if mark is not None or session_id is not None:
             env = dict(os.environ if self.spec.env is None else self.spec.env)
             if mark is not None:
@@ -142,15 +140,14 @@ class RunGuard:
             self.spec.env = env
         return RegistryObserver(self.registration)
 
-    def _session_open(self, engine, joining: str | None = None) -> str:
-        """The id of the session asked for, if it is open and, once this run is
-        registered (``joining``), has room for it (``state.sessions.joinable``);
+    def _session_open(self, engine) -> str:
+        """The id of the session asked for, if it is open (``state.sessions.joinable``);
         else the engine is closed and SetupError says why (125: the command never starts)."""
         from ..state import registry as REG
         from ..state import sessions as S
 
         try:
-            return S.joinable(joining or self.spec.session or "", REG.state_dir(), joining)
+            return S.joinable(self.spec.session or "", REG.state_dir())
         except S.NotJoinable as exc:
             engine.close()
             raise SetupError(str(exc)) from None
@@ -162,10 +159,9 @@ class RunGuard:
         the session's, ended with its holder; its warning says the limits do not hold it."""
         from ..common.limits import BY_FIELD
         from ..common.unit_names import DEFAULT_SLICE
-        from ..state import registry as REG
         from ..state import sessions as S
 
-        token = S.holder_token(S.read_entry(REG.state_dir(), session_id))
+        token = S.holder_token(session_id)
         limits = S.session_limits(token)
         in_slice = S.token_slice(token)
         if in_slice is None:
@@ -185,28 +181,43 @@ class RunGuard:
             self._warnings.append(f"session {session_id}'s limits ({said}) do not hold this run: {why}")
         return False
 
-    #: A pidfd of the joined session's holder (the supervisor stops the run when it exits).
-    session_holder: int | None = None
+    #: Pidfds of the joined session's holder and owner, with their warnings: either's end stops the run.
+    session_ends: dict[int, str] = {}
 
-    def _watch_holder(self, engine, session_id: str) -> None:
-        """Open the holder's pidfd, proven the holder's after opening (its token):
-        a session whose holder dies (SIGKILL included) ends its runs with it."""
+    def _join_holder(self, engine, session_id: str, watch: bool) -> None:
+        """Be admitted by the session's holder, once registered (it checks this
+        process is the run's corral; it alone counts ``--max-runs``). Then watch
+        the session's owner (its end ends the session, whatever befalls the
+        holder) and, ``watch``, the holder itself (a session whose holder dies,
+        SIGKILL included, ends this run with it): pidfds, a blocked wait.
+        Refused: the engine closed, SetupError (125)."""
         from ..state import registry as REG
         from ..state import sessions as S
 
-        entry = S.read_entry(REG.state_dir(), session_id)
-        pid = ((entry or {}).get("holder") or {}).get("pid")
         try:
-            fd = os.pidfd_open(pid) if type(pid) is int else None
-        except OSError:
-            fd = None
-        if fd is not None and S.holder_token(entry) is not None:
-            self.session_holder = fd
-            return
-        if fd is not None:
-            os.close(fd)
-        engine.close()
-        raise SetupError(f"session {session_id} has ended")
+            pidfd, reply = S.join(session_id, self.spec.run_id)
+        except S.NotJoinable as exc:
+            engine.close()
+            raise SetupError(str(exc)) from None
+        ends = {}
+        if watch:
+            ends[pidfd] = f"its session ended (session {session_id}'s holder exited): stopped"
+        else:
+            os.close(pidfd)
+        owner = reply.get("owner")
+        if isinstance(owner, dict) and type(owner.get("pid")) is int:
+            try:
+                fd = os.pidfd_open(owner["pid"])
+            except OSError:
+                fd = None
+            st = REG.proc_stat(owner["pid"]) if fd is not None else None
+            if fd is None or st is None or st[4] != owner.get("starttime") or st[3] in ("Z", "X"):
+                for open_fd in [*ends, *([fd] if fd is not None else [])]:
+                    os.close(open_fd)
+                engine.close()
+                raise SetupError(f"session {session_id} is ending: its owner (pid {owner['pid']}) exited")
+            ends[fd] = f"its session ended (session {session_id}'s owner, pid {owner['pid']}, exited): stopped"
+        self.session_ends = ends
 
     def annotate(self, result) -> None:
         result.registry = self.registry_state
@@ -218,9 +229,9 @@ class RunGuard:
             result.warnings.extend(w for w in self.creds.warnings if w not in result.warnings)
 
     def __exit__(self, exc_type, exc, tb):
-        if self.session_holder is not None:
-            os.close(self.session_holder)
-            self.session_holder = None
+        for fd in self.session_ends:
+            os.close(fd)
+        self.session_ends = {}
         try:
             if self.creds is not None:
                 self.creds.close()

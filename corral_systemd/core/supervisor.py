@@ -109,15 +109,15 @@ class Supervisor:
         stderr=2,
         stdin_fd: int = 0,
         observer: RunObserver | None = None,
-        ends_with: int | None = None,
+        ends_with: dict[int, str] | None = None,
     ):
         self.spec = spec
         self.engine = engine
         self.signals = signals
         self.cancel_fd = cancel_fd
-        #: A pidfd of the run's session's holder: when it exits, the session is
-        #: over and the run is stopped as by SIGTERM (``RunGuard.session_holder``).
-        self.ends_with = ends_with
+        #: Pidfds whose process's exit ends the run (stopped as by SIGTERM), each with
+        #: the warning that says why: its session's holder and owner (``RunGuard.session_ends``).
+        self.ends_with = dict(ends_with or {})
         self.observer = observer
         self._stdout = stdout
         self._stderr = stderr
@@ -320,7 +320,7 @@ class Supervisor:
             env = command_env(spec.env, spec.run_id)  # CORRAL_RUN_ID: a corral inside knows (nesting.py)
             # What the command could ask to start work outside the run: a
             # sealed run hides it all, and its variables go; else the record lists it.
-            channels = handoff.survey(env, sessions_dir=_sessions_dir(env))
+            channels = handoff.survey(env)
             if spec.sealed:
                 env = channels.command_env(env)
             self.engine.start(
@@ -443,8 +443,8 @@ class Supervisor:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
             poller.register(self.cancel_fd, select.POLLIN)
-        if self.ends_with is not None:
-            poller.register(self.ends_with, select.POLLIN)
+        for fd in self.ends_with:
+            poller.register(fd, select.POLLIN)
         # poll() takes at most INT_MAX ms (~24 days): a longer wait is cut into
         # rounds (the loop re-computes what it waits for after each).
         ms = None if timeout is None else min(max(0, timeout * 1000), _MAX_POLL_MS)
@@ -475,9 +475,8 @@ class Supervisor:
                     self.cancel_fd = None
                 asked = data[-1] if data and data[-1] in STOP_SIGNALS else signal.SIGTERM
                 stop_sig = stop_sig or asked
-            elif self.ends_with is not None and fd == self.ends_with:
-                self.ends_with = None  # once: the holder has exited
-                self.result.warnings.append("its session ended (the session's holder exited): stopped")
+            elif fd in self.ends_with:
+                self.result.warnings.append(self.ends_with.pop(fd))  # once: it has exited
                 stop_sig = stop_sig or signal.SIGTERM
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
@@ -561,14 +560,3 @@ class _LimitsRestored:
         self.kill_all = retrying(engine.kill_all)
         self.verify_empty = retrying(engine.verify_empty)
         self.unproven = retrying(engine.unproven)
-
-
-def _sessions_dir(env: dict) -> str | None:
-    """Where corral sessions' holders listen, for the command's registry (a hand-off channel)."""
-    from ..state.registry import state_dir
-    from ..state.sessions import sessions_dir
-
-    try:
-        return sessions_dir(state_dir(env))
-    except (OSError, ValueError):
-        return None

@@ -15,31 +15,51 @@ the entry's ``engine``):
 
 Either way the holder
 
+- is bound to the session's abstract address (``state.sessions.holder_address``):
+  the kernel names it to whoever connects, and serves ``Join`` (a run's corral
+  asks to be admitted: the holder alone decides, one call at a time, so
+  ``--max-runs`` holds), ``Spawn`` (a background run's corral started as its
+  child, ``session_spawner.py``) and ``End`` (``session end``: answered, after
+  the end, with what is not proven). A caller in another user namespace than
+  the holder's is refused: every sealed run's command is in one of its own
+  (``kernel/seal.py``), so no sealed run reaches a holder, present or future;
 - holds the session's sealed token (``state.sessions.HolderToken``: open or
-  ending, the runs it saw join, each proven by that run's own corral's token),
-- ends the session when its owner exits (a pidfd: inherited from ``session
-  start``, or opened again and checked against the owner's start time), when
-  idle for its idle timeout, or when asked (SIGTERM: ``session end``);
+  ending, the runs it admitted);
+- waits blocked (``poll``) on its address, its owner's pidfd, each member's
+  corral's pidfd and a signal pipe: a member is busy exactly while its corral
+  lives, as the kernel says; no file is read to decide who joined or who is busy;
+- ends the session when its owner exits, when idle for its idle timeout, or when
+  asked (``End``, or SIGTERM);
 - ends it: "ending" first (no run joins from then), every member stopped with
   its own stop sequence, in parallel, then the slice stopped (every unit still
-  in it), and each member, and the slice's cgroup, proven gone from what the
-  kernel shows. What is not proven is written in the entry's ``not_proven``.
+  in it), then every process still below it killed until ``waitpid`` reports
+  no child left -- the kernel's proof, as a child subreaper, that nothing it
+  held lives. What is not proven is written in the entry's ``not_proven`` and
+  said to the ``End`` caller.
 """
 
 import json
 import os
 import select
 import signal
+import socket
 import sys
 import time
 
 from ..state import registry as REG
 from ..state import sessions as S
+from ..varlink.wire import Channel, ProtocolError, close_fds, peer_credentials
 
-#: How often the holder looks at the registry (new members, foreground runs).
-SCAN = 0.2
 #: How long the session's end waits for its background runs' corrals to finish their records.
 SWEEP_GRACE = 10.0
+#: How long after a change to the sessions directory the holder writes its entry again.
+REWRITE_DELAY = 0.2
+#: How long a connection may take to send its call (the holder serves one at a time).
+CALL_TIMEOUT = 2.0
+
+
+class Refused(Exception):
+    """A call the holder refuses: ``args`` = (error name, its one-line why)."""
 
 
 class Holder:
@@ -50,16 +70,34 @@ class Holder:
         self.session_id: str = config["session"]
         self.owner_fd = owner_fd
         self.token = S.HolderToken(config)
+        #: Every run admitted, in order; and those whose corral lives: pidfd -> (run id, background?).
         self.members: list[str] = []
-        self._seen: dict[str, int] = {}
+        self.live: dict[int, tuple[str, bool]] = {}
         self.entry: dict = {}
+        self.state = "open"
+        self._end_callers: list[Channel] = []
+        self._user_ns = os.readlink("/proc/self/ns/user")
+        self.sock = self._bind()
+
+    def _bind(self) -> socket.socket:
+        """Bind the session's address before anything can join (EADDRINUSE: another
+        process holds it -- a holder of this session already runs)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(S.holder_address(self.session_id))
+            sock.listen(64)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     # -- its life ---------------------------------------------------------------------------
     def run(self, ready_w: int | None = None) -> int:
         from .session_spawner import Spawner
 
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(wake_w)  # a signal (a stop, a child's end) wakes the loop
+        signal.set_wakeup_fd(wake_w)  # a signal (a stop, a child's end) wakes the wait
         asked: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, frame: asked.append(signum))
@@ -86,9 +124,21 @@ class Holder:
         why = why or self._owner_gone_at_start()
         last_activity = time.monotonic()
         idle_timeout = float(self.config["idle_timeout"])
+        self._watch_entry()
+        poller = select.poll()
+        for fd in (wake_r, self.sock.fileno(), *([self.owner_fd] if self.owner_fd is not None else [])):
+            poller.register(fd, select.POLLIN)
+        if self._entry_watch is not None:
+            poller.register(self._entry_watch.fileno(), select.POLLIN)
+        rewrite_at: float | None = None
         while why is None:
-            fds = [wake_r, self.spawner.fileno()] + ([self.owner_fd] if self.owner_fd is not None else [])
-            ready, _, _ = select.select(fds, [], [], SCAN)
+            busy = any(not background for _, background in self.live.values())
+            timeout = None if busy else max(0.0, last_activity + idle_timeout - time.monotonic())
+            if rewrite_at is not None:
+                timeout = max(
+                    0.0, min(timeout if timeout is not None else REWRITE_DELAY, rewrite_at - time.monotonic())
+                )
+            ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000 + 1)}
             if wake_r in ready:
                 _drain(wake_r)
             self.spawner.reap()
@@ -98,18 +148,28 @@ class Holder:
             if asked:
                 why = "ended by corralctl session end"
                 break
-            if self.spawner.fileno() in ready:
-                self.spawner.accept(open_=True)
+            for fd in ready & self.live.keys():  # a member's corral exited
+                poller.unregister(fd)
+                os.close(fd)
+                del self.live[fd]
                 last_activity = time.monotonic()
-            self._keep_entry()
-            self.spawner.keep_listening()
-            joined, foreground = self._scan()
-            if joined:
-                self.members.extend(joined)
-                self.token.update(members=self.members)
-            if joined or foreground:
-                last_activity = time.monotonic()
-            elif time.monotonic() - last_activity >= idle_timeout:
+            if self.sock.fileno() in ready:
+                admitted = self._serve()
+                if admitted is not None:
+                    poller.register(admitted, select.POLLIN)
+                    last_activity = time.monotonic()
+                if self._end_callers:
+                    why = "ended by corralctl session end"
+                    break
+            if self._entry_watch is not None and self._entry_watch.fileno() in ready and self._entry_watch.read():
+                # Written again a moment later: a whole state directory being removed is gone first.
+                rewrite_at = rewrite_at or time.monotonic() + REWRITE_DELAY
+            if rewrite_at is not None and time.monotonic() >= rewrite_at:
+                rewrite_at = None
+                self._keep_entry()
+                self._rewatch()
+            busy = any(not background for _, background in self.live.values())
+            if not busy and time.monotonic() - last_activity >= idle_timeout:
                 why = f"idle for {idle_timeout:g}s"
         self.end(why)
         return 0
@@ -131,25 +191,147 @@ class Holder:
         self.owner_fd = fd
         return None
 
+    _entry_watch = None
+
+    def _watch_entry(self) -> None:
+        """Wake when the sessions directory changes (the entry rewritten or removed,
+        the directory itself removed): no look at it otherwise."""
+        from ..kernel.inotify import Inotify
+
+        try:
+            self._entry_watch = Inotify()
+        except OSError:
+            return  # none to be had: the entry is written again at the holder's next wake
+        self._rewatch()
+
+    def _rewatch(self) -> None:
+        from ..kernel import inotify as I
+
+        if self._entry_watch is None:
+            return
+        try:
+            self._entry_watch.watch(
+                S.sessions_dir(self.directory),
+                I.IN_ONLYDIR
+                | I.IN_CLOSE_WRITE
+                | I.IN_MOVED_FROM
+                | I.IN_MOVED_TO
+                | I.IN_DELETE
+                | I.IN_DELETE_SELF
+                | I.IN_MOVE_SELF,
+            )
+        except OSError:
+            pass  # removed again meanwhile: the next event, or wake, writes it again
+
     def _keep_entry(self) -> None:
         """The session's entry as the holder wrote it: a removed or rewritten one is
-        written again, in a state directory made again if it was removed too."""
+        written again, in a state directory made again if it was removed too. (An
+        index for names and the session's history: nothing the holder decides reads it.)"""
         if S.read_entry(self.directory, self.session_id) != self.entry:
             try:
                 REG.ensure_state_dir(self.directory)
                 S.write_entry(self.directory, self.entry)
             except OSError:
-                pass  # not to be had (a file in its way): the token still holds the session
+                pass  # not to be had (a file in its way): the address and the token still hold the session
+
+    # -- a call ----------------------------------------------------------------------------
+    def _serve(self) -> int | None:
+        """Serve one waiting connection; the pidfd of a run it admitted, if any."""
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        conn.settimeout(CALL_TIMEOUT)
+        channel = Channel(conn)
+        fds: list[int] = []
+        keep = False
+        try:
+            pid, uid, _gid = peer_credentials(conn)
+            got = channel.receive()
+            if got is None:
+                return None  # a look at who holds the address (``state.sessions.holder_token``)
+            call, fds = got
+            self._check_caller(pid, uid)
+            method, params = call.get("method"), call.get("parameters") or {}
+            if method == S.JOIN_METHOD:
+                pidfd, reply = self._join(pid, params)
+                channel.send({"parameters": reply})
+                return pidfd
+            if method == S.SPAWN_METHOD:
+                if self.state != "open":
+                    raise Refused("SessionEnding", f"session {self.session_id} is ending")
+                keep = self.spawner.spawn(channel, params, fds)
+                return None
+            if method == S.END_METHOD:
+                self._end_callers.append(channel)
+                keep = True
+                return None
+            raise Refused("MethodNotFound", f"no method {method!r}")
+        except Refused as exc:
+            _reply_error(channel, exc.args[0], exc.args[1])
+        except (OSError, ProtocolError, ValueError, KeyError, TypeError) as exc:
+            _reply_error(channel, "InvalidParameter", str(exc))
+        finally:
+            close_fds(fds)
+            if not keep:
+                conn.close()
+        return None
+
+    def _check_caller(self, pid: int, uid: int) -> None:
+        """Only this uid, and only from the holder's own user namespace: a sealed
+        run's command is in one of its own (and so is all it starts), so it can
+        ask nothing of a holder, whatever path it found to the address."""
+        if uid != os.geteuid():
+            raise Refused("PermissionDenied", f"uid {uid} is not the session's")
+        try:
+            theirs = os.readlink(f"/proc/{pid}/ns/user")
+        except OSError:
+            theirs = None
+        if theirs != self._user_ns:
+            raise Refused("PermissionDenied", "a caller in another user namespace (a sealed run) is refused")
+
+    def _join(self, pid: int, params: dict) -> tuple[int, dict]:
+        """Admit run ``params['run_id']`` whose corral is ``pid`` (the kernel's word):
+        its registry token must name that run, this session and ``pid``. (a pidfd
+        of its corral, the reply). Refused while ending, or past ``--max-runs``."""
+        run_id = params.get("run_id")
+        if not isinstance(run_id, str) or not REG.valid_run_id(run_id):
+            raise Refused("InvalidParameter", "run_id")
+        if self.state != "open":
+            raise Refused("SessionEnding", f"session {self.session_id} is ending")
+        pidfd = os.pidfd_open(pid)
+        try:
+            token = REG.owner_token(REG.read_entry(self.directory, run_id) or {})
+            if token is None or token.get("pid") != pid or token.get("session") != self.session_id:
+                raise Refused("NotTheRun", f"the caller is not the corral of a run of session {self.session_id}")
+            max_runs = self.config.get("max_runs")
+            running = [rid for fd, (rid, _) in self.live.items() if not _exited(fd)]
+            if isinstance(max_runs, int) and len(running) >= max_runs:
+                raise Refused(
+                    "TooManyRuns", f"session {self.session_id} has {len(running)} runs, its --max-runs {max_runs}"
+                )
+        except BaseException:
+            os.close(pidfd)
+            raise
+        self.live[pidfd] = (run_id, pid in self.spawner.children)
+        if run_id not in self.members:
+            self.members.append(run_id)
+        self.token.update(members=self.members)
+        return pidfd, {
+            "holder": os.getpid(),
+            "owner": self.config.get("owner"),
+            "limits": self.config.get("limits") or {},
+            "slice": self.config.get("slice"),
+            "manager": self.config.get("manager"),
+        }
 
     # -- its end ----------------------------------------------------------------------------
     def end(self, why: str) -> None:
+        self.state = "ending"
         self.token.update(state="ending")
-        self.spawner.stop_listening()  # a front that comes now is told the session is ending
         self.entry.update(state="ending", why=why)
         self._keep_entry()
-        joined, _ = self._scan()  # whoever joined before "ending" was read
-        self.members.extend(joined)
-        self.token.update(members=self.members)
+        self._serve_pending()  # whoever asked before "ending" was said is answered now
         left = stop_members(self.directory, self.members)
         if self.config.get("slice") is not None:
             left += stop_slice(self.session_id)
@@ -160,54 +342,49 @@ class Holder:
             stray += _sweep_own_unit(self.config["holder_unit"])
         if stray:
             left.append(f"processes below the session's holder ({' '.join(map(str, stray))})")
-        self.spawner.close()
+        for fd in self.live:
+            os.close(fd)
+        self.live.clear()
         self.entry.update(state="ended", ended_at=time.time(), why=why, members=self.members, not_proven=left)
         try:
             S.write_entry(self.directory, self.entry)
         except OSError:
             pass
+        self._serve_pending()  # an End that came during the end is answered too
+        for channel in self._end_callers:  # the verdict, from the holder the kernel named to them
+            try:
+                channel.send({"parameters": {"members": self.members, "not_proven": left, "why": why}})
+            except OSError:
+                pass
+            channel.sock.close()
+        self.sock.close()
+        self.spawner.close()
+        if self._entry_watch is not None:
+            self._entry_watch.close()
         self.token.close()
 
-    # -- who joined -------------------------------------------------------------------------
-    def _scan(self) -> tuple[list[str], bool]:
-        """(runs newly proven to have joined, whether a member runs in the foreground now).
+    def _serve_pending(self) -> None:
+        """Answer the connections already waiting (a Join now is refused: ending)."""
+        for _ in range(256):  # those waiting now, not a stream that keeps coming
+            try:
+                if not select.select([self.sock], [], [], 0)[0]:
+                    return
+            except OSError:
+                return
+            pidfd = self._serve()
+            if pidfd is not None:  # cannot be: ending refuses a Join
+                os.close(pidfd)
 
-        Reads only entries changed since the last look."""
-        joined: list[str] = []
-        foreground = False
-        try:
-            names = os.scandir(self.directory)
-        except OSError:
-            return joined, foreground
-        with names:
-            for item in names:
-                if not item.name.endswith(".json"):
-                    continue
-                run_id = item.name[:-5]
-                if not REG.valid_run_id(run_id):
-                    continue
-                try:
-                    mtime = item.stat(follow_symlinks=False).st_mtime_ns
-                except OSError:
-                    continue
-                is_member = run_id in self.members or run_id in joined
-                if not is_member and self._seen.get(run_id) == mtime:
-                    continue
-                self._seen[run_id] = mtime
-                entry = REG.read_entry(self.directory, run_id)
-                if entry is None or entry.get("run_id") != run_id:
-                    continue
-                if not is_member and entry.get("session") == self.session_id:
-                    if S.member_of(entry, self.session_id):
-                        joined.append(run_id)
-                        is_member = True
-                    else:
-                        # A run that came and went between two looks: it kept the
-                        # session busy (all an entry alone may do here).
-                        foreground = True
-                if is_member and not entry.get("background") and REG.effective_state(entry)[0] == "active":
-                    foreground = True
-        return joined, foreground
+
+def _exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _reply_error(channel: Channel, name: str, why: str) -> None:
+    try:
+        channel.send({"error": f"{S.INTERFACE}.{name}", "parameters": {"why": why}})
+    except OSError:
+        pass
 
 
 def stop_members(directory: str, run_ids: list[str]) -> list[str]:

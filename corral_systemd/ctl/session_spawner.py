@@ -1,7 +1,7 @@
 """The holder's side of a session's background runs: each one's corral is the holder's child.
 
 ``corral --background`` in a session (the *front*, ``core/background.py``)
-asks the holder over ``<state dir>/sessions/<id>.sock`` (Varlink,
+asks the holder over the session's abstract address (Varlink,
 ``io.corral.SessionHolder.Spawn``) to start the run's own corral, giving its
 command line, its process context (``kernel.context``) and two descriptors:
 the run's log and its working directory. The holder forks, the child
@@ -18,21 +18,21 @@ the holder stops what is still below it (``sweep``). In systemd mode the
 holder is a unit of the manager: the background runs' corrals live in it,
 not in the caller's login session or the corral service.
 
-Trust: the socket is in the user's private state directory; the holder
-serves only its own uid (``SO_PEERCRED``). A front believes the socket only
-when its peer is the process the holder's sealed token names.
+Trust: the holder serves only its own uid, from its own user namespace
+(``session_holder.Holder._check_caller``). A front connects to the session's
+abstract address, whose holder the kernel names (``state.sessions.connect_holder``).
 """
 
 import os
-import socket
+import signal
 import sys
+import time
 
+from ..kernel import procfs
 from ..kernel.context import ProcessContext
+from ..kernel.pidfd import signal_process
 from ..state import sessions as S
-from ..varlink.wire import Channel, ProtocolError, close_fds, peer_credentials
-
-#: How long a connection may take to send its call (the holder waits for nothing else meanwhile).
-CALL_TIMEOUT = 2.0
+from ..varlink.wire import Channel
 
 
 class Spawner:
@@ -41,108 +41,27 @@ class Spawner:
 
         set_child_subreaper()
         self.directory, self.session_id = directory, session_id
-        self.sock, self._dirfd, self._bound = self._listen()
         #: The background runs' corrals this holder started, and the fronts waiting for their end.
         self.children: dict[int, Channel | None] = {}
-
-    def _listen(self) -> tuple[socket.socket, int, os.stat_result]:
-        """(the listening socket, the sessions directory it is in, what it is there)."""
-        dirfd = os.open(S.sessions_dir(self.directory), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            path = S.socket_address(dirfd, self.session_id)
-            try:
-                os.unlink(path)  # a restarted holder's, or anything the uid put there
-            except FileNotFoundError:
-                pass
-            sock.bind(path)
-            sock.listen(16)
-            sock.setblocking(False)
-            return sock, dirfd, os.stat(path)
-        except BaseException:
-            sock.close()
-            os.close(dirfd)
-            raise
-
-    def stop_listening(self) -> None:
-        """No more runs: the socket closed and removed (a front connecting now is refused)."""
-        try:
-            os.unlink(S.socket_address(self._dirfd, self.session_id))
-        except OSError:
-            pass
-        self.sock.close()
-
-    def keep_listening(self) -> None:
-        """Bind again where the socket was removed (the state directory damaged and made again)."""
-        import stat
-
-        try:
-            st = os.stat(os.path.join(S.sessions_dir(self.directory), f"{self.session_id}.sock"))
-            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (self._bound.st_dev, self._bound.st_ino):
-                return
-        except OSError:
-            pass
-        try:
-            listening = self._listen()
-        except OSError:
-            return  # no sessions directory to bind in (yet): the next look tries again
-        self.sock.close()
-        os.close(self._dirfd)
-        self.sock, self._dirfd, self._bound = listening
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
     def close(self) -> None:
         for channel in self.children.values():
             if channel is not None:
                 channel.sock.close()
         self.children.clear()
-        self.sock.close()
-        if self._dirfd >= 0:
-            os.close(self._dirfd)
-            self._dirfd = -1
 
     # -- a front's call ---------------------------------------------------------------------
-    def accept(self, open_: bool) -> None:
-        """Serve one waiting connection (``open_``: the session takes runs)."""
-        try:
-            conn, _ = self.sock.accept()
-        except BlockingIOError:
-            return
-        conn.settimeout(CALL_TIMEOUT)
-        channel = Channel(conn)
-        fds: list[int] = []
-        try:
-            _pid, uid, _gid = peer_credentials(conn)
-            got = channel.receive()
-            if got is None:
-                raise ProtocolError("no call")
-            call, fds = got
-            if uid != os.geteuid():
-                raise _Refused("PermissionDenied", {"uid": uid})
-            if call.get("method") != S.SPAWN_METHOD:
-                raise _Refused("MethodNotFound", {"method": str(call.get("method"))})
-            if not open_:
-                raise _Refused("SessionEnding", {})
-            params = call.get("parameters") or {}
-            pid, pidfd = self._spawn(params, fds)
-        except _Refused as exc:
-            _reply_error(channel, exc.args[0], exc.args[1])
-            conn.close()
-            return
-        except (OSError, ProtocolError, ValueError, KeyError, TypeError) as exc:
-            _reply_error(channel, "InvalidParameter", {"why": str(exc)})
-            conn.close()
-            return
-        finally:
-            close_fds(fds)
+    def spawn(self, channel: Channel, params: dict, fds: list[int]) -> bool:
+        """Start the run's corral (``Spawn``), answer with its pid and a pidfd
+        (``continues``); True if ``channel`` is kept to tell the front its exit code."""
+        pid, pidfd = self._spawn(params, fds)
         try:
             channel.send({"parameters": {"pid": pid, "pidfd": 0}, "continues": True}, [pidfd])
             self.children[pid] = channel
+            return True
         except OSError:
-            conn.close()
             self.children[pid] = None  # the front is gone: the run goes on, reaped here
+            return False
         finally:
             os.close(pidfd)
 
@@ -200,48 +119,64 @@ class Spawner:
                     pass
                 channel.sock.close()
 
-    def descendants(self) -> list[int]:
-        """Every process below the holder (its children and theirs): the session's,
-        once its runs are ended (a background run's corral still finishing, an orphan)."""
-        from ..kernel import procfs
-
-        return [p.pid for p in procfs.descendants(procfs.scan(), os.getpid()) if p.alive]
-
-    def sweep(self, grace: float) -> list[int]:
+    def sweep(self, grace: float, bound: float = 10.0) -> list[int]:
         """At the session's end: give the runs' corrals ``grace`` to finish (their
-        runs are stopped: they write their records and exit), then SIGKILL
-        whatever is below the holder (through pidfds); what is left."""
-        import signal
-        import time
-
-        from ..kernel import procfs
-        from ..kernel.pidfd import signal_process
-
+        runs are stopped: they write their records and exit), then SIGKILL every
+        process below the holder (found through the kernel's children lists of
+        its own tree, signalled through pidfds) until ``waitpid`` reports no
+        child left. That is the proof: the holder is a child subreaper, so
+        whatever lives below it is its child or a child's descendant -- however
+        it forked, detached or cleared its environment. [] when proven; else
+        (after ``bound`` seconds) the pids still below."""
         end = time.monotonic() + grace
         while self.children and time.monotonic() < end:
             self.reap()
-            time.sleep(0.05)
-        for _ in range(50):  # no process can leave a subreaper's subtree: a few rounds end it
-            self.reap()
-            below = [p for p in procfs.descendants(procfs.scan(), os.getpid()) if p.alive]
-            if not below:
+            _wait_for_child(min(0.25, max(0.0, end - time.monotonic())))
+        end = time.monotonic() + bound
+        while True:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                self.reap()  # the fronts still waiting are told
                 return []
-            for info in below:  # the same process (its start time), through a pidfd
-                signal_process(info, signal.SIGKILL, lambda _current: True)
-            time.sleep(0.05)
-        self.reap()
-        return self.descendants()
+            below = own_descendants()
+            if time.monotonic() >= end:
+                return below
+            for pid in below:
+                info = procfs.read_stat(pid)
+                if info is not None:
+                    signal_process(info, signal.SIGKILL, lambda _current: True)
+            _wait_for_child(0.05)
 
 
-class _Refused(Exception):
-    pass
+def own_descendants() -> list[int]:
+    """Every process below this one, from the kernel's children lists of each
+    of its threads and theirs (its own tree only: nothing else is read)."""
+    found: list[int] = []
+    stack = [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.append(kid)
+                    stack.append(kid)
+    return found
 
 
-def _reply_error(channel: Channel, name: str, parameters: dict) -> None:
-    try:
-        channel.send({"error": f"io.corral.SessionHolder.{name}", "parameters": parameters})
-    except OSError:
-        pass
+def _wait_for_child(seconds: float) -> None:
+    """Sleep until a child's end (SIGCHLD, through the holder's wakeup pipe) or ``seconds``."""
+    time.sleep(seconds)
 
 
 def _fd_limit() -> int:

@@ -168,7 +168,7 @@ def _start_unit(directory: str, config: dict, manager) -> list[str]:
         argv = [sys.executable, "-P", "-m", "corral_systemd.ctl.session_holder", json.dumps(config, sort_keys=True)]
         manager.start_holder(argv, holder_environment(directory))
         give_up = time.monotonic() + HOLDER_START
-        while S.holder_token(S.read_entry(directory, config["session"])) is None:
+        while S.holder_token(config["session"]) is None:
             if time.monotonic() > give_up or not manager.holder_active():
                 manager.abandon()
                 raise CtlError(f"the session's holder ({manager.holder_unit}) did not start")
@@ -271,7 +271,7 @@ def ls(as_json: bool, directory: str | None = None) -> int:
     directory = directory or REG.state_dir()
     rows = []
     for entry in sorted(S.list_entries(directory), key=lambda e: e.get("created_at") or 0):
-        token = S.holder_token(entry)
+        token = S.holder_token(entry["session"])
         if token is None and entry.get("state") == "ended":
             continue
         members = token.get("members", []) if token else []
@@ -302,10 +302,14 @@ def end(text: str, directory: str | None = None) -> int:
     entry = S.find(text, directory)
     if entry is None:
         raise CtlError(f"unknown session {text!r}")
-    members, left = end_session(directory, entry, by="corralctl session end")
     session_id = entry["session"]
+    before = entry.get("state") if S.holder_token(session_id) is None else None
+    members, left = end_session(directory, entry, by="corralctl session end")
+    if before == "ended":  # by its holder, earlier: what that end recorded, and what is found now
+        left = list(dict.fromkeys([*(entry.get("not_proven") or []), *left]))
+        print(f"session {session_id} had already ended ({entry.get('why') or 'no reason recorded'})")
     if left:
-        print(f"session {session_id}: NOT proven ended: {' '.join(left)} may still run", file=sys.stderr)
+        print(f"session {session_id}: NOT proven ended: {'; '.join(left)}", file=sys.stderr)
         return 120
     print(
         f"session {session_id} ended: {len(members)} run{'s' if len(members) != 1 else ''}, every process proven gone"
@@ -314,36 +318,54 @@ def end(text: str, directory: str | None = None) -> int:
 
 
 def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[str]]:
-    """End the session of ``entry``: (its runs, those not proven gone). Through its
-    holder while it lives; the runs are then proven gone here, whatever it said."""
+    """End the session of ``entry``: (its runs, what is not proven gone).
+
+    Its holder is the process the kernel names at its address, never the
+    entry's: asked to end (``End``, a stopped one continued), it answers after
+    its own proof (``waitpid`` with no child left below it, the slice's cgroup
+    empty). A holder that dies or does not answer within ``HOLDER_WAIT`` proves
+    nothing: what it held is named not proven (a systemd session's slice is
+    still proven from its cgroup). With no holder, a session its holder never
+    ended (killed) is not proven: its background runs' orphans were below it.
+    Members are the runs the holder admitted, and those whose own live corral
+    says they are this session's; each is proven gone by its own proof."""
     session_id = entry["session"]
-    token = S.holder_token(entry)
+    token = S.holder_token(session_id)
     members: list[str] = list(token.get("members", [])) if token else []
+    left: list[str] = []
     if token is not None:
-        members = _end_holder(entry, members)
-    # Runs whose own live corral says they are of this session (a holder that died
-    # never learnt them), and, with no holder to ask, those whose entries say so:
-    # each is stopped only through what proves it the run's (``stop``).
+        said = _end_holder(session_id)
+        members = list(dict.fromkeys([*members, *said.get("members", [])]))
+        left += said.get("not_proven", [])
+        if said.get("ended_by_another"):
+            again = S.read_entry(directory, session_id) or {}
+            left += again.get("not_proven") or [] if again.get("state") == "ended" else ["its holder exited unanswered"]
+    elif entry.get("state") != "ended" and entry.get("engine") != "systemd":
+        left.append(
+            "no holder holds the session (none is bound to its address) and none ended it: "
+            "what its holder held (its background runs' orphans) is not proven gone"
+        )
     for e in REG.list_entries(directory):
         rid = e.get("run_id")
-        if isinstance(rid, str) and rid not in members and e.get("session") == session_id:
-            if S.member_of(e, session_id) or token is None:
-                members.append(rid)
-    left = stop_members(directory, members)
-    # Whatever is still in the session's slice (systemd mode): the one its id names.
-    # With no holder to say whether the session has one, it is looked for anyway.
-    if token is None or S.token_slice(token) is not None:
+        if isinstance(rid, str) and rid not in members and S.member_of(e, session_id):
+            members.append(rid)
+    left += stop_members(directory, members)
+    if token is None or S.token_slice(token) is not None:  # whatever is still in the slice its id names
         left += stop_slice(session_id)
+    left = list(dict.fromkeys(left))
     if token is None and entry.get("state") != "ended":
         entry.update(state="ended", ended_at=time.time(), why=f"ended by {by} (its holder was gone)", not_proven=left)
-        S.write_entry(directory, entry)
+        try:
+            S.write_entry(directory, entry)
+        except OSError:
+            pass
     return members, left
 
 
 def orphaned(directory: str) -> list[dict]:
     """Sessions not ended whose holder is gone (SIGKILLed, or its machine's session
     ended) and will not come back (a holder unit the manager is restarting will)."""
-    gone = [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_token(e) is None]
+    gone = [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_token(e["session"]) is None]
     return [e for e in gone if not _holder_unit_restarting(e)]
 
 
@@ -363,24 +385,57 @@ def _holder_unit_restarting(entry: dict) -> bool:
         manager.close()
 
 
-def _end_holder(entry: dict, members: list[str]) -> list[str]:
-    """Ask the holder to end the session; follow its token's members until it exits."""
-    holder = entry["holder"]
+def _end_holder(session_id: str) -> dict:
+    """Ask the session's holder to end it (``End``) and wait for its answer:
+    ``{members, not_proven}``. A stopped holder is continued (again, each second:
+    the run may stop it again); one that dies or does not answer within
+    ``HOLDER_WAIT`` is SIGKILLed and proves nothing (``not_proven`` says so)."""
+    from ..varlink.wire import Channel, ProtocolError
+
+    connected = S.connect_holder(session_id)
+    if connected is None:
+        return {"not_proven": [f"its holder was gone before it could end the session {session_id}"]}
+    sock, pid = connected
     try:
-        fd = os.pidfd_open(holder["pid"])
+        pidfd = os.pidfd_open(pid)
     except OSError:
-        return members
+        sock.close()
+        return {"not_proven": [f"its holder (pid {pid}) died before it could end the session"]}
+    channel = Channel(sock)
     try:
-        if S.holder_token(entry) is None:  # the pid now names another process
-            return members
-        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        try:
+            channel.send({"method": S.END_METHOD, "parameters": {}})
+        except OSError:
+            pass
         give_up = time.monotonic() + HOLDER_WAIT
         while time.monotonic() < give_up:
-            token = S.holder_token(entry)
-            if token is not None:
-                members = list(dict.fromkeys([*members, *token.get("members", [])]))
-            if select.select([fd], [], [], 0.05)[0]:
-                return members
-        return members  # still going: what it has not stopped, session end stops itself
+            _signal(pidfd, signal.SIGCONT)  # a holder the run stopped
+            if select.select([sock], [], [], 1.0)[0]:
+                try:
+                    got = channel.receive()
+                except (OSError, ProtocolError):
+                    got = None
+                if got is not None and "error" in got[0]:
+                    why = (got[0].get("parameters") or {}).get("why") or got[0]["error"]
+                    return {"not_proven": [f"its holder refused to end it: {why}"]}
+                if got is not None:
+                    return dict(got[0].get("parameters") or {})
+                # Closed unanswered: ending already (asked by another), it answers none
+                # that came later; its exit, then its entry, are all there is to go by.
+                if select.select([pidfd], [], [], 5.0)[0]:
+                    return {"ended_by_another": True}
+                break
+        _signal(pidfd, signal.SIGKILL)
+        return {
+            "not_proven": [f"its holder (pid {pid}) did not finish ending the session: what it held is not proven gone"]
+        }
     finally:
-        os.close(fd)
+        sock.close()
+        os.close(pidfd)
+
+
+def _signal(pidfd: int, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except OSError:
+        pass

@@ -13,7 +13,12 @@ Guarantees:
   re-checked against the scan: ``proctree``), the grace period, then
   SIGKILL to the init (the whole namespace);
 - the proof: corral reaped the init. That covers every process that was
-  ever in the namespace, the ones corral never saw included.
+  ever in the namespace, the ones corral never saw included;
+- the main process's exit status is the kernel's where it keeps one for a
+  process corral did not reap (``PIDFD_INFO_EXIT``, Linux 6.15), and a
+  line of the init's is never taken before the kernel shows the main
+  process reaped: a command running as root can write into the init's
+  status pipe (``_ended``).
 
 Limits as in the fallback (``proctree``): --mem and --cpu-time watched,
 --pids and --cpus not enforced.
@@ -111,6 +116,7 @@ class PidnsEngine(ProcessTreeEngine):
         self._buffer = b""
         self._eof = False
         self._main: int | None = None
+        self._main_fd = -1
         self._helpers: set[int] = set()
         self._main_ns: int | None = None
         self._namespace = _ns_link(pid)
@@ -166,6 +172,12 @@ class PidnsEngine(ProcessTreeEngine):
             raise SetupError(f"pid namespace: {why}; the command never ran")
         self._main_ns = int(said[4:])
         self._main = self._host_pid(self._main_ns)  # the init reaps nothing until told
+        if self._main is not None:
+            # Before the init may reap it: the kernel keeps its end for a pidfd opened first.
+            try:
+                self._main_fd = os.pidfd_open(self._main)
+            except ProcessLookupError:
+                pass  # the init was killed from outside, and the namespace with it
         try:
             self._control.send(b"k")
         except OSError:
@@ -205,14 +217,39 @@ class PidnsEngine(ProcessTreeEngine):
         # A container's pid 1: orphans outside the run (a `podman exec`'s) are corral's children now.
         self._reap_adopted(*self._helpers)  # the init: helper_pids
         while self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
-            if said.startswith("exit "):
-                self._status = int(said[5:])
+            if self._status is None:
+                self._status = self._ended(said)
         if self._eof and self._status is None and self._main is not None:
             # The init ended before the command's main process did: the kernel
             # SIGKILLed it with the namespace.
             self._status = int(signal.SIGKILL)
             if not self._init_killed:
                 self.warnings.append("the pid namespace's init ended before the command did (killed from outside?)")
+
+    def _ended(self, said: str) -> int | None:
+        """The main process's wait status, on a line from the init's pipe
+        (None: the line is not the init's ``exit STATUS``).
+
+        The init says it once it has reaped the main process, but a command
+        running as root can write a line as well formed into the pipe
+        (/proc/1/fd/N). So no line counts while the kernel still has the main
+        process (running, or not reaped), and the kernel's status is taken
+        over the line's where it keeps one: then any line, a garbled one too,
+        only says when to ask. Before Linux 6.15 the line's number is taken:
+        one written in the instant between the init's reaping and its own
+        line would be believed."""
+        if self._main_fd >= 0:
+            try:
+                signal.pidfd_send_signal(self._main_fd, 0)
+                return None
+            except ProcessLookupError:
+                pass  # reaped
+            except PermissionError:
+                return None
+            if (status := _exit_status(self._main_fd)) is not None:
+                return status
+        word = said[len("exit ") :] if said.startswith("exit ") else ""
+        return int(word) if word.isdigit() else None
 
     # -- membership ----------------------------------------------------
     def _members(self) -> list[procfs.ProcInfo]:
@@ -288,6 +325,9 @@ class PidnsEngine(ProcessTreeEngine):
             self._kill_init()
             self._reap_init(block=True)
         self._close_channels()
+        if self._main_fd >= 0:
+            os.close(self._main_fd)
+            self._main_fd = -1
 
     def describe(self):
         info = {**self.tree_facts(), **network_fact(self.spec)}
@@ -315,6 +355,31 @@ def _refused(exc: OSError, userns: bool) -> str:
     if exc.errno in (errno.EINVAL, errno.ENOSYS):
         return f"this kernel cannot make one ({exc.strerror})"
     return exc.strerror or str(exc)
+
+
+#: PIDFD_GET_INFO (Linux 6.13), ``_IOWR(0xFF, 11, ...)`` for the first, 64-byte
+#: ``struct pidfd_info``; its PIDFD_INFO_EXIT (6.15) and where ``exit_code`` is.
+_PIDFD_GET_INFO = (3 << 30) | (64 << 16) | (0xFF << 8) | 11
+_PIDFD_INFO_EXIT = 8
+_EXIT_CODE_AT = 60
+
+
+def _exit_status(pidfd: int) -> int | None:
+    """The wait status the kernel kept for a reaped process with ``pidfd``
+    open since before (whoever reaped it), or None: a kernel that keeps none
+    (before 6.15), or the process is not reaped."""
+    import fcntl
+    import struct
+
+    info = bytearray(64)
+    struct.pack_into("=Q", info, 0, _PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info)
+    except OSError:
+        return None  # ENOTTY before 6.13; ESRCH for a reaped process before 6.15
+    if not struct.unpack_from("=Q", info, 0)[0] & _PIDFD_INFO_EXIT:
+        return None
+    return struct.unpack_from("=i", info, _EXIT_CODE_AT)[0]
 
 
 def _ns_link(pid: int) -> str | None:

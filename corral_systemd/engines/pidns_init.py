@@ -21,17 +21,38 @@ In order:
 3. not root: its user namespace maps the caller's uid and gid to themselves
    (``setgroups`` denied), so the command runs as the caller;
 4. a mount namespace whose mounts do not propagate out, and a /proc of the
-   namespace's own over the old one (the command, and a corral inside it,
-   read pids as their namespace numbers them); then ``ready``, or ``setup
-   WHY`` and exit;
-5. on the start message: the command forked as the fallback forks it
+   namespace's own (the command, and a corral inside it, read pids as their
+   namespace numbers them) that the command cannot unmount to find the
+   host's: root's has none of the host's below it
+   (``kernel.namespaces.mount_own_proc``); in a user namespace the command
+   has no capability over the mounts, or, uid 0 there, is in one more user
+   namespace below which they are a locked unit. Not so for uid 0 of a
+   container's user namespace that may make a pid namespace itself (no user
+   namespace here): it keeps its capabilities over the mounts;
+5. every descriptor of corral's it was cloned with (its stdio, corral's
+   signal pipe, the registry's files), but the two channels, now reads
+   /dev/null: the command can open the init's descriptors (/proc/1/fd/N)
+   as root, and would otherwise write into corral's. Those corral was given
+   to pass on (not close-on-exec) stay: the command inherits them in every
+   tier. Then ``ready``, or ``setup WHY`` and exit;
+6. on the start message, not dumpable: another process may open its
+   descriptors, read its memory or ptrace it only with CAP_SYS_PTRACE over
+   corral's user namespace, which root keeps and a command in the init's
+   user namespace (3) never has, uid 0 there included; not before, as
+   corral reads the init's /proc/PID/ns/pid until then. The command is
+   dumpable again once it has exec'd;
+7. the command forked as the fallback forks it
    (``kernel.spawn.fork_command``: its own session, the seal of a sealed
    run, a terminal, the umask); ``run PID`` (its pid here), ``exec ERRNO``
    or ``setup WHY``; after ``run`` it reaps nothing until corral's byte
    says corral has found the main process in its own /proc;
-6. it reaps every process that ends in the namespace (orphans re-parent to
-   it), says ``exit STATUS`` when the command's main process ends, and exits
-   once it has no child left: then the namespace is empty.
+8. it reaps every process that ends in the namespace (orphans re-parent to
+   it), says ``exit STATUS`` once it has reaped the command's main process,
+   and exits once it has no child left: then the namespace is empty.
+
+A command running as root can still write into ``status`` (through
+/proc/1/fd/N): corral takes a line as the init's only where the kernel
+agrees (``PidnsEngine._ended``).
 """
 
 import json
@@ -52,7 +73,7 @@ def run(spec, *, status: int, control: int, corral_pidfd: int, uid: int, gid: in
 
 
 def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
-    from ..kernel.namespaces import map_self, mount_own_proc, set_dumpable
+    from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, errno_error, map_self, mount_own_proc, set_dumpable
     from ..kernel.prctl import set_parent_death_signal
     from ..kernel.signals import stop_signals
 
@@ -75,8 +96,16 @@ def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
         mount_own_proc(lib)
     except OSError as exc:
         raise OSError(exc.errno, f"no /proc of its own can be mounted ({exc.strerror or exc})") from None
+    if userns and uid == 0:
+        # uid 0 has every capability in the user namespace made above, over these mounts
+        # too: it could unmount the new /proc and find the host's, locked, below it. In one
+        # more user namespace the mounts come as a locked unit, the new /proc included.
+        if lib.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+            raise errno_error("unshare")
+        map_self(uid, gid)
+    _shed_descriptors(keep={status, control})
     _say(status, "ready")
-    main = _start(spec, status, control)
+    main = _start(spec, status, control, lib)
     if main is None:
         os._exit(0)
     while True:
@@ -88,14 +117,32 @@ def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
             _say(status, f"exit {wait_status}")
 
 
-def _start(spec, status, control) -> int | None:
+def _shed_descriptors(keep: set[int]) -> None:
+    """Point every descriptor of corral's but ``keep`` at /dev/null, stdio
+    included; leave those corral was given to pass on (see the module's
+    docstring). Replaced, not closed: their numbers stay taken, so an object
+    of corral's still naming one never closes a descriptor of the init's own."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            passed_on = fd > 2 and os.get_inheritable(fd)
+        except OSError:
+            continue  # the listing's own descriptor, closed again
+        if not passed_on and fd not in keep and fd != null:
+            os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+def _start(spec, status, control, lib) -> int | None:
     """The command, forked from the start message; its pid, or None (corral sent none)."""
+    from ..kernel.namespaces import set_dumpable
     from ..kernel.spawn import ExecError, fork_command
 
     sock = socket.socket(fileno=control)
     head, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
     if not head:
         return None
+    set_dumpable(lib, False)
     size = int.from_bytes(_exactly(sock, 8), "big")
     data = _exactly(sock, size)
     message = json.loads(data)

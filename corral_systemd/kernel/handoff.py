@@ -72,7 +72,10 @@ CHANNELS = (
     Channel("session-bus", "the session bus ($XDG_RUNTIME_DIR/bus, $DBUS_SESSION_BUS_ADDRESS)"),
     Channel("user-sockets", "other listening sockets in the user's runtime directory (socket activation, agents)"),
     Channel("corral-service", "a corral service ($XDG_RUNTIME_DIR/io.corral.Run, /run/io.corral.Run)"),
-    Channel("corral-session", "a corral session's holder (<state dir>/sessions/<id>.sock: it starts background runs)"),
+    Channel(
+        "corral-session",
+        "a corral session's holder (@corral-session/<uid>/<id>: it starts background runs)",
+    ),
     Channel("system-manager", "the system manager (/run/systemd/private)"),
     Channel("system-bus", "the system bus (/run/dbus/system_bus_socket, $DBUS_SYSTEM_BUS_ADDRESS)"),
     Channel("atd", "atd's spool (/var/spool/cron/atjobs)"),
@@ -162,12 +165,9 @@ def runtime_dirs(env: dict, uid: int) -> list[str]:
     return out
 
 
-def survey(
-    env: dict, uid: int | None = None, listening: set[str] | None = None, sessions_dir: str | None = None
-) -> Survey:
+def survey(env: dict, uid: int | None = None, listening: set[str] | None = None) -> Survey:
     """The channels the command (uid ``uid``, environment ``env``) could reach
-    and what hides them; see the module's docstring. ``sessions_dir``: where
-    corral sessions' holders listen (``state.sessions.sessions_dir``)."""
+    and what hides them; see the module's docstring."""
     uid = os.geteuid() if uid is None else uid
     listening = listening_sockets() if listening is None else listening
     found = Survey()
@@ -195,11 +195,13 @@ def survey(
         add("session-bus", path, "socket", listens(path))
     for path in _corral_services(env, runtimes):
         add("corral-service", path, "socket", listens(path))
-    # A holder binds its socket through /proc/self/fd/N/ (a state directory's
-    # path may be too long for a unix socket's): /proc/net/unix does not name
-    # it by its path, so the sockets there are what counts.
-    for path in _holder_sockets(sessions_dir):
-        add("corral-session", path, "socket", _socket_we_may_use(path))
+    # A session's holder listens on an abstract address: no path to hide. It
+    # refuses every caller in another user namespace than its own, which a
+    # sealed run's command always is (``ctl/session_holder.py``).
+    from ..common.programs import SESSION_ADDRESS_PREFIX
+
+    if any(p.startswith(f"@{SESSION_ADDRESS_PREFIX}{uid}/") for p in listening):
+        found.open.append("corral-session")
     prefixes = tuple(runtime + "/" for runtime in runtimes)
     for path in sorted(p for p in listening if p.startswith(prefixes)):
         real = os.path.realpath(path)
@@ -227,14 +229,6 @@ def _socket_we_may_use(path: str) -> bool:
     except OSError:
         return False
     return stat.S_ISSOCK(st.st_mode) and os.access(path, os.W_OK)
-
-
-def _holder_sockets(sessions_dir: str | None) -> list[str]:
-    try:
-        with os.scandir(sessions_dir or "/nonexistent") as entries:
-            return sorted(e.path for e in entries if e.name.endswith(".sock"))
-    except OSError:
-        return []
 
 
 def _corral_services(env: dict, runtimes: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ EINVAL (a kernel without the namespace).
 
 import ctypes
 import os
+import re
 import signal
 
 CLONE_NEWNS = 0x00020000
@@ -33,6 +34,8 @@ MS_REC = 16384
 MS_SLAVE = 1 << 19
 MNT_DETACH = 2
 PR_SET_DUMPABLE = 4
+#: The initial user namespace's inode number (a constant of the kernel's: ``USER_NS_INIT_INO``).
+_INITIAL_USER_NS = 0xEFFFFFFD
 
 _SYS_CLONE3 = 435  # the same number on every architecture
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120, "riscv64": 220}
@@ -72,14 +75,45 @@ def map_self(uid: int, gid: int) -> None:
 def mount_own_proc(lib) -> None:
     """In a mount namespace of this process's own whose pid namespace it
     leads: nothing mounted here propagates out (every mount a slave), and a
-    /proc for its pid namespace over the old one. OSError if refused (a
-    container's /proc with masked paths is not "fully visible": a user
-    namespace may not mount another) or if /proc still does not show this
-    process as pid 1."""
+    /proc for its pid namespace.
+
+    In the initial user namespace (root) every /proc the mount namespace was
+    copied with, the host's, is detached first (with whatever is mounted
+    below it), so that unmounting the new one shows an empty directory:
+    nothing is locked there, and the kernel asks for no other /proc to be
+    visible before it mounts one. In a user namespace the copies are locked
+    (they may not be unmounted, by this process or any other) and the kernel
+    mounts a /proc only while one is fully visible: the new one goes over
+    the old, and a process without CAP_SYS_ADMIN over this mount namespace
+    (a command that is not uid 0 of the user namespace) cannot unmount it.
+
+    OSError if refused (a container's /proc with masked paths is not "fully
+    visible": a user namespace may not mount another), if a /proc of the
+    host's is left, or if /proc does not show this process as pid 1."""
     mount(lib, None, "/", None, MS_REC | MS_SLAVE)
+    initial = os.stat("/proc/self/ns/user").st_ino == _INITIAL_USER_NS
+    if initial:
+        for point in reversed(_proc_mounts()):  # a stacked or nested one before the one below it
+            lib.umount2(point, MNT_DETACH)  # failed: still listed below
     mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if initial and _proc_mounts() != [b"/proc"]:
+        raise OSError(0, "a /proc of the host's could not be detached")
     if os.readlink("/proc/self") != str(os.getpid()):
         raise OSError(0, "the new /proc does not number this namespace's processes")
+
+
+def _proc_mounts() -> list[bytes]:
+    """Where a proc file system is mounted in this process's mount namespace,
+    in mount order (its /proc/self/mountinfo)."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        lines = f.read().splitlines()
+    points = []
+    for line in lines:
+        fields, _, fs = line.partition(b" - ")
+        if fs.split(b" ", 1)[0] == b"proc":
+            # Spaces and the like are octal escapes there (\040).
+            points.append(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields.split()[4]))
+    return points
 
 
 class _CloneArgs(ctypes.Structure):
@@ -126,7 +160,11 @@ def clone_into(flags: int) -> tuple[int, int]:
     return pid, pidfd.value if pidfd.value >= 0 else os.pidfd_open(pid)
 
 
-def set_dumpable(lib) -> None:
-    """This process's /proc/self files are its own to write (a parent that
-    was not dumpable passed that on)."""
-    lib.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+def set_dumpable(lib, dumpable: bool = True) -> None:
+    """Dumpable: this process's /proc/self files are its own to write (a
+    parent that was not dumpable passed that on). Not dumpable: its /proc/PID
+    files are root's, and another process may open its descriptors
+    (/proc/PID/fd), read its memory or ptrace it only with CAP_SYS_PTRACE over
+    the user namespace it was forked in (root of the initial one keeps that);
+    an ``execve`` of a program the process may read makes it dumpable again."""
+    lib.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)

@@ -5,23 +5,34 @@
                                               its slice and holder unit; fallback), its
                                               holder's pid and start time; its end, once ended
 
-The entry is a file the runs' own uid can rewrite, so nothing rests on it
-alone. What a reader believes comes from the **holder's token**: a sealed
-memfd ``corral-session-<id>`` that only the live holder process holds
-(``registry.SealedToken``), JSON ``{session, pid, boot_id, state, members,
-max_runs, limits, slice, manager}``. ``state`` is ``open`` (runs may join) or ``ending``; ``members``
-are the run ids the holder saw join, each proven by that run's own corral's
-token naming this session (``registry.owner_token``'s ``session``), so a
-forged entry can neither add a run of another session to this one nor make
-a closed session look open. ``holder_token`` reads it, ``None`` when the
-holder is gone (the session is over, or its holder died: ``corralctl session
-end`` then works from the registry's own proofs).
+The entry is a file the runs' own uid can rewrite, so nothing rests on it:
+it is an index of names and, once the session is over, its history.
+
+Which process holds the session is the **kernel's** word: the holder binds
+the abstract unix socket ``holder_address(id)`` before any run can join,
+and a name bound there cannot be removed, renamed or taken by anyone while
+the holder lives (a stopped holder included); ``SO_PEERCRED`` of a
+connection to it names the holder's pid. What a reader believes of the
+session comes from the **holder's token** read from that pid: a sealed
+memfd ``corral-session-<id>`` (``registry.SealedToken``), JSON ``{session,
+pid, boot_id, state, members, max_runs, limits, slice, manager, config}``.
+``state`` is ``open`` (runs may join) or ``ending``; ``members`` are the runs
+the holder admitted, each over a connection from that run's own corral
+(``Join``: its pid from ``SO_PEERCRED``, its registry token naming this run
+and session), so no entry, rewritten or forged, makes a run join, leave or be
+stopped with the session. ``holder_token`` reads it, ``None`` when nothing
+holds the address (the session is over, or its holder died).
+
+Failure mode: a same-uid process that binds the address after the holder
+died is taken for the holder if it also holds a sealed token of that name;
+until then the session's end says its holder is gone (``ctl/sessions.py``).
 """
 
 import json
 import os
 import time
 
+from ..common.programs import SESSION_ADDRESS_PREFIX as ADDRESS_PREFIX
 from . import registry as REG
 
 #: Sessions per user at once (``CORRAL_MAX_SESSIONS`` overrides).
@@ -46,15 +57,42 @@ def sessions_dir(directory: str) -> str:
     return os.path.join(directory, "sessions")
 
 
-#: The holder's one Varlink method: start a background run's corral as its child (``ctl/session_spawner.py``).
-SPAWN_METHOD = "io.corral.SessionHolder.Spawn"
+#: The holder's Varlink methods (``ctl/session_holder.py``): start a background run's
+#: corral as its child, admit a run, end the session and answer with what is not proven.
+INTERFACE = "io.corral.SessionHolder"
+SPAWN_METHOD = f"{INTERFACE}.Spawn"
+JOIN_METHOD = f"{INTERFACE}.Join"
+END_METHOD = f"{INTERFACE}.End"
 
 
-def socket_address(dirfd: int, session_id: str) -> str:
-    """The holder's socket, named through an open descriptor of the sessions
-    directory (``/proc/self/fd/N/<id>.sock``): a unix socket's path is at most
-    108 bytes, a state directory's is not."""
-    return f"/proc/self/fd/{dirfd}/{session_id}.sock"
+def holder_address(session_id: str, uid: int | None = None) -> str:
+    """The holder's socket: an abstract name (Linux), per user and session. No
+    file the runs could rename, remove or bind anew; the kernel refuses the name
+    to anyone else while the holder is bound to it."""
+    return f"\0{ADDRESS_PREFIX}{os.geteuid() if uid is None else uid}/{session_id}"
+
+
+def connect_holder(session_id: str, timeout: float = 5.0):
+    """(a connection to the session's holder, the holder's pid as the kernel
+    recorded it) or None when nothing of this uid is bound to its address."""
+    import socket
+
+    from ..varlink.wire import peer_credentials
+
+    if not valid_session_id(session_id):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(holder_address(session_id))
+        pid, uid, _gid = peer_credentials(sock)
+    except OSError:
+        sock.close()
+        return None
+    if uid != os.geteuid() or pid <= 0:
+        sock.close()
+        return None
+    return sock, pid
 
 
 def entry_path(directory: str, session_id: str) -> str:
@@ -99,34 +137,33 @@ def list_entries(directory: str) -> list[dict]:
     return entries
 
 
-def holder_token(entry: dict | None) -> dict | None:
-    """The live holder's own word on the session (its sealed token), or None."""
-    if not isinstance(entry, dict):
+def holder_token(session_id) -> dict | None:
+    """The live holder's own word on session ``session_id`` (its sealed token,
+    read from the process bound to its address), or None."""
+    if not isinstance(session_id, str):
         return None
-    holder = entry.get("holder")
-    session_id = entry.get("session")
-    if not isinstance(holder, dict) or not isinstance(session_id, str) or not valid_session_id(session_id):
+    connected = connect_holder(session_id)
+    if connected is None:
         return None
-    pid, starttime = holder.get("pid"), holder.get("starttime")
-    if type(pid) is not int or not 0 < pid < 1 << 22 or not _alive(pid, starttime):
-        return None
-    token = REG.sealed_token(pid, TOKEN_PREFIX + session_id)
-    if token is None or token.get("session") != session_id or not _alive(pid, starttime):
-        return None  # no token of this session, or read from a process since gone
-    return token
-
-
-def _alive(pid: int, starttime) -> bool:
-    st = REG.proc_stat(pid)
-    return st is not None and st[4] == starttime and st[3] not in ("Z", "X")
+    sock, pid = connected
+    try:  # read while connected: the pid cannot name another process meanwhile
+        token = REG.sealed_token(pid, TOKEN_PREFIX + session_id)
+    finally:
+        sock.close()
+    return token if token is not None and token.get("session") == session_id else None
 
 
 def find(text: str, directory: str) -> dict | None:
-    """A session by id or by name (the live one of that name, else the newest)."""
-    if valid_session_id(text) and (entry := read_entry(directory, text)) is not None:
-        return entry
+    """A session by id or by name (the live one of that name, else the newest).
+    By id, a live holder's session is found with its entry removed (what its
+    token says of it)."""
+    if valid_session_id(text):
+        if (entry := read_entry(directory, text)) is not None:
+            return entry
+        if (token := holder_token(text)) is not None and isinstance(token.get("config"), dict):
+            return {**token["config"], "state": token.get("state")}
     named = [e for e in list_entries(directory) if e.get("name") == text]
-    live = [e for e in named if holder_token(e) is not None]
+    live = [e for e in named if holder_token(e["session"]) is not None]
     pool = live or named
     return max(pool, key=lambda e: e.get("created_at") or 0) if pool else None
 
@@ -135,32 +172,58 @@ class NotJoinable(Exception):
     """Why a run cannot join the session it asks for (its message is the one line said)."""
 
 
-def joinable(text: str, directory: str, joining: str | None = None) -> str:
-    """The id of session ``text`` (an id or a name) if a run may join it now: its
-    holder alive and holding its token, which says open; once the run is registered
-    (``joining``: its id), also room under the token's ``max_runs``. NotJoinable else."""
+def joinable(text: str, directory: str) -> str:
+    """The id of session ``text`` (an id or a name) if its holder lives and its
+    token says open: a check before anything starts. Only the holder admits a
+    run (``join``). NotJoinable else."""
     entry = find(text, directory)
-    token = holder_token(entry)
     if entry is None:
         raise NotJoinable(f"no session {text!r}")
+    token = holder_token(entry["session"])
     if token is None:
         raise NotJoinable(f"session {entry['session']} has ended")
     if token.get("state") != "open":
         raise NotJoinable(f"session {entry['session']} is ending")
-    if joining is not None and isinstance(max_runs := token.get("max_runs"), int):
-        running = [
-            m
-            for m in token.get("members", [])
-            if m != joining and REG.effective_state(REG.read_entry(directory, m))[0] != "finished"
-        ]
-        if len(running) >= max_runs:
-            raise NotJoinable(f"session {entry['session']} has {len(running)} runs, its --max-runs")
     return entry["session"]
+
+
+def join(session_id: str, run_id: str) -> tuple[int, dict]:
+    """Ask the session's holder to admit run ``run_id`` (this process is its
+    corral, registered): (a pidfd of the holder, what its reply says of the
+    session: ``owner``, ``limits``, ``slice``, ``manager``). The holder decides
+    alone, one call at a time (``--max-runs`` holds however many join at once).
+    NotJoinable with its one line when it refuses or is gone."""
+    from ..varlink.wire import Channel, ProtocolError, VarlinkError
+
+    connected = connect_holder(session_id)
+    if connected is None:
+        raise NotJoinable(f"session {session_id} has ended")
+    sock, pid = connected
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        sock.close()
+        raise NotJoinable(f"session {session_id} has ended") from None
+    try:
+        # The reply comes from the live holder, so the pidfd opened before it is the holder's.
+        reply, fds = Channel(sock).call(JOIN_METHOD, {"run_id": run_id})
+        for fd in fds:
+            os.close(fd)
+        return pidfd, reply
+    except VarlinkError as exc:
+        os.close(pidfd)
+        why = (exc.parameters or {}).get("why") if isinstance(exc.parameters, dict) else None
+        raise NotJoinable(why or f"session {session_id}'s holder refused the run ({exc.name})") from None
+    except (OSError, ProtocolError):
+        os.close(pidfd)
+        raise NotJoinable(f"session {session_id} has ended") from None
+    finally:
+        sock.close()
 
 
 def live_sessions(directory: str) -> list[dict]:
     """Entries whose holder is alive and holds its token."""
-    return [e for e in list_entries(directory) if holder_token(e) is not None]
+    return [e for e in list_entries(directory) if holder_token(e.get("session")) is not None]
 
 
 #: The session limits (``common.limits`` fields): aggregate over every run of the session.
@@ -220,6 +283,7 @@ class HolderToken(REG.SealedToken):
 
     def __init__(self, config: dict):
         super().__init__(TOKEN_PREFIX + config["session"])
+        self.config = public_config(config)
         self.session_id = config["session"]
         self.max_runs = config.get("max_runs")
         self.limits = dict(config.get("limits") or {})
@@ -244,6 +308,7 @@ class HolderToken(REG.SealedToken):
                 "limits": self.limits,
                 "slice": self.slice,
                 "manager": self.manager,
+                "config": self.config,
                 "time": time.time(),
             }
         )
