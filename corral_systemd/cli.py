@@ -85,7 +85,7 @@ def run(request: RunRequest) -> int:
             spec,
             lambda: open_engine(spec),
             guard=request.guard_options(),
-            supervisor={"signals": signals},
+            supervisor={"signals": signals, "watches": request.watches},
         )
     if not request.quiet:
         for warning in result.warnings:

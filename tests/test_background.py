@@ -421,7 +421,9 @@ def test_log_max_bounds_the_log_on_disk_whoever_writes_it(bg, mode):
     from corral_systemd.core.logkeeper import bound
 
     go = bg.directory.parent / "go"
-    r = bg.start([*mode_flags(mode), "--background", "--log-max", "4K", "--json", "-", "--", "sh", "-c", FLOOD, "sh", str(go)])
+    r = bg.start(
+        [*mode_flags(mode), "--background", "--log-max", "4K", "--json", "-", "--", "sh", "-c", FLOOD, "sh", str(go)]
+    )
     assert r.returncode == 0, r.stderr
     started = json.loads(r.stdout)
     log = bg.directory / f"{started['run_id']}.out"
@@ -436,7 +438,10 @@ def test_log_max_bounds_the_log_on_disk_whoever_writes_it(bg, mode):
 
 
 #: Listens on 127.0.0.1:$1 (in its own network namespace, with --network none), then waits.
-LISTEN = "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(1000)"
+LISTEN = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(1000)"
+)
 
 
 @pytest.mark.parametrize("mode", all_modes())

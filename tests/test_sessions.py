@@ -1058,24 +1058,30 @@ def test_a_run_relabelled_into_a_session_whose_holder_died_is_not_stopped(agent)
 
 
 def test_max_runs_holds_under_concurrent_joiners(agent):
-    """Six corrals join a --max-runs 1 session at once: the holder admits one."""
+    """Twelve corrals join a --max-runs 1 session at once (its holder stopped while they
+    come, so that all ask before it answers any): the holder admits one."""
     sid = start_session(agent, "--max-runs", "1")
+    holder = agent.session_entry(sid)["holder"]["pid"]
     marker = new_marker()
-    procs = [
-        subprocess.Popen(
-            [*CORRAL, "--session", sid, "--", "sleep", "3"],
-            env=dict(agent.env, **{MARKER_ENV: marker}),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(6)
-    ]
+    os.kill(holder, signal.SIGSTOP)
     try:
+        procs = [
+            subprocess.Popen(
+                [*CORRAL, "--session", sid, "--", "sleep", "3"],
+                env=dict(agent.env, **{MARKER_ENV: marker}),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(12)
+        ]
+        time.sleep(2.5)
+        os.kill(holder, signal.SIGCONT)
         codes = [(p.wait(timeout=60 * TIME_SCALE), p.stderr.read()) for p in procs]
-        assert sorted(c for c, _ in codes) == [0, 125, 125, 125, 125, 125], codes
+        assert sorted(c for c, _ in codes) == [0] + [125] * 11, codes
         assert all("--max-runs" in err for c, err in codes if c == 125), codes
     finally:
+        os.kill(holder, signal.SIGCONT)
         for p in procs:
             p.kill()
         kill_marked(marker)

@@ -2,7 +2,8 @@
 
     corral (the front)  ──fork──→  corral (the run's own: setsid, stdin /dev/null,
         │                            stdout+stderr → <state dir>/<run id>.out)
-        │                            runs the request as a foreground run would
+        │                            runs the request as a foreground run would,
+        │                            the log held to --log-max on disk (``logkeeper``)
         ├─ waits: the command started (the registry's ``started`` event), then
         │  ready (a port, a file, a line of the log), or the run's corral exited
         └─ the run id (or the start record) on stdout; exit 0
@@ -22,6 +23,13 @@ own verified stop sequence) and the front says 124 (128+N for a signal), or
 120 when that stop could not be proven. A readiness target that already
 answers before the run starts (a port something else listens on, a file that
 exists) is a ``UsageError``: corral could not tell that the run made it.
+
+A run with a network namespace of its own (``--network none``) is ready by
+port once a socket listens on it in that namespace, read from outside it
+(``kernel.netns.listening``, through the started command's /proc directory):
+the front's own connect would reach the host's port, which a host process
+could hold (ready falsely); for the same reason the host's port being taken
+does not refuse such a run.
 
 Nothing here prints: ``cli`` reports what ``launch`` returns or raises.
 """
@@ -189,11 +197,13 @@ def run_detached(request, run_here) -> int:
     from .logkeeper import LogKeeper
 
     keeper = LogKeeper.start(1, request.spec.output_limit)
+    if keeper is not None:
+        request.watches[keeper.fileno()] = keeper.look  # in the supervisor's own poll
     try:
         return run_here(request)
     finally:
         if keeper is not None:
-            keeper.finish()  # after this corral's last write to the log
+            keeper.close()  # the last look, after this corral's last write to the log
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

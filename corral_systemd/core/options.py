@@ -197,7 +197,8 @@ OPTIONS: tuple[Option, ...] = (
         "ready_port",
         ("--ready-port",),
         "value",
-        "--background: ready once this TCP port accepts a connection on 127.0.0.1 or ::1.",
+        "--background: ready once this TCP port accepts a connection on 127.0.0.1 or ::1 "
+        "(--network none: listens in the run's own network namespace).",
         "PORT",
     ),
     Option("ready_file", ("--ready-file",), "value", "--background: ready once this file exists.", "PATH"),
@@ -214,7 +215,8 @@ OPTIONS: tuple[Option, ...] = (
         "log_max",
         ("--log-max",),
         "value",
-        "--background: keep at most SIZE bytes of its output in the log (head and tail, one marker line).",
+        "--background: keep at most SIZE bytes of its output in the log (head and tail, one marker line); "
+        "the file itself, whoever writes it, is cut back to its head past SIZE + 64K.",
         "SIZE",
         "16M",
     ),

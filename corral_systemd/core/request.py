@@ -65,6 +65,9 @@ class RunRequest:
     #: program's): a session's holder reads it again for a background run's corral.
     args: list[str] = field(default_factory=list)
     default_mode: str = "auto"
+    #: Descriptors the supervisor's poll also waits on, and what it calls when one is
+    #: readable (a background run's log keeper: ``core.logkeeper``).
+    watches: dict = field(default_factory=dict)
 
     @property
     def record_to_stdout(self) -> bool:

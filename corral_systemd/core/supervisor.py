@@ -110,6 +110,7 @@ class Supervisor:
         stdin_fd: int = 0,
         observer: RunObserver | None = None,
         ends_with: dict[int, str] | None = None,
+        watches: dict | None = None,
     ):
         self.spec = spec
         self.engine = engine
@@ -118,6 +119,8 @@ class Supervisor:
         #: Pidfds whose process's exit ends the run (stopped as by SIGTERM), each with
         #: the warning that says why: its session's holder and owner (``RunGuard.session_ends``).
         self.ends_with = dict(ends_with or {})
+        #: Other descriptors to wait on, each with what to call when it is readable (``RunRequest.watches``).
+        self.watches = dict(watches or {})
         self.observer = observer
         self._stdout = stdout
         self._stderr = stderr
@@ -443,7 +446,7 @@ class Supervisor:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
             poller.register(self.cancel_fd, select.POLLIN)
-        for fd in self.ends_with:
+        for fd in (*self.ends_with, *self.watches):
             poller.register(fd, select.POLLIN)
         # poll() takes at most INT_MAX ms (~24 days): a longer wait is cut into
         # rounds (the loop re-computes what it waits for after each).
@@ -478,6 +481,8 @@ class Supervisor:
             elif fd in self.ends_with:
                 self.result.warnings.append(self.ends_with.pop(fd))  # once: it has exited
                 stop_sig = stop_sig or signal.SIGTERM
+            elif fd in self.watches:
+                self.watches[fd]()
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
             elif pump is not None:

@@ -115,6 +115,7 @@ class Holder:
         }
         if previous is not None:
             self.entry["restarted_at"] = time.time()
+            self._resume_members()
         S.write_entry(self.directory, self.entry)
         if ready_w is not None:
             os.write(ready_w, b"1")
@@ -126,7 +127,7 @@ class Holder:
         idle_timeout = float(self.config["idle_timeout"])
         self._watch_entry()
         poller = select.poll()
-        for fd in (wake_r, self.sock.fileno(), *([self.owner_fd] if self.owner_fd is not None else [])):
+        for fd in (wake_r, self.sock.fileno(), *([self.owner_fd] if self.owner_fd is not None else []), *self.live):
             poller.register(fd, select.POLLIN)
         if self._entry_watch is not None:
             poller.register(self._entry_watch.fileno(), select.POLLIN)
@@ -173,6 +174,27 @@ class Holder:
                 why = f"idle for {idle_timeout:g}s"
         self.end(why)
         return 0
+
+    def _resume_members(self) -> None:
+        """A holder started again (its unit's restart): the runs a former holder
+        admitted are those whose own live corral's token names this session; each is
+        admitted again (its corral's pidfd), so the end stops it with its own stop
+        sequence. Read once, at the start, never to decide anything later."""
+        for entry in REG.list_entries(self.directory):
+            token = REG.owner_token(entry)
+            run_id = entry.get("run_id")
+            if token is None or token.get("session") != self.session_id or not isinstance(run_id, str):
+                continue
+            try:
+                pidfd = os.pidfd_open(token["pid"])
+            except (OSError, KeyError, TypeError):
+                continue
+            if REG.owner_token(entry) is None:  # gone (and its pid reused) meanwhile
+                os.close(pidfd)
+                continue
+            self.live[pidfd] = (run_id, bool(entry.get("background")))
+            self.members.append(run_id)
+        self.token.update(members=self.members)
 
     def _owner_gone_at_start(self) -> str | None:
         """The owner's pidfd, opened here when not inherited (the unit, or its

@@ -65,7 +65,7 @@ class Inotify:
 
     def read(self) -> list[tuple[int, int, bytes]]:
         """The events queued now, as (wd, mask, name); [] if none (never waits)."""
-        events = []
+        events: list[tuple[int, int, bytes]] = []
         while True:
             try:
                 data = os.read(self.fd, 65536)
