@@ -1101,3 +1101,35 @@ def test_a_rewritten_entry_does_not_keep_a_session_busy(agent):
         fake.write_text(json.dumps({"run_id": "aaaaaaaaaaaa", "session": sid, "state": "active", "n": n}))
         time.sleep(0.2)
     assert agent.session_entry(sid)["why"] == "idle for 2s"
+
+
+def test_the_owners_death_ends_a_run_while_the_holder_is_stopped(agent, tmp_path):
+    """The run's uid SIGSTOPs the holder, then the session's owner dies: each run's
+    corral watches the owner too, so the run still ends (143, saying why)."""
+    owner = agent.owner()
+    sid = start_session(agent, "--owner", str(owner.pid), mode="fallback")
+    holder = agent.session_entry(sid)["holder"]["pid"]
+    marker = new_marker()
+    fg = subprocess.Popen(
+        [*CORRAL, "--session", sid, "--grace", "0.5s", "--", "sh", "-c", f"touch {tmp_path}/up; exec sleep 1000"],
+        env=dict(agent.env, **{MARKER_ENV: marker}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30 * TIME_SCALE
+        while not (tmp_path / "up").exists():  # admitted, and running
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(holder, signal.SIGSTOP)
+        owner.kill()
+        owner.wait()
+        _, err = fg.communicate(timeout=30 * TIME_SCALE)
+        assert fg.returncode == 143, err
+        assert f"session {sid}'s owner, pid {owner.pid}, exited" in err
+        assert marked_pids(marker) == []
+    finally:
+        os.kill(holder, signal.SIGCONT)
+        fg.kill()
+        kill_marked(marker)
