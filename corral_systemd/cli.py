@@ -73,7 +73,7 @@ def run(request: RunRequest) -> int:
         return _run_in_background(request)
     from . import dbus
     from .core.assemble import assemble_and_run
-    from .core.result import NEVER_RAN, summary_line
+    from .core.result import NEVER_RAN, reason_line, summary_line
     from .core.signalwatch import SignalWatch
     from .engines import open_engine
 
@@ -87,6 +87,9 @@ def run(request: RunRequest) -> int:
             guard=request.guard_options(),
             supervisor={"signals": signals, "watches": request.watches},
         )
+    reason = reason_line(result)
+    if reason:  # 126, 127: why, first and on its own line (--quiet: the only one)
+        print(reason, file=sys.stderr)
     if not request.quiet:
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)
@@ -97,7 +100,7 @@ def run(request: RunRequest) -> int:
             _print_record(result) if request.record_to_stdout else write_record(result, request.json_path)
         except OSError as exc:
             print(f"corral: cannot write --json record: {exc}", file=sys.stderr)
-    if not request.quiet or result.reason in NEVER_RAN:  # why nothing ran is never swallowed
+    if not request.quiet or (result.reason in NEVER_RAN and not reason):  # why nothing ran is never swallowed
         print(summary_line(result), file=sys.stderr)
     return result.exit_code
 

@@ -44,7 +44,7 @@ CARRIED_ROWS = [
 DECLINED = {
     "nnp": ("no-new-privs", "NoNewPrivs"),
     "seccomp": ("seccomp", "Seccomp"),
-    **({"groups": ("groups", "Groups"), "netns": ("network namespace", "net namespace")} if ROOT else {}),
+    **({"groups": ("groups", "Groups")} if ROOT else {}),
 }
 #: Where each mode's session lives (as tests/test_sessions.py).
 SESSION_MODE = {"fallback": "fallback", "scope": "enforced"}
@@ -127,3 +127,27 @@ def test_what_the_holder_cannot_give_the_front_keeps(tmp_path, mode, setting):
     assert "corral: warning: started by this corral, not by session" in stderr
     wrong = _wrong([row, "a session of its own"], got, bare, started, caller)
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.skipif(not ROOT, reason="a network namespace of its own needs root here")
+def test_a_caller_in_another_network_namespace_cannot_join(tmp_path):
+    """The holder's address is its network namespace's (an abstract socket): a corral
+    in another one cannot reach it, and says so in one line (125), nothing started."""
+    state = tmp_path / "state"
+    env = dict(os.environ, CORRAL_STATE_DIR=str(state))
+    sid = _start_session(env, "fallback")
+    try:
+        for extra in (["--background"], []):
+            r = subprocess.run(
+                ["unshare", "-n", *CORRAL, "--session", sid, *extra, "--", "true"],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            assert r.returncode == 125, r.stderr
+            assert r.stderr.strip().splitlines() == [
+                f"corral: session {sid}'s holder is in another network namespace (its address is that "
+                "namespace's): a run here cannot join it"
+            ], r.stderr
+    finally:
+        subprocess.run([*CTL, "session", "end", sid], env=env, capture_output=True)

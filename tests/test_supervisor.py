@@ -66,26 +66,37 @@ def test_unprovable_stop_is_120_with_remaining_pids(tmp_path):
 
 
 class _Hooks(RunObserver):
-    """Calls ``on[name](data)`` at each step, ``on_tick(processes)`` every 50 ms."""
-
-    watch_interval = 0.05
+    """Calls ``on[name](data)`` at each step, and ``on_tick(processes)`` every 50 ms
+    from a thread of the test's own while the command runs (the supervisor tells
+    its observer nothing between steps: a waiting run reads nothing), with the
+    processes carrying the run's marker (``marker``, set by ``_supervise``)."""
 
     def __init__(self, on=None, on_tick=None):
         self.on = on or {}
         self.on_tick = on_tick
+        self.marker: str | None = None
+        self._done = threading.Event()
 
     def event(self, name, data):
+        if name == "started" and self.on_tick is not None:
+            threading.Thread(target=self._ticks, daemon=True).start()
+        if name in ("command_exited", "finished"):
+            self._done.set()
         if name in self.on:
             self.on[name](data)
 
-    def tick(self, processes):
-        if self.on_tick is not None:
-            self.on_tick(processes)
+    def _ticks(self):
+        from corral_systemd.kernel.procfs import read_stat
+
+        while not self._done.wait(0.05):
+            self.on_tick([info for pid in marked_pids(self.marker) if (info := read_stat(pid)) is not None])
 
 
 def _supervise(argv, *, marker, stdout=None, observer=None, cancel_fd=None, engine_hook=None, **limits):
     """Run ``argv`` in-process on the fallback engine; afterwards undo what running it did to this process."""
     spec = RunSpec(argv=argv, env=dict(os.environ, **{MARKER_ENV: marker}), **limits)
+    if isinstance(observer, _Hooks):
+        observer.marker = marker
     engine = FallbackEngine(spec)
     if engine_hook is not None:
         engine_hook(engine)

@@ -192,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
         "Detach the run from this corral: wait until it is ready (--ready-*), print its id and exit 0; "
         "its output goes to a log (corralctl logs), its end to corralctl wait.",
     ),
-    Option("name", ("--name",), "value", "A name for the run (corralctl logs/wait/stop NAME).", "NAME"),
+    Option("name", ("--name",), "value", "A name for the run (corralctl status/logs/wait/stop NAME).", "NAME"),
     Option(
         "ready_port",
         ("--ready-port",),

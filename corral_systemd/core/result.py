@@ -119,6 +119,15 @@ def usage_summary(result: RunOutcome) -> str:
     return ", ".join(parts)
 
 
+def reason_line(result: RunOutcome) -> str | None:
+    """Why the command could not be executed (126, 127), on a line of its own
+    that comes first, before the warnings and the summary line (which says it
+    too, among everything else); None for a command that ran."""
+    if result.reason != SPAWN_FAILED:
+        return None
+    return f"corral: cannot run {result.detail}"
+
+
 def summary_line(result: RunOutcome) -> str:
     """The one line corral prints on stderr after a run (the service's reply carries it too)."""
     from ..common.units import format_duration

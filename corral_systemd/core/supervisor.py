@@ -66,9 +66,8 @@ class RunObserver:
     signal is sent, so an observer that writes it durably has it on disk
     first. Names: started, deadline_expired, limit_exceeded,
     signal_received, command_exited, term_sent, kill_sent, verified,
-    unverified, finished. ``tick(processes)`` is called every
-    ``watch_interval`` seconds while the command runs, with the run's live
-    processes (``kernel.procfs.ProcInfo``).
+    unverified, finished. Nothing is told between steps: a waiting run
+    reads nothing for its observer.
 
     An observer that raises (a state directory removed by the command, a
     full filesystem) is never allowed to skip the stop and the proof: the
@@ -78,12 +77,7 @@ class RunObserver:
     lost.
     """
 
-    watch_interval: float | None = None
-
     def event(self, name: str, data: dict) -> None:
-        pass
-
-    def tick(self, processes: list) -> None:
         pass
 
 
@@ -363,64 +357,58 @@ class Supervisor:
         deadline = spec.wall
         watch_every = engine.watch_interval()
         next_watch = self._now() + watch_every if watch_every else None
-        tick_every = self.observer.watch_interval if self.observer is not None else None
-        next_tick = self._now() + tick_every if tick_every else None
         while True:
             try:
-                ended = self._watch_round(pump, deadline, watch_every, tick_every, next_watch, next_tick)
+                next_watch = self._watch_round(pump, deadline, watch_every, next_watch)
             except (OSError, MemoryError) as exc:
                 # The command lowered corral's limits between two restores (prlimit
                 # --pid $PPID): put them back and look again; anything else is a failure.
                 if lowered_limit(exc) and self._limits.restore():
                     continue
                 raise
-            if ended is None:
+            if next_watch is False:
                 return
-            next_watch, next_tick = ended
 
-    def _watch_round(self, pump, deadline, watch_every, tick_every, next_watch, next_tick):
-        """One look at the run and one wait: None when the run ends (the
-        reason recorded), else the next watch and tick times."""
+    def _watch_round(self, pump, deadline, watch_every, next_watch):
+        """One look at the run and one wait: False when the run ends (the
+        reason recorded), else the next time limits are checked (None: never)."""
         res, engine = self.result, self.engine
         if engine.main_status() is not None:
             self._step("command_exited", status=engine.main_status())
             # An OOM kill ends the main process like any SIGKILL: ask.
             res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
-            return None
+            return False
         if (why := engine.lost_track()) is not None:
             res.reason, res.detail = R.INTERNAL_ERROR, why
-            return None
+            return False
         now = self._now()
         if deadline is not None and now >= deadline:
             self._step("deadline")
             res.reason = R.TIMEOUT
-            return None
+            return False
         if next_watch is not None and now >= next_watch:
             if (name := engine.check_limits()) is not None:
                 self._step("limit_exceeded", limit=name)
                 res.reason = ENDS_RUN[name].reason
-                return None
+                return False
             next_watch = now + watch_every
         if pump is not None and pump.exceeded:
             self._step("limit_exceeded", limit=MAX_OUTPUT.field)
             res.reason = R.OUTPUT
-            return None
-        if next_tick is not None and tick_every is not None and now >= next_tick:
-            self._tell("tick", engine.processes())
-            next_tick = now + tick_every
+            return False
         # The checks above read /proc and cgroup files, slow on a loaded machine:
         # wait from now, not from before them, or the deadline is noticed late.
         now = self._now()
         timeout = None
-        for t in (deadline, next_watch, next_tick):
+        for t in (deadline, next_watch):
             if t is not None:
                 timeout = t - now if timeout is None else min(timeout, t - now)
         sig = self._wait(pump, timeout)
         if sig is not None:
             self._step("signal_received", signal=sig)
             res.reason, res.corral_signal = R.INTERRUPTED, sig
-            return None
-        return next_watch, next_tick
+            return False
+        return next_watch
 
     def _wait(self, pump, timeout: float | None) -> int | None:
         """One poll round: pump output, feed the engine; return a stop signal if one came."""

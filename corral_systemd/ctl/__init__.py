@@ -8,7 +8,7 @@
                                    stop what crashed corrals left behind
     corralctl audit verify RUN     check a run's event log offline
 
-RUN is a run id, ``corral-<id>`` or the unit name. ``status`` does not load
+RUN is a run id, ``corral-<id>``, the unit name or the run's ``--name``. ``status`` does not load
 typer: an action gateway may call it before every privileged action.
 Errors (a bad or missing argument, an unknown command): one line on stderr,
 with the usage, exit 125. ``corralctl`` alone, or a command group alone

@@ -15,7 +15,7 @@ import sys
 import time
 
 from ..state import registry as REG
-from .status import CtlError
+from .status import CtlError, UnknownRun
 
 #: ``wait``'s exit code when the run is still going at --timeout (as timeout(1)).
 STILL_RUNNING = 124
@@ -25,8 +25,9 @@ POLL = 0.05
 def find_run(text: str, directory: str) -> dict:
     """The entry for a run id (any form ``normalize_run_id`` takes) or a name:
     of the runs so named (in the caller's session, when ``CORRAL_SESSION`` is
-    set), the one still going, else the newest. CtlError (125) if none
-    or if two live runs share the name."""
+    set), the one still going, else the newest. UnknownRun (a CtlError, 125)
+    if none; CtlError if two live runs share the name. The one resolver of
+    status, stop, logs and wait."""
     run_id = REG.normalize_run_id(text)
     if REG.valid_run_id(run_id):
         entry = REG.read_entry(directory, run_id)
@@ -36,7 +37,7 @@ def find_run(text: str, directory: str) -> dict:
     if session := os.environ.get("CORRAL_SESSION"):  # inside a session, its names are the ones meant
         named = [e for e in named if e.get("session") == session]
     if not named:
-        raise CtlError(f"unknown run {text!r}")
+        raise UnknownRun(f"unknown run {text!r}")
     live = [e for e in named if REG.effective_state(e)[0] != "finished"]
     if len(live) > 1:
         ids = ", ".join(sorted(e["run_id"] for e in live))

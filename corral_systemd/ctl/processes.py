@@ -1,7 +1,6 @@
-"""A registered run's processes, as the kernel shows them: its cgroup, its sessions, its mark."""
+"""A registered run's processes, as the kernel shows them: its cgroup, its mark."""
 
 import os
-import time
 
 from ..engines.kinds import leftovers_of
 from ..state import registry as REG
@@ -23,50 +22,13 @@ def _cgroup_dirs(entry: dict, events: list) -> list[str]:
     return [d for d in dirs if os.path.isdir(d)]
 
 
-def _sessions(entry: dict, events: list) -> list[tuple[int, int | None]]:
-    """(sid, starttime of the session leader) of the command and of every detached process seen."""
-    out = []
-    for e in events:
-        data = e.get("data") or {}
-        if e.get("event") == "started" and data.get("sid"):
-            out.append((data["sid"], data.get("starttime")))
-        elif e.get("event") == "detached" and data.get("sid") == data.get("pid"):
-            out.append((data["sid"], data.get("starttime")))
-    return out
-
-
-def session_members(entry: dict, events: list, table) -> list:
-    """Processes still in the run's sessions, for a fallback run whose corral is gone.
-
-    A session id stays allocated while any process uses it, so processes
-    carrying it belong to that session, unless its number was reused after
-    all of them died: then a process with that pid exists and is not the
-    leader we recorded (or started after the run registered).
-    """
-    found = []
-    registered_ticks = None
-    for sid, leader_start in _sessions(entry, events):
-        leader = table.get(sid)
-        if leader is not None:
-            if leader_start is not None and leader.starttime != leader_start:
-                continue  # the number was reused: every process of our session had died
-            if registered_ticks is None:
-                registered_ticks = _ticks_at(entry.get("registered_at", 0))
-            if leader_start is None and leader.starttime < registered_ticks:
-                continue  # older than the run: a reused number
-        found += [p for p in table.values() if p.sid == sid and p.alive]
-    # The log that names these sessions is a file the run's uid can rewrite:
-    # only a process carrying the run's mark (its environment, inherited from
-    # the command) is proven the run's.
-    return [p for p in {p.pid: p for p in found}.values() if REG.carries_mark(p.pid, entry)]
-
-
-def _ticks_at(wall: float) -> int:
-    """A wall-clock time as /proc starttime ticks (clock ticks since boot)."""
-    with open("/proc/uptime") as f:
-        uptime = float(f.read().split()[0])
-    hz = os.sysconf("SC_CLK_TCK")
-    return int((uptime - (time.time() - wall)) * hz) - hz  # one second of slack
+def marked_members(entry: dict, table) -> list:
+    """Processes of a fallback run whose corral is gone: every live process that
+    carries the run's mark (its environment, inherited from the command: the entry
+    holds only its hash, so a forged entry names no process that carries it),
+    wherever it went -- another session, a process group, a new parent. A process
+    that cleared its environment is out of reach."""
+    return [p for p in table.values() if p.alive and REG.carries_mark(p.pid, entry)]
 
 
 def run_processes(entry: dict, events: list, table) -> list:
@@ -83,19 +45,27 @@ def run_processes(entry: dict, events: list, table) -> list:
     if leftovers not in ("sessions", "namespace"):
         return []
     if REG.owner_alive(entry):
+        # The owner's descendants but corral's own helpers (its tether, its
+        # credentials watcher) and what they started. A helper that is pid 1 of
+        # a PID namespace of its own is the namespace's init: corral's too, but
+        # the run is below it (every process of the namespace descends from it).
         owner = entry["owner"]["pid"]
         helpers = set(entry.get("helper_pids") or [])
         skip = set()
         members = []
         for p in procfs.descendants(table, owner):
-            if p.pid in helpers or p.ppid in skip:
+            if p.pid in helpers:
+                if procfs.innermost_pid(p.pid) != 1:
+                    skip.add(p.pid)
+                continue
+            if p.ppid in skip:
                 skip.add(p.pid)
                 continue
             if p.alive:
                 members.append(p)
         return members
     # A PID namespace died with its init, which dies with corral: nothing is left.
-    return session_members(entry, events, table) if leftovers == "sessions" else []
+    return marked_members(entry, table) if leftovers == "sessions" else []
 
 
 def run_memory(entry: dict, events: list, procs: list) -> int:

@@ -15,7 +15,7 @@ from ..common.unit_names import group_name, is_tether, run_of_unit, run_units
 from ..engines.cgroup_target import CgroupTarget as _CgroupTarget
 from ..engines.kinds import kind_of, leftovers_of
 from ..state import registry as REG
-from .processes import session_members
+from .processes import marked_members
 from .ps import cell
 
 
@@ -151,9 +151,9 @@ class _UnitTarget:
 
 
 class _SessionsTarget:
-    """A fallback run's processes once its corral is gone: those in the
-    sessions its log names that carry its mark (``session_members``), each
-    signalled through a pidfd re-checked against that session and mark."""
+    """A fallback run's processes once its corral is gone: those that carry
+    its mark (``marked_members``), each signalled through a pidfd re-checked
+    against that mark."""
 
     def __init__(self, entry: dict, events: list):
         self.entry, self.events = entry, events
@@ -163,7 +163,7 @@ class _SessionsTarget:
     def remaining(self) -> list[int]:
         from ..kernel import procfs
 
-        self._last = {p.pid: p for p in session_members(self.entry, self.events, procfs.scan())}
+        self._last = {p.pid: p for p in marked_members(self.entry, procfs.scan())}
         return list(self._last)
 
     def _send(self, infos, sigs) -> int:
@@ -374,7 +374,7 @@ def _leftovers(directory: str, entry: dict, bus: "_Bus | None") -> tuple[str | N
         and cgroupfs.populated(cg)
     ):
         return f"its control group {cg} still has processes", None
-    members = session_members(entry, REG.read_events(directory, run_id), procfs.scan())
+    members = marked_members(entry, procfs.scan())
     if members:
         return f"processes of the run are alive: {' '.join(str(p.pid) for p in members)}", None
     return None, None

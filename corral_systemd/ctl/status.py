@@ -11,14 +11,28 @@ class CtlError(Exception):
     exit_code = 125
 
 
+class UnknownRun(CtlError):
+    """No run has that id or name (``logs.find_run``)."""
+
+
 # -- status (fast path) --------------------------------------------------------
 def status(run: str, directory: str | None = None) -> int:
-    run_id = REG.normalize_run_id(run)
+    """The state of the run ``run`` names: its id in any form, or its
+    ``--name`` (``logs.find_run``, as logs, wait and stop take it)."""
+    from .logs import find_run
+
     directory = directory or REG.state_dir()
-    entry = REG.read_entry(directory, run_id) if REG.valid_run_id(run_id) else None
+    try:
+        entry, ambiguous = find_run(run, directory), None
+    except UnknownRun:
+        entry, ambiguous = None, None
+    except CtlError as exc:  # a name two live runs share: which one is not said
+        entry, ambiguous = None, str(exc)
     state, why = REG.effective_state(entry)
     if state != "unknown":
         print(f"{state} ({why})")
+    elif ambiguous:
+        print(f"unknown ({ambiguous})")
     elif not os.path.isdir(directory):
         print(f"unknown ({run!r}: {no_registry(directory)})")
     else:

@@ -288,7 +288,7 @@ def execute(service, request, checked: dict, held, peer_pidfd: int, connection_f
     import contextlib
 
     from ..core.record_json import record_bytes
-    from ..core.result import NEVER_RAN, summary_line
+    from ..core.result import NEVER_RAN, reason_line, summary_line
 
     with contextlib.ExitStack() as cleanup:
         if held is not None:
@@ -358,8 +358,14 @@ def execute(service, request, checked: dict, held, peer_pidfd: int, connection_f
             reply[f"{name}_dropped_bytes"] = capture.dropped
     if not request.quiet:
         reply["warnings"] = list(outcome.warnings)
-    if not request.quiet or outcome.reason in NEVER_RAN:  # why nothing ran is never swallowed
-        reply["summary"] = summary_line(outcome)
+    # 126, 127: why, on a line of its own before the summary line (--quiet: the only one); the
+    # clients print it as is. Why nothing ran is never swallowed.
+    reason = reason_line(outcome)
+    lines = [reason] if reason else []
+    if not request.quiet or (outcome.reason in NEVER_RAN and not reason):
+        lines.append(summary_line(outcome))
+    if lines:
+        reply["summary"] = "\n".join(lines)
     if request.json_path is not None:
         reply["record"] = record_bytes(outcome).decode()
         reply["record_path"] = "-" if request.record_to_stdout else request.json_path

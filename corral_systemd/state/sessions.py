@@ -181,10 +181,29 @@ def joinable(text: str, directory: str) -> str:
         raise NotJoinable(f"no session {text!r}")
     token = holder_token(entry["session"])
     if token is None:
+        if _holder_elsewhere(entry):
+            raise NotJoinable(
+                f"session {entry['session']}'s holder is in another network namespace (its address is that "
+                "namespace's): a run here cannot join it"
+            )
         raise NotJoinable(f"session {entry['session']} has ended")
     if token.get("state") != "open":
         raise NotJoinable(f"session {entry['session']} is ending")
     return entry["session"]
+
+
+def _holder_elsewhere(entry: dict) -> bool:
+    """Does the process the entry names as holder live in another network namespace?
+    (Only to say why a session cannot be joined: nothing else rests on the entry.)"""
+    holder = entry.get("holder") if isinstance(entry.get("holder"), dict) else {}
+    pid = holder.get("pid")
+    st = REG.proc_stat(pid) if type(pid) is int and pid > 0 else None
+    if st is None or st[4] != holder.get("starttime") or st[3] in ("Z", "X"):
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
 
 
 def join(session_id: str, run_id: str) -> tuple[int, dict]:

@@ -110,4 +110,4 @@ from .retention import (  # noqa: F401
     remove_run,
 )
 from .state import STATES, effective_state  # noqa: F401
-from .writer import DETACH_WATCH_INTERVAL, Registration, RegistryObserver, register  # noqa: F401
+from .writer import Registration, RegistryObserver, register  # noqa: F401

@@ -10,7 +10,6 @@ from .paths import ensure_private_dir, ensure_state_dir, valid_run_id
 from .retention import maybe_prune
 
 #: How often the observer looks for processes leaving the command's session or group.
-DETACH_WATCH_INTERVAL = 0.2
 
 
 # -- the writer side ----------------------------------------------------------
@@ -168,12 +167,9 @@ class RegistryObserver:
     module does not import the supervisor.
     """
 
-    watch_interval = DETACH_WATCH_INTERVAL
-
     def __init__(self, registration: Registration):
         self.reg = registration
         self.main_pid: int | None = None
-        self._seen_detached: set[tuple[int, int]] = set()
 
     def event(self, name: str, data: dict) -> None:
         reg = self.reg
@@ -221,28 +217,3 @@ class RegistryObserver:
 
     verified: bool | None = None
     remaining: list = []
-
-    def tick(self, processes: list) -> None:
-        ref = self.main_pid
-        live = [p for p in processes if p.alive]
-        if ref is None and live:  # a service: its main process is the oldest, a session leader
-            ref = min(live, key=lambda p: p.starttime).sid
-        if ref is None:
-            return
-        from ...kernel.procfs import cmdline
-
-        for p in live:
-            if (p.sid != ref or p.pgid != ref) and (p.pid, p.starttime) not in self._seen_detached:
-                self._seen_detached.add((p.pid, p.starttime))
-                self.reg.event(
-                    "detached",
-                    {
-                        "pid": p.pid,
-                        "starttime": p.starttime,
-                        "ppid": p.ppid,
-                        "pgid": p.pgid,
-                        "sid": p.sid,
-                        "left": "session" if p.sid != ref else "process group",
-                        "argv": redact_argv(cmdline(p.pid)),
-                    },
-                )
