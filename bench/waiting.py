@@ -513,6 +513,24 @@ def plot(result: dict, png: str) -> str | None:
     return None
 
 
+def source_info() -> dict:
+    """Which corral was measured: the work tree's commit and its uncommitted corral_systemd files."""
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--", "corral_systemd", "bin", "packaging"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if head.returncode != 0:
+        return {}
+    return {"git_head": head.stdout.strip(), "uncommitted": dirty.stdout.splitlines()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", default="20,100", help="runs in flight, comma separated (default 20,100)")
@@ -532,6 +550,7 @@ def main() -> int:
     if args.quick:
         args.n, args.window, args.settle, args.sleep = "5", 3.0, 1.0, 30
     ns = [int(x) for x in args.n.split(",")]
+    source = source_info()
     args.wall = args.sleep + 60
     sleep_bin = shutil.which("sleep")
     sleep_id = (os.stat(sleep_bin).st_dev, os.stat(sleep_bin).st_ino)
@@ -625,7 +644,7 @@ def main() -> int:
             "the same from /proc/PID/task/*/schedstat (ns); % of one core per run",
             "not_counted": "what a systemd manager (and dbus) spends on a unit: no process of the run",
         },
-        "environment": environment_info(),
+        "environment": {**environment_info(), **source, "source_at": "the benchmark's start"},
         "results": results,
         "left_out": left_out,
     }
@@ -643,7 +662,9 @@ def main() -> int:
     for n, res in results.items():
         for peer, table in res["ratios"].items():
             for p, r in table.items():
-                print(f"N={n:<4} {p:38} {peer:15} Pss x{r['pss_per_run_kib']}  CPU x{r['cpu_pct_per_run_schedstat']}")
+                cpu = r["cpu_pct_per_run_schedstat"]
+                cpu_text = f"x{cpu}" if cpu is not None else "n/a (the peer spends none)"
+                print(f"N={n:<4} {p:38} {peer:15} Pss x{r['pss_per_run_kib']}  CPU {cpu_text}")
     for what, why in left_out.items():
         print(f"left out: {what}: {why}")
     print(f"-> {path} ({elapsed:.0f} s)")

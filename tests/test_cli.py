@@ -70,6 +70,29 @@ def test_not_executable_126(corral, tmp_path):
     assert run.returncode == 126
 
 
+@pytest.mark.parametrize("quiet", [False, True], ids=["loud", "quiet"])
+def test_126_and_127_say_why_first_on_a_line_of_their_own(corral, tmp_path, quiet):
+    """The reason first, alone (before the warnings; with --quiet the only
+    line); the summary line, last, unchanged."""
+    script = tmp_path / "script"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    for argv0, code, why in (
+        ("no-such-command-corral-test", 127, "No such file or directory"),
+        (str(script), 126, "Permission denied"),
+    ):
+        run = corral([*FB, "--pids", "5", *(["--quiet"] if quiet else []), "--", argv0])
+        lines = run.stderr.decode().splitlines()
+        assert run.returncode == code, run.stderr
+        assert lines[0] == f"corral: cannot run {argv0}: {why}", lines
+        if quiet:
+            assert len(lines) == 1, lines
+            continue
+        assert lines[1] == "corral: warning: --pids is not enforced in fallback mode (no cgroup)", lines
+        assert len(lines) == 3 and lines[2].startswith(f"corral: fallback: {argv0}: {why}; exit {code}; "), lines
+        assert lines[2].endswith("; guarantee subreaper"), lines
+
+
 def test_exit_code_passes_through(corral):
     run = corral(FB + ["--", "sh", "-c", "exit 7"])
     assert run.returncode == 7

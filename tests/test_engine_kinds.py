@@ -5,7 +5,14 @@ import pytest
 from corral_systemd.core.record import RunRecord
 from corral_systemd.engines.cgroupv2 import CgroupEngine
 from corral_systemd.engines.fallback import FallbackEngine
-from corral_systemd.engines.kinds import GUARANTEE_MEANINGS, GUARANTEES, KINDS, MODES, leftovers_of
+from corral_systemd.engines.kinds import (
+    GUARANTEE_MEANINGS,
+    GUARANTEE_PROOFS,
+    GUARANTEES,
+    KINDS,
+    MODES,
+    leftovers_of,
+)
 from corral_systemd.engines.pidns import PidnsEngine
 from corral_systemd.engines.systemd import SystemdEngine
 
@@ -23,6 +30,9 @@ def test_every_engine_names_a_declared_guarantee(engine):
 
 def test_every_guarantee_is_an_engines_and_says_what_it_means():
     assert set(GUARANTEE_MEANINGS) == set(GUARANTEES)
+    # ... and what its proof covers (the record's ``proof``): one sentence each, none shared.
+    assert set(GUARANTEE_PROOFS) == set(GUARANTEES)
+    assert all(GUARANTEE_PROOFS.values()) and len(set(GUARANTEE_PROOFS.values())) == len(GUARANTEES)
     assert {e.guarantee for e in ENGINES} == set(GUARANTEES)
 
 

@@ -9,16 +9,18 @@ reads is validated against ``RunRecord`` too (conftest's ``corral`` fixture).
 """
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral_systemd.core import record_json
 from corral_systemd.core.record import EngineInfo, EnvironmentNames, Limits, RunRecord, Steps, from_result
 from corral_systemd.core.result import RunOutcome
-from corral_systemd.engines.kinds import GUARANTEES
+from corral_systemd.engines.kinds import GUARANTEE_PROOFS, GUARANTEES
 
 
 def test_field_lists_are_the_models():
@@ -146,6 +148,47 @@ def test_written_record_is_the_models_record(outcome):
     for key in ("limits", "steps", "engine"):
         assert list(plain[key]) == list(dumped[key]), key
     assert model.exact_argv == [str(a) for a in outcome.argv]
+
+
+@pytest.mark.parametrize("guarantee", GUARANTEES)
+@pytest.mark.parametrize("reason,verified", [("exited", True), ("internal_error", False), ("spawn_failed", True)])
+def test_every_record_says_what_its_proof_covers(guarantee, reason, verified):
+    """In every tier, verified or not (``verified`` says whether the proof held):
+    the tier's sentence, from the run's guarantee (never its mode)."""
+    outcome = RunOutcome(
+        run_id="0" * 12,
+        mode="fallback",
+        guarantee=guarantee,
+        argv=["true"],
+        cwd="/",
+        limits={"grace": 2, "verify_timeout": 2},
+        reason=reason,
+        verified=verified,
+    )
+    data = record_json.record_data(outcome)
+    assert data["proof"] == GUARANTEE_PROOFS[guarantee] and data["verified"] is verified
+    assert from_result(outcome).proof == GUARANTEE_PROOFS[guarantee]
+
+
+@pytest.mark.parametrize(
+    "flags,guarantee", [(["--cgroup-mode", "fallback"], "subreaper"), (["--guarantee", "pidns"], "pidns")]
+)
+def test_a_cli_records_proof_is_its_tiers(tmp_path, flags, guarantee):
+    from modes import pidns_unavailable
+
+    if guarantee == "pidns" and (why := pidns_unavailable()) is not None:
+        pytest.skip(f"no pid namespace here: {why}")
+    env = {**os.environ, "CORRAL_SERVICE": "0"}
+    for argv, code in ((["true"], 0), (["/nonexistent/command"], 127)):
+        out = subprocess.run(
+            [sys.executable, "-m", "corral_systemd", *flags, "--no-registry", "--json", "-", "--", *argv],
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
+        assert out.returncode == code, out.stderr
+        record = RunRecord.model_validate_json(out.stdout)
+        assert record.guarantee == guarantee and record.proof == GUARANTEE_PROOFS[guarantee]
 
 
 def test_cli_record_path_imports_no_pydantic(tmp_path):

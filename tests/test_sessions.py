@@ -1133,3 +1133,26 @@ def test_the_owners_death_ends_a_run_while_the_holder_is_stopped(agent, tmp_path
         os.kill(holder, signal.SIGCONT)
         fg.kill()
         kill_marked(marker)
+
+
+@pytest.mark.systemd
+def test_a_stopped_holder_unit_is_restarted_by_the_managers_watchdog(agent):
+    """systemd mode: the run's uid SIGSTOPs the holder; it stops pinging its unit's
+    watchdog, so the manager kills it and starts it again, and the session's idle
+    timeout still ends it (its background run with it)."""
+    agent.env = dict(agent.env, CORRAL_HOLDER_WATCHDOG_SEC=f"{2 * TIME_SCALE:g}")  # 30 s otherwise
+    sid = start_session(agent, "--idle-timeout", f"{3 * TIME_SCALE:g}s", mode="scope")
+    bg = agent.corral([*mode_flags("scope"), "--session", sid, "--background", "--", "sleep", "1000"])
+    assert bg.returncode == 0, bg.stderr
+    first = agent.session_entry(sid)["holder"]["pid"]
+    os.kill(first, signal.SIGSTOP)
+    try:
+        entry = agent.wait_ended(sid, within=60 * TIME_SCALE)
+    finally:
+        try:
+            os.kill(first, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert entry["holder"]["pid"] != first, entry  # a new holder ended it
+    assert entry["why"].startswith("idle for"), entry
+    assert gone_within(agent) == []

@@ -185,6 +185,11 @@ class RunRecord(_Strict):
     processes_stopped: int
     remaining_pids: list[int]
     verified: bool
+    #: What the proof that every process of the run is gone covers, in the
+    #: run's tier: one sentence per tier, declared once
+    #: (``engines.kinds.GUARANTEE_PROOFS``), in every record. ``verified``
+    #: says whether it held (false: the proof failed, or was never reached).
+    proof: str
     output_bytes: int | None = None
     #: --output-limit: at most this many bytes shown, the first and the last
     #: half; ``output_omitted_bytes`` were left out between them (0: none).

@@ -24,6 +24,7 @@ from typing import Final
 
 from ..common.limits import LIMITS, TIMINGS
 from ..common.redact import redact_argv
+from ..engines.kinds import GUARANTEE_PROOFS
 
 RECORD_VERSION: Final = 1
 #: ``Limits``' fields, in order: the wall, the stop timings, then every other
@@ -116,6 +117,7 @@ def record_data(result) -> dict:
         "processes_stopped": result.processes_stopped,
         "remaining_pids": list(result.remaining_pids),
         "verified": result.verified,
+        "proof": GUARANTEE_PROOFS.get(result.guarantee, ""),
         "output_bytes": result.output_bytes,
         "output_limit": result.output_limit,
         "output_omitted_bytes": result.output_omitted_bytes,

@@ -132,9 +132,12 @@ class Holder:
         if self._entry_watch is not None:
             poller.register(self._entry_watch.fileno(), select.POLLIN)
         rewrite_at: float | None = None
+        watchdog = _Watchdog.from_environment()
         while why is None:
             busy = any(not background for _, background in self.live.values())
             timeout = None if busy else max(0.0, last_activity + idle_timeout - time.monotonic())
+            if watchdog is not None:
+                timeout = watchdog.ping(timeout)
             if rewrite_at is not None:
                 timeout = max(
                     0.0, min(timeout if timeout is not None else REWRITE_DELAY, rewrite_at - time.monotonic())
@@ -396,6 +399,39 @@ class Holder:
             pidfd = self._serve()
             if pidfd is not None:  # cannot be: ending refuses a Join
                 os.close(pidfd)
+
+
+class _Watchdog:
+    """The holder unit's watchdog (``WatchdogUSec=``, systemd mode): ``WATCHDOG=1``
+    to ``$NOTIFY_SOCKET`` every half period. A holder the run stopped stops pinging,
+    and the manager kills it and starts it again (the session taken up again)."""
+
+    def __init__(self, address: str, period: float):
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+        self.every = period / 2
+        self.next = 0.0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    @classmethod
+    def from_environment(cls) -> "_Watchdog | None":
+        address, usec = os.environ.get("NOTIFY_SOCKET"), os.environ.get("WATCHDOG_USEC", "")
+        if not address or not usec.isdigit() or int(usec) <= 0:
+            return None
+        if os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
+            return None
+        return cls(address, int(usec) / 1e6)
+
+    def ping(self, timeout: float | None) -> float:
+        """Ping if due; the wait's timeout, shortened to the next ping."""
+        now = time.monotonic()
+        if now >= self.next:
+            try:
+                self.sock.sendto(b"WATCHDOG=1", self.address)
+            except OSError:
+                pass  # the manager is going (daemon-reexec): the next ping tries again
+            self.next = now + self.every
+        left = self.next - now
+        return left if timeout is None else min(timeout, left)
 
 
 def _exited(pidfd: int) -> bool:

@@ -21,6 +21,20 @@ GUARANTEE_MEANINGS = {
     "pidns": "a PID namespace whose init dies with corral: no process can leave it or outlive it",
     "subreaper": "corral as child subreaper: processes found in /proc and stopped through pidfds; limits watched",
 }
+#: What each tier's proof that the run is gone covers, in one sentence: the
+#: record's ``proof`` (every record has it, verified or not: ``verified``
+#: says whether the proof held). The hand-offs it does not cover are the
+#: record's ``handoff``.
+GUARANTEE_PROOFS = {
+    "unit": "the unit's control group empty as the kernel reports it and the unit inactive or gone; "
+    "processes corral saw leave the group stopped too",
+    "cgroup": "the run's control group reported unpopulated by the kernel and removed; "
+    "processes corral saw leave the group stopped too",
+    "pidns": "the namespace's init reaped by corral: the kernel reports it only after every process "
+    "of the namespace is gone, those corral never saw included",
+    "subreaper": "no process of the run left below corral in /proc (corral is the child subreaper: "
+    "every orphan of the run re-parents to it), each stopped through a pidfd",
+}
 
 
 @dataclass(frozen=True)
@@ -48,8 +62,8 @@ KINDS = {
         EngineKind(
             "fallback",
             "sessions",
-            "fallback: only processes still in the command's session, or in the session of a "
-            "detached process the log recorded, can be found once corral is gone",
+            "fallback: once corral is gone, its run's processes are found by the mark in their "
+            "environment; one that cleared it cannot be found",
         ),
         EngineKind(
             "pidns",

@@ -103,6 +103,7 @@ def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
         if lib.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
             raise errno_error("unshare")
         map_self(uid, gid)
+    _shed_descriptors(keep={status, control})
     _say(status, "ready")
     main = _start(spec, status, control, lib)
     if main is None:

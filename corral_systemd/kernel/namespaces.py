@@ -165,6 +165,7 @@ def set_dumpable(lib, dumpable: bool = True) -> None:
     parent that was not dumpable passed that on). Not dumpable: its /proc/PID
     files are root's, and another process may open its descriptors
     (/proc/PID/fd), read its memory or ptrace it only with CAP_SYS_PTRACE over
-    the user namespace it was forked in (root of the initial one keeps that);
-    an ``execve`` of a program the process may read makes it dumpable again."""
+    the user namespace of its address space (where it last exec'd; a clone
+    that did not exec: its parent's), which root of the initial one keeps; an
+    ``execve`` of a program the process may read makes it dumpable again."""
     lib.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)

@@ -195,7 +195,9 @@ def joinable(text: str, directory: str) -> str:
 def _holder_elsewhere(entry: dict) -> bool:
     """Does the process the entry names as holder live in another network namespace?
     (Only to say why a session cannot be joined: nothing else rests on the entry.)"""
-    holder = entry.get("holder") if isinstance(entry.get("holder"), dict) else {}
+    holder = entry.get("holder")
+    if not isinstance(holder, dict):
+        return False
     pid = holder.get("pid")
     st = REG.proc_stat(pid) if type(pid) is int and pid > 0 else None
     if st is None or st[4] != holder.get("starttime") or st[3] in ("Z", "X"):

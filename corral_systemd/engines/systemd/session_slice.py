@@ -107,6 +107,11 @@ class SessionSlice:
             # corrals) stay where they are (KillMode=process).
             _prop("Restart", "s", "on-failure"),
             _prop("RestartUSec", "t", 200_000),
+            # Stopped (SIGSTOP) by a run of its uid, it would end nothing (its owner's
+            # exit, its idle timeout): the manager's watchdog kills it and starts it again.
+            _prop("NotifyAccess", "s", "main"),
+            _prop("WatchdogUSec", "t", round(holder_watchdog() * 1e6)),
+            _prop("WatchdogSignal", "i", 9),  # SIGKILL: a stopped holder handles nothing
             _prop("KillMode", "s", "process"),
             _prop("CollectMode", "s", "inactive-or-failed"),
         ]
@@ -194,6 +199,19 @@ class SessionSlice:
             return self.manager.get(self.holder_unit, UNIT, "ActiveState") in ("active", "activating", "reloading")
         except BusError:
             return False
+
+
+#: The holder unit's watchdog (seconds): it pings twice as often (``ctl/session_holder.py``).
+HOLDER_WATCHDOG = 30.0
+
+
+def holder_watchdog() -> float:
+    """``HOLDER_WATCHDOG``, or ``CORRAL_HOLDER_WATCHDOG_SEC`` (the tests' shorter one)."""
+    try:
+        value = float(os.environ.get("CORRAL_HOLDER_WATCHDOG_SEC", HOLDER_WATCHDOG))
+    except ValueError:
+        return HOLDER_WATCHDOG
+    return value if 0.5 <= value <= 3600 else HOLDER_WATCHDOG
 
 
 def caller_context() -> list:
