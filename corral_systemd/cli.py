@@ -172,6 +172,26 @@ def _print(args: list[str], prog: str, default_mode: str) -> int:
 _COMMANDS: dict = {}
 
 
+#: --help's examples, after the exit codes.
+EXAMPLES = (
+    ("corral --wall 10m --mem 2G -- make test", "a CI step: every process gone when it returns"),
+    (
+        'corral --session "$S" --background --ready-port 3000 -- npm run dev',
+        "a dev server for the next tool call, ended with session $S (S=$(corralctl session start))",
+    ),
+)
+
+
+def _epilog() -> str:
+    """Exit codes (``result.exit_codes``) and examples, one per line (click keeps
+    a paragraph that starts with \\b as written)."""
+    from .core.result import exit_codes
+
+    codes = "\n".join(f"  {code:<8} {meaning}" for code, meaning in exit_codes())
+    examples = "\n".join(f"  {line}\n      {what}" for line, what in EXAMPLES)
+    return f"\b\nExit codes:\n{codes}\n\n\b\nExamples:\n{examples}"
+
+
 def click_command(default_mode: str = "auto"):
     """corral's click command for one default --cgroup-mode, made by typer
     from ``request.OPTIONS`` (so --help, the man page test and completion
@@ -240,6 +260,9 @@ def click_command(default_mode: str = "auto"):
         rich_markup_mode=None,
         context_settings={"help_option_names": ["--help", "-h"]},
     )
-    app.command(context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-h"]})(corral)
+    app.command(
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["--help", "-h"]},
+        epilog=_epilog(),
+    )(corral)
     _COMMANDS[default_mode] = command = typer.main.get_command(app)
     return command

@@ -383,3 +383,18 @@ def test_fallback_memory_peak_is_recorded_with_mem_only(corral):
     assert run.record["engine"]["memory_peak"] >= 25 << 20, run.record["engine"]
     run = corral(["--cgroup-mode", "fallback", "--", "true"])
     assert run.returncode == 0 and run.record["engine"].get("memory_peak") is None, run.record["engine"]
+
+
+def test_help_ends_with_the_exit_codes_and_examples():
+    """``--help`` lists every exit code corral gives (``result.exit_codes``, one
+    declaration) and two examples, after the options."""
+    from corral_systemd.cli import EXAMPLES
+    from corral_systemd.core.result import exit_codes
+
+    out = subprocess.run([*CORRAL, "--help"], capture_output=True, text=True).stdout
+    tail = out[out.index("Exit codes:") :]
+    for code, meaning in exit_codes():
+        assert f"{code:<8} {meaning}" in tail
+    for line, _what in EXAMPLES:
+        assert line in tail
+    assert "auto: a systemd unit where a manager answers, else the strongest tier" in " ".join(out.split())

@@ -80,7 +80,8 @@ OPTIONS: tuple[Option, ...] = (
         "cgroup_mode",
         ("--cgroup-mode",),
         "value",
-        "auto: systemd when reachable, else fallback.",
+        "auto: a systemd unit where a manager answers, else the strongest tier below it (--guarantee); "
+        "enforced: a unit or nothing (125); fallback: no manager.",
         default="auto",
         choices=CGROUP_MODES,
     ),

@@ -6,7 +6,7 @@ record (``record.py``) is built from it only when someone asks for JSON.
 
 from dataclasses import dataclass, field
 
-from ..common.limits import BY_REASON, MAX_OUTPUT, MEM, WALL
+from ..common.limits import BY_REASON, ENDS_RUN, MAX_OUTPUT, MEM, WALL
 
 # Why the run ended, in the order the supervisor may decide it.
 EXITED = "exited"  # the command's main process exited (or died of a signal) on its own
@@ -77,6 +77,20 @@ class RunOutcome:
     @property
     def wall_time(self) -> float:
         return self.ended_monotonic - self.started_monotonic
+
+
+def exit_codes() -> list[tuple[str, str]]:
+    """corral's exit codes and what each means, as ``exit_code_for`` gives them
+    (``--help``'s list; README and the man page say the same)."""
+    limits = sorted(ENDS_RUN.values(), key=lambda lim: lim.exit_code)
+    return [
+        ("N", "the command's own exit status (it ended on its own; leftovers were still stopped)"),
+        ("128+N", "signal N ended the command, or corral got signal N and stopped the run"),
+        *((str(lim.exit_code), f"{lim.option} reached") for lim in limits),
+        ("125", "bad option or setup failure: the command was not started"),
+        ("126/127", "the command cannot be executed / was not found"),
+        ("120", "corral could not prove every process stopped (overrides every other code)"),
+    ]
 
 
 def exit_code_for(result: RunOutcome, spawn_exit: int | None = None) -> int:
