@@ -131,3 +131,22 @@ def test_status_takes_a_runs_name_as_logs_wait_and_stop_do(state, marker):
 
     r = ctl(state, "status", "nosuch")
     assert r.returncode == 12 and r.stdout.strip() == f"unknown ('nosuch': no such run in {state})", r.stdout
+
+
+def test_service_uninstall_finds_a_user_install_as_root(tmp_path):
+    """As root, ``service uninstall`` with no --user/--system after an install for the
+    user manager removes that one (it used to say "nothing to remove" and leave it)."""
+    from corral_systemd.ctl import service_units as units
+
+    if os.geteuid() != 0:
+        pytest.skip("root's default is the system manager")
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_RUNTIME_DIR=str(tmp_path / "run"))
+    directory = tmp_path / "config" / "systemd" / "user"
+    directory.mkdir(parents=True)
+    for name, text in units.unit_texts("user").items():  # as install --user writes them
+        (directory / name).write_text(text)
+    if units.installed("system"):
+        pytest.skip("corral's units are installed for this machine's system manager")
+    r = subprocess.run([*CTL, "service", "uninstall"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "(user manager)" in r.stdout and not list(directory.iterdir()), r.stdout

@@ -242,13 +242,19 @@ def service_command(action: str, user: bool, system: bool, **options) -> int:
             print(f"corralctl: corral.socket enabled and started ({manager} manager)")
             return 0
         if action == "uninstall":
-            removed, looked, warning = units.uninstall(manager)
-            for path in removed:
-                print(f"corralctl: removed {path}")
-            if not removed:
-                print(f"corralctl: nothing to remove: no unit written by corralctl in {' or '.join(looked)}")
-            if warning:
-                print(f"corralctl: warning: {warning}", file=sys.stderr)
+            managers = [manager]
+            if not (user or system):  # neither named: whichever has corral's units (root's --user install too)
+                other = "user" if manager == "system" else "system"
+                if not units.installed(manager) and units.installed(other):
+                    managers = [other]
+            for each in managers:
+                removed, looked, warning = units.uninstall(each)
+                for path in removed:
+                    print(f"corralctl: removed {path} ({each} manager)")
+                if not removed:
+                    print(f"corralctl: nothing to remove: no unit written by corralctl in {' or '.join(looked)}")
+                if warning:
+                    print(f"corralctl: warning: {warning}", file=sys.stderr)
             return 0
     except (units.ServiceUnitError, OSError) as exc:
         raise CtlError(str(exc)) from None

@@ -131,6 +131,18 @@ def install(manager: str, runtime: bool = False, idle_exit: float = 60.0) -> lis
     return written
 
 
+def installed(manager: str) -> list[str]:
+    """The unit files ``install`` wrote for ``manager``, wherever they are."""
+    found = []
+    for runtime in (False, True):
+        try:
+            directory = unit_dir(manager, runtime)
+        except ServiceUnitError:
+            continue
+        found += [path for name in UNITS if _ours(path := os.path.join(directory, name))]
+    return found
+
+
 def uninstall(manager: str) -> tuple[list[str], list[str], str | None]:
     """Stop and disable the units, remove the files ``install`` wrote.
 
