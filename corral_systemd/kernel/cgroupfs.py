@@ -274,20 +274,33 @@ class Usage:
 
     def __init__(self):
         self.figures: dict[str, int] = {}
+        self._absent: set[str] = set()
 
     def _keep(self, name: str, value: int | None) -> None:
         if value is not None and value >= self.figures.get(name, 0):
             self.figures[name] = value
 
+    def _read(self, read, directory: str, name: str):
+        """``read(directory/name)``; a file missing from the group while the group
+        is there (a controller it does not have: the hybrid layout's unified
+        ``memory.peak``) is not read again at every sample of a waiting run."""
+        path = os.path.join(directory, name)
+        if path in self._absent:
+            return None
+        value = read(path)
+        if not value and value != 0 and os.path.isdir(directory) and not os.path.exists(path):
+            self._absent.add(path)
+        return value
+
     def sample(self, unified: str | None, memory_v1: str | None = None, pids_v1: str | None = None) -> bool:
         """Read the figures now; files that are missing (or a group that is
         gone) add nothing. True when the group was there to read (its cgroup
         v2 ``cpu.stat``, or without a v2 group a v1 figure)."""
-        j = os.path.join
+        integer, keyed = _read_int_or_none, _read_keyed_or_empty
         before = len(self.figures)
         cpu: dict = {}
         if unified:
-            cpu = _read_keyed_or_empty(j(unified, "cpu.stat"))
+            cpu = keyed(os.path.join(unified, "cpu.stat"))
             for key, name in (
                 ("usage_usec", "cpu_usage_nsec"),
                 ("user_usec", "cpu_user_nsec"),
@@ -296,23 +309,23 @@ class Usage:
                 if key in cpu:
                     self._keep(name, cpu[key] * 1000)
         for directory, name in ((unified, "memory.peak"), (memory_v1, "memory.max_usage_in_bytes")):
-            if directory and (value := _read_int_or_none(j(directory, name))) is not None:
+            if directory and (value := self._read(integer, directory, name)) is not None:
                 self._keep("memory_peak", value)
                 break
         for directory in (unified, pids_v1):
             if directory:
-                value = _read_int_or_none(j(directory, "pids.peak"))
+                value = self._read(integer, directory, "pids.peak")
                 if value is None:
-                    value = _read_int_or_none(j(directory, "pids.current"))
+                    value = self._read(integer, directory, "pids.current")
                 if value is not None:
                     self._keep("tasks_peak", value)
                     break
         for directory in (unified, pids_v1):
-            if directory and "max" in (events := _read_keyed_or_empty(j(directory, "pids.events"))):
+            if directory and "max" in (events := self._read(keyed, directory, "pids.events") or {}):
                 self._keep("pids_limit_hits", events["max"])
                 break
         if unified:
-            io = _io_bytes(j(unified, "io.stat"))
+            io = self._read(_io_bytes, unified, "io.stat")
             if io is not None:
                 self._keep("io_read_bytes", io[0])
                 self._keep("io_write_bytes", io[1])
