@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,3 +92,32 @@ def environment_info() -> dict:
 def exit_status(returncode: int) -> int:
     """Popen returncode -> shell-style status (128+N for signal N)."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def start_service(socket_path: str, max_runs: int | None = None, env: dict | None = None) -> subprocess.Popen:
+    """The corral service on a private socket (``--max-runs``: how many runs it
+    serves at once; its own default when None); SystemExit if it does not start."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "corral_systemd.service",
+            "--socket",
+            socket_path,
+            "--manager",
+            "user",
+            "--idle-exit",
+            "3600",
+            *(["--max-runs", str(max_runs)] if max_runs is not None else []),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket_path):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit("the corral service did not start")
+        time.sleep(0.02)
+    return proc

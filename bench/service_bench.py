@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from common import RESULTS, ROOT, start_service
+
 SYSTEMD_RUN = ["systemd-run", "--user", "--wait", "--collect", "-q", "/bin/true"]
 
 
@@ -47,29 +47,6 @@ def python_client(work: str, name: str) -> list[str]:
         f.write(source.read_text().replace("#!python", f"#!{sys.executable}", 1))
     os.chmod(path, 0o755)
     return [path]
-
-
-def start_service(socket_path: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "corral_systemd.service",
-            "--socket",
-            socket_path,
-            "--manager",
-            "user",
-            "--idle-exit",
-            "3600",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while not os.path.exists(socket_path):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("service_bench: the corral service did not start")
-        time.sleep(0.02)
-    return proc
 
 
 def compiled_client(work: str) -> list[str]:

@@ -48,7 +48,7 @@ import time
 import uuid
 from pathlib import Path
 
-from common import RESULTS, corral_argv, environment_info, user_manager_reachable
+from common import RESULTS, corral_argv, environment_info, start_service, user_manager_reachable
 
 MARKER = "CORRAL_BENCH_MARKER"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -249,35 +249,6 @@ def paths(systemd: bool, service_env: dict | None) -> dict[str, dict]:
             "client": enforced[0],
         }
     return out
-
-
-def start_service(socket_path: str, max_runs: int) -> subprocess.Popen:
-    """The corral service on a private socket, as bench/service_bench.py starts it."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "corral_systemd.service",
-            "--socket",
-            socket_path,
-            "--manager",
-            "user",
-            "--idle-exit",
-            "3600",
-            "--max-runs",
-            str(max_runs),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={k: v for k, v in os.environ.items() if k != MARKER},
-    )
-    deadline = time.monotonic() + 30
-    while not os.path.exists(socket_path):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("waiting.py: the corral service did not start")
-        time.sleep(0.02)
-    return proc
 
 
 # ---------------------------------------------------------------- one batch
@@ -579,7 +550,7 @@ def main() -> int:
     try:
         if args.systemd and not args.no_service:
             sock = os.path.join(work, "io.corral.Run")
-            service = start_service(sock, max(64, max(ns)))
+            service = start_service(sock, max(64, max(ns)), env={k: v for k, v in os.environ.items() if k != MARKER})
             service_env = {"CORRAL_SERVICE_SOCKET": sock}
             # warm the service (its manager connection) with one short run
             subprocess.run(
