@@ -813,10 +813,10 @@ def test_a_caller_without_descriptors_gets_the_output_back_and_hanging_up_stops_
 
 
 @systemd
-def test_the_readme_node_example(service, tmp_path):
+def test_the_node_example(service, tmp_path):
     if shutil.which("node") is None:
         pytest.skip("no node here")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "service.md").read_text()
     script = readme.split("```js\n", 1)[1].split("```", 1)[0]
     (tmp_path / "corral-run.js").write_text(script)
     proc = subprocess.run(
@@ -887,7 +887,7 @@ def test_the_readme_node_session_example(service, tmp_path, marker):
 
     if shutil.which("node") is None:
         pytest.skip("no node here")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "service.md").read_text()
     script = "// corral-session.js" + readme.split("// corral-session.js", 1)[1].split("```", 1)[0]
     port = free_port()
     (tmp_path / "corral-session.js").write_text(script.replace("8000", str(port)))
