@@ -79,7 +79,7 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
             control_r, control_w, exit_r, exit_w = pipes
             _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans become ours (the service finds them so)
             child = fork_held(close_in_child=(sock.fileno(), *pipes))
-            _prctl(4, 0)  # PR_SET_DUMPABLE, after the fork (the service reads the child's /proc files): see below
+            _prctl(4, 0)  # PR_SET_DUMPABLE (startup.prepare did so already; its child made itself dumpable): see below
             mask = os.umask(0o22)
             os.umask(mask)
             parameters = {
@@ -116,10 +116,8 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
             _signal.signal(signum, handler)
         if child is not None:
             child.discard()  # it never ran (held at its gate): nothing is left of it
-            # The run goes on in this process, as the compiled client's exec of
-            # corral-inprocess does: dumpable again (a child it forks writes its
-            # own /proc files, a sealed run's uid_map).
-            _prctl(4, 1)
+            # The run goes on in this process, not dumpable (startup.prepare): a
+            # child it forks makes itself dumpable where it must (kernel.spawn, seal).
         raise
     finally:
         sock.close()

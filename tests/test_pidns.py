@@ -403,7 +403,7 @@ def test_unmounting_its_proc_shows_no_process_outside_the_namespace(who):
 def test_a_status_line_forged_into_the_inits_descriptors_is_not_the_exit_status(who):
     """``exit 0`` (and, as bytes, stop signals' numbers: a newline is SIGUSR1)
     written into every descriptor of the init's the command can open for
-    writing (/proc/1/fd/N; root may open them all): corral reports the
+    writing (/proc/1/fd/N; root may open all but the sockets): corral reports the
     command's own exit (3) -- not the forged status, nor 128+N from a forged
     byte on corral's signal pipe -- and its output holds only the command's
     own. In a user namespace of the init's (not root, or root without
@@ -412,11 +412,8 @@ def test_a_status_line_forged_into_the_inits_descriptors_is_not_the_exit_status(
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     dumpable = f"{python} -c 'import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))'"
     script = (
-        # Only once the start is over: the init closes its control socket after corral's byte
-        # that follows its `run` line. Before, a forged line is taken for the init's answer to
-        # the start message (a gap left open, as is its exec report pipe).
-        'busy() { for fd in /proc/1/fd/*; do [ -S "$fd" ] && return 0; done; return 1; }; '
-        "while busy; do sleep 0.01; done; "
+        # At once: no line written once the command exists is taken for the init's answer
+        # (test_lines_forged_into_the_inits_channels_from_the_start_never_hang_corral_nor_lie).
         "n=0; for fd in /proc/1/fd/*; do printf 'exit 0\\n' 2>/dev/null >>\"$fd\" && n=$((n + 1)); done; "
         # A forged line is read at once; until the command's own end nothing else is said.
         f"echo $n; {dumpable}; sleep {TIME_SCALE}; exit 3"
@@ -428,3 +425,156 @@ def test_a_status_line_forged_into_the_inits_descriptors_is_not_the_exit_status(
     assert dumpable_now == "1", out
     if who != "root":
         assert opened == "0", out
+
+
+# -- the init's protocol, forged -------------------------------------------------------------------
+
+#: Lines as the init's, forged.
+FORGED = b"exec 2\nsetup forged\nfork 1\nrun 1\nexit 0\n"
+FORGED_SH = FORGED.decode().replace("\n", "\\n")  # as printf's format
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _forge_into(pidfd: int, pid: int, corral: int) -> None:
+    """``FORGED`` into every socket of ``pid``'s and every pipe it shares with
+    ``corral``, each taken with pidfd_getfd(2) -- what a command running as
+    root (CAP_SYS_PTRACE) can do to its init's channels with corral, sockets
+    included, where /proc/1/fd/N opens pipes only. Not into a pipe of the
+    init's own (its gate, which the command cannot reach: it does not exist
+    until the gate is open)."""
+    import ctypes
+    import stat
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fds = [int(n) for n in os.listdir(f"/proc/{pid}/fd")]
+        shared = set()
+        for n in os.listdir(f"/proc/{corral}/fd"):
+            try:
+                info = os.stat(f"/proc/{corral}/fd/{n}")
+                shared.add((info.st_dev, info.st_ino))
+            except OSError:
+                pass
+    except OSError:
+        return
+    for n in fds:
+        got = libc.syscall(438, pidfd, n, 0)  # SYS_pidfd_getfd, the same number everywhere
+        if got < 0:
+            continue
+        try:
+            info = os.fstat(got)
+            if stat.S_ISSOCK(info.st_mode) or (stat.S_ISFIFO(info.st_mode) and (info.st_dev, info.st_ino) in shared):
+                os.write(got, FORGED)
+        except OSError:
+            pass
+        finally:
+            os.close(got)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to take the init's descriptors")
+def test_lines_forged_into_the_inits_channels_from_the_start_never_hang_corral_nor_lie(tmp_path):
+    """Lines as the init's (``exec 2``, ``run 1``, ``exit 0`` ...) written into
+    every channel of the init's as soon as it has forked the command -- the
+    race a root command wins when it is scheduled before its init -- and by
+    the command itself into every /proc/1/fd/N, repeated: corral returns, with
+    the truth: the command's own exit (3) having run, or 125 having never run
+    (corral gave up on an init whose answer it could not trust). Never a hang
+    (a corral waiting for its init, which waits for corral), never an exec
+    error for a command that ran."""
+    witness = tmp_path / "ran"
+    forge = "; ".join(
+        [
+            f"touch {witness}",
+            "i=0",
+            "while [ $i -lt 100 ]; do "
+            f"for fd in /proc/1/fd/*; do printf '{FORGED_SH}' 2>/dev/null >>\"$fd\"; done; i=$((i + 1)); "
+            "done",
+            "exit 3",
+        ]
+    )
+    for _ in range(5):
+        witness.unlink(missing_ok=True)
+        marker = new_marker()
+        argv = [*CORRAL, "--no-registry", *PIDNS_FLAGS, "--grace", "1s", "--", "sh", "-c", forge]
+        proc = subprocess.Popen(argv, env=_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            init = _wait_for(lambda pid=proc.pid: _children(pid), "the init")[0]
+            pidfd = os.pidfd_open(init)
+            try:
+                while proc.poll() is None and not _children(init):
+                    pass  # as soon as the command's process exists
+                for _ in range(30):  # bounded: a corral that reads nothing more leaves a pipe full
+                    _forge_into(pidfd, init, proc.pid)
+            finally:
+                os.close(pidfd)
+            try:
+                out, err = proc.communicate(timeout=20 * TIME_SCALE)
+            except subprocess.TimeoutExpired:
+                pytest.fail("corral hung on lines forged into its init's channels")
+        finally:
+            proc.kill()
+            proc.wait()
+            kill_marked(marker)
+        assert b"Traceback" not in err, err
+        if proc.returncode == 125:
+            assert not witness.exists(), err  # 125 says the command never ran
+        else:
+            assert proc.returncode == 3 and witness.exists(), err
+
+
+def test_an_exec_report_written_by_the_command_is_not_believed(tmp_path):
+    """A command that reopens its parent's exec-report channel
+    (/proc/PPID/fd/N, as root) and writes an errno into it: its parent
+    (corral, or a pid namespace's init) does not take it for an exec failure
+    -- the command ran. Checked on ``fork_command`` itself, in a process of
+    the test's with nothing else to write into."""
+    flag = tmp_path / "wrote"
+    helper = "\n".join(
+        [
+            "import os, sys, time",
+            "from corral_systemd.kernel.spawn import ExecError, fork_command",
+            'script = \'for fd in /proc/$PPID/fd/*; do printf 2 2>/dev/null >>"$fd"; done; : >"$0"; exit 0\'',
+            "child = fork_command(['sh', '-c', script, sys.argv[1]], stdin=0, stdout=1, stderr=2,"
+            " env=None, cwd=None, gated=False)",
+            "while not os.path.exists(sys.argv[1]):",
+            "    time.sleep(0.01)",
+            "try:",
+            "    child.release()",
+            "except ExecError:",
+            "    sys.exit(1)",
+            "sys.exit(0)",
+        ]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", helper, str(flag)],
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"a forged exec report was believed (exit {proc.returncode}) {proc.stderr!r}"
+
+
+def test_the_command_has_the_descriptors_it_has_in_the_other_tiers():
+    """No copy of its stdio, received by the init over the control socket,
+    reaches the command: it lists the same descriptors as in the subreaper tier."""
+    lists = {}
+    for tier in ("subreaper", "pidns"):
+        proc = subprocess.run(
+            [*CORRAL, "--no-registry", "--quiet", "--guarantee", tier, "--", "ls", "/proc/self/fd"],
+            env=_env(new_marker()),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        lists[tier] = proc.stdout.split()
+    assert lists["pidns"] == lists["subreaper"]

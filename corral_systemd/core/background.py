@@ -497,6 +497,9 @@ def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller
     from ..varlink.wire import Channel, ProtocolError, VarlinkError
 
     session_id = S.joinable(request.spec.session or "", directory)
+    # The holder's word on where it is (its token, read before the Spawn call:
+    # the holder serves one connection at a time), then the call to the same process.
+    token = S.holder_token(session_id) or {}
     connected = S.connect_holder(session_id, timeout=10)  # the holder the kernel names, not an entry
     if connected is None:
         raise SetupError(f"session {session_id} has ended")
@@ -505,7 +508,7 @@ def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller
         context = caller.context
     else:
         context = ProcessContext.here(dict(os.environ if request.spec.env is None else request.spec.env))
-    why = cannot_carry(holder, context)
+    why = cannot_carry(holder, context, token.get("place") if token.get("pid") == holder else None)
     if why is not None:
         sock.close()
         warnings.append(f"started by this corral, not by session {session_id}'s holder: {why}")

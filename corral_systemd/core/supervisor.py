@@ -434,7 +434,10 @@ class Supervisor:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
             poller.register(self.cancel_fd, select.POLLIN)
-        for fd in (*self.ends_with, *self.watches):
+        from ..state.registry.identity import serving
+
+        watches = {**self.watches, **serving()}  # and the registry token's readers, answered here
+        for fd in (*self.ends_with, *watches):
             poller.register(fd, select.POLLIN)
         # poll() takes at most INT_MAX ms (~24 days): a longer wait is cut into
         # rounds (the loop re-computes what it waits for after each).
@@ -469,8 +472,8 @@ class Supervisor:
             elif fd in self.ends_with:
                 self.result.warnings.append(self.ends_with.pop(fd))  # once: it has exited
                 stop_sig = stop_sig or signal.SIGTERM
-            elif fd in self.watches:
-                self.watches[fd]()
+            elif fd in watches:
+                watches[fd]()
             elif pump is not None and fd in pump.routes:
                 pump.pump(fd)
             elif pump is not None:

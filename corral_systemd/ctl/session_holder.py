@@ -76,7 +76,7 @@ class Holder:
         self.entry: dict = {}
         self.state = "open"
         self._end_callers: list[Channel] = []
-        self._user_ns = os.readlink("/proc/self/ns/user")
+        self._user_ns = user_namespace_view(os.getpid())
         self.sock = self._bind()
 
     def _bind(self) -> socket.socket:
@@ -94,8 +94,10 @@ class Holder:
 
     # -- its life ---------------------------------------------------------------------------
     def run(self, ready_w: int | None = None) -> int:
+        from ..kernel.prctl import set_dumpable
         from .session_spawner import Spawner
 
+        set_dumpable(False)  # the runs' commands are of its uid: none may ptrace it or open its descriptors
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)  # a signal (a stop, a child's end) wakes the wait
         asked: list[int] = []
@@ -129,6 +131,7 @@ class Holder:
         poller = select.poll()
         for fd in (wake_r, self.sock.fileno(), *([self.owner_fd] if self.owner_fd is not None else []), *self.live):
             poller.register(fd, select.POLLIN)
+        poller.register(self.token.fd, select.POLLIN)  # its token's readers, answered here
         if self._entry_watch is not None:
             poller.register(self._entry_watch.fileno(), select.POLLIN)
         rewrite_at: float | None = None
@@ -145,6 +148,8 @@ class Holder:
             ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000 + 1)}
             if wake_r in ready:
                 _drain(wake_r)
+            if self.token.fd in ready:
+                self.token.serve()
             self.spawner.reap()
             if self.owner_fd is not None and self.owner_fd in ready:
                 why = f"its owner (pid {self.config['owner']['pid']}) exited"
@@ -305,14 +310,12 @@ class Holder:
     def _check_caller(self, pid: int, uid: int) -> None:
         """Only this uid, and only from the holder's own user namespace: a sealed
         run's command is in one of its own (and so is all it starts), so it can
-        ask nothing of a holder, whatever path it found to the address."""
+        ask nothing of a holder, whatever path it found to the address. Told by
+        what any process may read of another (``user_namespace_view``: corral's
+        own processes are not dumpable, so their /proc/PID/ns is not readable)."""
         if uid != os.geteuid():
             raise Refused("PermissionDenied", f"uid {uid} is not the session's")
-        try:
-            theirs = os.readlink(f"/proc/{pid}/ns/user")
-        except OSError:
-            theirs = None
-        if theirs != self._user_ns:
+        if user_namespace_view(pid) != self._user_ns:
             raise Refused("PermissionDenied", "a caller in another user namespace (a sealed run) is refused")
 
     def _join(self, pid: int, params: dict) -> tuple[int, dict]:
@@ -326,9 +329,10 @@ class Holder:
             raise Refused("SessionEnding", f"session {self.session_id} is ending")
         pidfd = os.pidfd_open(pid)
         try:
-            token = REG.owner_token(REG.read_entry(self.directory, run_id) or {})
-            if token is None or token.get("pid") != pid or token.get("session") != self.session_id:
-                raise Refused("NotTheRun", f"the caller is not the corral of a run of session {self.session_id}")
+            # The caller is the process bound to run_id's token address (the kernel's word;
+            # it waits for this answer, so it is asked nothing): that run's corral.
+            if REG.token_holder(REG.TOKEN_PREFIX + run_id) != pid:
+                raise Refused("NotTheRun", f"the caller is not the corral of run {run_id}")
             max_runs = self.config.get("max_runs")
             running = [rid for fd, (rid, _) in self.live.items() if not _exited(fd)]
             if isinstance(max_runs, int) and len(running) >= max_runs:
@@ -432,6 +436,20 @@ class _Watchdog:
             self.next = now + self.every
         left = self.next - now
         return left if timeout is None else min(timeout, left)
+
+
+def user_namespace_view(pid: int) -> tuple[str, str, str] | None:
+    """Process ``pid``'s user namespace as seen from here: its uid_map, gid_map
+    and setgroups (readable for any process, dumpable or not; a map is shown
+    relative to the reader's namespace, so another namespace's differs from
+    this one's: a sealed run's maps only its own uid and gid, setgroups
+    denied). None if it cannot be read."""
+    try:
+        return tuple(  # type: ignore[return-value]
+            open(f"/proc/{pid}/{name}").read() for name in ("uid_map", "gid_map", "setgroups")
+        )
+    except OSError:
+        return None
 
 
 def _exited(pidfd: int) -> bool:

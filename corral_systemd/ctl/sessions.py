@@ -303,7 +303,7 @@ def end(text: str, directory: str | None = None) -> int:
     if entry is None:
         raise CtlError(f"unknown session {text!r}")
     session_id = entry["session"]
-    before = entry.get("state") if S.holder_token(session_id) is None else None
+    before = entry.get("state") if S.holder_pid(session_id) is None else None
     members, left = end_session(directory, entry, by="corralctl session end")
     if before == "ended":  # by its holder, earlier: what that end recorded, and what is found now
         left = list(dict.fromkeys([*(entry.get("not_proven") or []), *left]))
@@ -330,10 +330,11 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
     Members are the runs the holder admitted, and those whose own live corral
     says they are this session's; each is proven gone by its own proof."""
     session_id = entry["session"]
-    token = S.holder_token(session_id)
+    bound = S.holder_pid(session_id) is not None  # a stopped holder too: it is continued and asked
+    token = S.holder_token(session_id) if bound else None
     members: list[str] = list(token.get("members", [])) if token else []
     left: list[str] = []
-    if token is not None:
+    if bound:
         said = _end_holder(session_id)
         members = list(dict.fromkeys([*members, *said.get("members", [])]))
         left += said.get("not_proven", [])
@@ -353,7 +354,7 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
     if token is None or S.token_slice(token) is not None:  # whatever is still in the slice its id names
         left += stop_slice(session_id)
     left = list(dict.fromkeys(left))
-    if token is None and entry.get("state") != "ended":
+    if not bound and entry.get("state") != "ended":
         entry.update(state="ended", ended_at=time.time(), why=f"ended by {by} (its holder was gone)", not_proven=left)
         try:
             S.write_entry(directory, entry)
@@ -365,7 +366,7 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
 def orphaned(directory: str) -> list[dict]:
     """Sessions not ended whose holder is gone (SIGKILLed, or its machine's session
     ended) and will not come back (a holder unit the manager is restarting will)."""
-    gone = [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_token(e["session"]) is None]
+    gone = [e for e in S.list_entries(directory) if e.get("state") != "ended" and S.holder_pid(e["session"]) is None]
     return [e for e in gone if not _holder_unit_restarting(e)]
 
 

@@ -17,8 +17,21 @@ Guarantees:
 - the main process's exit status is the kernel's where it keeps one for a
   process corral did not reap (``PIDFD_INFO_EXIT``, Linux 6.15), and a
   line of the init's is never taken before the kernel shows the main
-  process reaped: a command running as root can write into the init's
-  status pipe (``_ended``).
+  process reaped: a command running as root may reach the init's status
+  channel (``_ended``);
+- the start never rests on a line the command could have written: the
+  init's status channel is a socket (no process reopens it through
+  /proc/1/fd/N, where a pipe is reopened), the init names the command's
+  process (``fork PID``) while it is held before its exec, when nothing
+  but corral's code runs in the namespace, and lets it exec only on
+  corral's word, corral holding a pidfd for it by then; after that a
+  line (``run``, ``exec ERRNO``, ``setup WHY``) may be forged (root takes
+  descriptors with pidfd_getfd(2)): ``run`` says nothing corral does not
+  check, a failure is believed only once the init has ended without a
+  ``run`` (it writes one or the other, then a failure exits). Every wait
+  on the init ends when it ends (its pidfd), and no later than the wall
+  limit: then the init is SIGKILLed (the namespace with it), and the run
+  is reported not started (125): the command's exec never completed.
 
 Limits as in the fallback (``proctree``): --mem and --cpu-time watched,
 --pids and --cpus not enforced.
@@ -43,6 +56,8 @@ import errno
 import os
 import select
 import signal
+import time
+from typing import NoReturn
 
 from ..common.errors import SetupError
 from ..kernel import procfs
@@ -73,7 +88,7 @@ class PidnsEngine(ProcessTreeEngine):
         lib = ns.libc()
         import socket
 
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = _status_channel()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         me = os.pidfd_open(os.getpid())
         try:
@@ -120,7 +135,7 @@ class PidnsEngine(ProcessTreeEngine):
         self._helpers: set[int] = set()
         self._main_ns: int | None = None
         self._namespace = _ns_link(pid)
-        said = self._next_line()
+        said = self._next_line()  # nothing but the init runs in the namespace yet
         if said != "ready":
             self._reap_init(block=True)
             why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended before it was ready"
@@ -128,12 +143,22 @@ class PidnsEngine(ProcessTreeEngine):
             raise SetupError(why)
 
     # -- the init's channel ---------------------------------------------
-    def _next_line(self, block: bool = True) -> str | None:
-        """The init's next line (None: none yet, or it is gone: ``_eof``)."""
+    def _next_line(self, block: bool = True, deadline: float | None = None) -> str | None:
+        """The init's next line (None: none yet, or it is gone: ``_eof``).
+        ``block``: wait for one as long as the init lives (its pidfd: no end
+        of file is needed, which a copy of the channel's other end elsewhere
+        would withhold) and, with ``deadline`` (monotonic), no longer: then
+        None, ``_eof`` not set."""
         while b"\n" not in self._buffer:
             if self._eof:
                 return None
-            if not block and not select.select([self._status_r], [], [], 0)[0]:
+            wait = 0.0 if not block else None if deadline is None else max(0.0, deadline - time.monotonic())
+            watch = [self._status_r] + ([self._init_fd] if block and self._init_fd >= 0 else [])
+            ready = select.select(watch, [], [], wait)[0]
+            if not ready:
+                return None
+            if self._status_r not in ready:
+                self._eof = True  # the init has ended, and all it wrote is read
                 return None
             chunk = os.read(self._status_r, 4096)
             if not chunk:
@@ -158,32 +183,74 @@ class PidnsEngine(ProcessTreeEngine):
         refuse_unmaskable(self.spec, survey)
         masks = [[m.path, m.how] for m in survey.masks] if survey is not None and self.spec.sealed else []
         payload = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "masks": masks}).encode()
+        deadline = None if self.spec.wall is None else time.monotonic() + self.spec.wall
         try:
             socket.send_fds(self._control, [b"s"], [stdin, stdout, stderr])
             self._control.sendall(len(payload).to_bytes(8, "big") + payload)
         except OSError:
             pass  # the init is gone: its last line (or none) says why
-        said = self._next_line()
-        if said is None or not said.startswith("run "):
-            self._reap_init(block=True)
-            if said is not None and said.startswith("exec "):
-                raise ExecError(int(said[5:]), argv[0])
-            why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended first"
-            raise SetupError(f"pid namespace: {why}; the command never ran")
-        self._main_ns = int(said[4:])
-        self._main = self._host_pid(self._main_ns)  # the init reaps nothing until told
-        if self._main is not None:
-            # Before the init may reap it: the kernel keeps its end for a pidfd opened first.
-            try:
-                self._main_fd = os.pidfd_open(self._main)
-            except ProcessLookupError:
-                pass  # the init was killed from outside, and the namespace with it
+        # Until the init's word to open the gate nothing but corral's code runs in the
+        # namespace: its first line is its own.
+        said = self._next_line(deadline=deadline)
+        word = said[len("fork ") :] if said is not None and said.startswith("fork ") else ""
+        if not word.isdigit():
+            if said is not None and said.startswith("setup "):
+                self._give_up(said[len("setup ") :])
+            self._give_up(self._silence(said, deadline))
+        self._main_ns = int(word)
+        self._main = self._host_pid(self._main_ns)
+        if self._main is None:
+            self._give_up(f"its init's command process ({self._main_ns}) is not its child")
         try:
-            self._control.send(b"k")
+            # Before it may exec (or be reaped): the kernel keeps its end for a pidfd opened first.
+            self._main_fd = os.pidfd_open(self._main)
+        except ProcessLookupError:
+            self._give_up("its init ended first")  # killed from outside, and the namespace with it
+        self.seen.add(self._main)
+        try:
+            self._control.send(b"k")  # the gate opens
         except OSError:
             pass
-        if self._main is not None:
-            self.seen.add(self._main)
+        # From here on a line may be the command's: see the module's docstring.
+        failed = None
+        while (said := self._next_line(deadline=deadline)) is not None:
+            if said == "run":
+                return
+            if failed is None and said.startswith(("exec ", "setup ")):
+                failed = said  # the init's only if it ends now, without a `run`
+        why = self._silence(None, deadline)
+        self._kill_init()
+        self._reap_init(block=True)
+        if failed is not None and self._eof and self._failed_before_exec(failed):
+            if failed.startswith("exec ") and failed[5:].isdigit():
+                raise ExecError(int(failed[5:]), argv[0])
+            why = failed[len("setup ") :]
+        raise SetupError(f"pid namespace: {why}; the command never ran")
+
+    def _silence(self, said: str | None, deadline: float | None) -> str:
+        """Why the init's answer is not to be had (``said``: what came instead)."""
+        if said is not None:
+            return f"its init's answer was not its own ({said[:60]!r})"
+        if not self._eof and deadline is not None and time.monotonic() >= deadline:
+            return "its init did not answer within the wall limit"
+        return "its init ended first"
+
+    def _give_up(self, why: str) -> NoReturn:
+        """The command never ran (the gate stays shut): the init SIGKILLed and
+        reaped, the namespace with it; SetupError ``why``."""
+        self._kill_init()
+        self._reap_init(block=True)
+        raise SetupError(f"pid namespace: {why}; the command never ran")
+
+    def _failed_before_exec(self, said: str) -> bool:
+        """The kernel does not contradict the init's ``exec``/``setup`` line:
+        the main process exited as the child of a failed exec (127) or setup
+        (125) does. Where the kernel keeps no status (before 6.15), the line
+        counts: the init ended without a ``run``."""
+        status = _exit_status(self._main_fd) if self._main_fd >= 0 else None
+        if status is None:
+            return True
+        return os.WIFEXITED(status) and os.WEXITSTATUS(status) == (127 if said.startswith("exec ") else 125)
 
     def _host_pid(self, ns_pid: int) -> int | None:
         """The main process's pid as corral's /proc numbers it: the init's child
@@ -227,12 +294,12 @@ class PidnsEngine(ProcessTreeEngine):
                 self.warnings.append("the pid namespace's init ended before the command did (killed from outside?)")
 
     def _ended(self, said: str) -> int | None:
-        """The main process's wait status, on a line from the init's pipe
+        """The main process's wait status, on a line from the init's channel
         (None: the line is not the init's ``exit STATUS``).
 
         The init says it once it has reaped the main process, but a command
-        running as root can write a line as well formed into the pipe
-        (/proc/1/fd/N). So no line counts while the kernel still has the main
+        running as root can write a line as well formed into the channel
+        (taken with pidfd_getfd(2)). So no line counts while the kernel still has the main
         process (running, or not reaped), and the kernel's status is taken
         over the line's where it keeps one: then any line, a garbled one too,
         only says when to ask. Before Linux 6.15 the line's number is taken:
@@ -340,6 +407,18 @@ class PidnsEngine(ProcessTreeEngine):
             "namespace first, those corral never saw included",
         }
         return info
+
+
+def _status_channel() -> tuple[int, int]:
+    """The init's status channel, (corral's end, the init's), close-on-exec:
+    a socket pair, one way. Not a pipe: a command running as root reopens a
+    pipe of its init's through /proc/1/fd/N, never a socket."""
+    import socket
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine.shutdown(socket.SHUT_WR)
+    theirs.shutdown(socket.SHUT_RD)
+    return mine.detach(), theirs.detach()
 
 
 def _refused(exc: OSError, userns: bool) -> str:

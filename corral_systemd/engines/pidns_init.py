@@ -1,10 +1,13 @@
 """The init of a run's PID namespace: corral's child, pid 1 of the namespace.
 
 It runs in the process ``PidnsEngine`` cloned (``kernel.namespaces.clone_into``),
-never returns, and speaks to corral over two channels: lines on ``status``
-(init to corral) and one start message on ``control`` (corral to init: the
-command, its environment and directory, the masks of a sealed run, and its
-three stdio descriptors).
+never returns, and speaks to corral over two channels, both sockets (a
+command running as root may open the init's descriptors, /proc/1/fd/N,
+which reopens a pipe, never a socket): lines on ``status`` (init to corral)
+and, on ``control`` (corral to init), one start message (the command, its
+environment and directory, the masks of a sealed run, and its three stdio
+descriptors, close-on-exec as they arrive: the command gets them as its
+stdio only) and one byte that opens the gate.
 
 In order:
 
@@ -35,24 +38,27 @@ In order:
    as root, and would otherwise write into corral's. Those corral was given
    to pass on (not close-on-exec) stay: the command inherits them in every
    tier. Then ``ready``, or ``setup WHY`` and exit;
-6. on the start message, not dumpable: another process may open its
-   descriptors, read its memory or ptrace it only with CAP_SYS_PTRACE over
-   corral's user namespace, which root keeps and a command in the init's
-   user namespace (3) never has, uid 0 there included; not before, as
-   corral reads the init's /proc/PID/ns/pid until then. The command is
-   dumpable again once it has exec'd;
+6. on the start message, not dumpable, before the command is forked:
+   another process may open its descriptors, read its memory or ptrace it
+   only with CAP_SYS_PTRACE over corral's user namespace, which root keeps
+   and a command in the init's user namespace (3) never has, uid 0 there
+   included; not before, as corral reads the init's /proc/PID/ns/pid until
+   then. The command is dumpable again once it has exec'd;
 7. the command forked as the fallback forks it
    (``kernel.spawn.fork_command``: its own session, the seal of a sealed
-   run, a terminal, the umask); ``run PID`` (its pid here), ``exec ERRNO``
-   or ``setup WHY``; after ``run`` it reaps nothing until corral's byte
-   says corral has found the main process in its own /proc;
+   run, a terminal, the umask), held at a gate before its exec: ``fork
+   PID`` (its pid here), said while nothing but corral's code runs in the
+   namespace, so the line is the init's; on corral's byte (corral holds a
+   pidfd for it: it has found it in its own /proc) the gate opens, then
+   ``run``, or ``exec ERRNO`` / ``setup WHY`` and exit (the command never
+   ran);
 8. it reaps every process that ends in the namespace (orphans re-parent to
    it), says ``exit STATUS`` once it has reaped the command's main process,
    and exits once it has no child left: then the namespace is empty.
 
-A command running as root can still write into ``status`` (through
-/proc/1/fd/N): corral takes a line as the init's only where the kernel
-agrees (``PidnsEngine._ended``).
+A command running as root can still reach ``status`` (pidfd_getfd(2),
+ptrace): corral takes no line written after the gate opened on its word
+alone (``PidnsEngine.start``, ``PidnsEngine._ended``).
 """
 
 import json
@@ -139,10 +145,10 @@ def _start(spec, status, control, lib) -> int | None:
     from ..kernel.spawn import ExecError, fork_command
 
     sock = socket.socket(fileno=control)
-    head, fds, _flags, _addr = socket.recv_fds(sock, 1, 3)
+    head, fds = _receive_fds(sock, 3)
     if not head:
         return None
-    set_dumpable(lib, False)
+    set_dumpable(lib, False)  # before the command exists (see the module's docstring)
     size = int.from_bytes(_exactly(sock, 8), "big")
     data = _exactly(sock, size)
     message = json.loads(data)
@@ -159,13 +165,20 @@ def _start(spec, status, control, lib) -> int | None:
         stderr=fds[2],
         env=message["env"],
         cwd=message["cwd"],
-        gated=False,
+        gated=True,
         seal=seal,
         controlling_tty=spec.pty,
         umask=spec.umask,
     )
     for fd in set(fds):
         os.close(fd)
+    _say(status, f"fork {child.pid}")
+    # The gate opens on corral's byte: it has found the child in its own /proc and holds
+    # a pidfd for it (or corral is gone: end of file, and this process with it).
+    if sock.recv(1) != b"k":
+        child.abandon()
+        os._exit(0)
+    sock.close()
     try:
         child.release()
     except ExecError as exc:
@@ -174,13 +187,24 @@ def _start(spec, status, control, lib) -> int | None:
     except Exception as exc:  # noqa: BLE001 -- a failed seal (SetupError): said, the command never ran
         _say(status, f"setup {exc}")
         os._exit(0)
-    _say(status, f"run {child.pid}")
+    _say(status, "run")
     os.close(child.pidfd)
-    # Not reaped before corral has found it in its own /proc (its pid there):
-    # corral says so with a byte (or is gone: end of file).
-    sock.recv(1)
-    sock.close()
     return child.pid
+
+
+def _receive_fds(sock, most: int) -> tuple[bytes, list[int]]:
+    """A byte and up to ``most`` descriptors, close-on-exec as they arrive
+    (``MSG_CMSG_CLOEXEC``): the command gets copies of them only as its
+    stdio (dup2), none besides. Not ``socket.recv_fds``, which drops its
+    ``flags`` before Python 3.13."""
+    import array
+
+    fds = array.array("i")
+    head, ancillary, _flags, _addr = sock.recvmsg(1, socket.CMSG_LEN(most * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return head, list(fds)
 
 
 def _exactly(sock, size: int) -> bytes:

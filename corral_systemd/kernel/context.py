@@ -121,25 +121,42 @@ class ProcessContext:
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
-def cannot_carry(pid: int, ctx: ProcessContext) -> str | None:
+def own_place() -> dict:
+    """This process's namespaces and root directory, as ``cannot_carry`` compares
+    them: what a process that is not dumpable states of itself (another process
+    of its uid cannot read its /proc/PID/ns or root)."""
+    root = os.stat("/proc/self/root")
+    return {"ns": {ns: _link(f"/proc/self/ns/{ns}") for ns in _NAMESPACES}, "root": [root.st_dev, root.st_ino]}
+
+
+def cannot_carry(pid: int, ctx: ProcessContext, place: dict | None = None) -> str | None:
     """Why a child of process ``pid`` cannot be given ``ctx`` and be what this
-    process's own child would be (None: it can). Reads ``pid``'s /proc."""
+    process's own child would be (None: it can). Reads ``pid``'s /proc; its
+    namespaces and root as ``place`` states them (``own_place``, from ``pid``
+    itself) where given."""
     mine, theirs = _status(os.getpid()) or {}, _status(pid)
     if theirs is None:
         return f"process {pid} cannot be read"
     for key in _SAME_STATUS:
         if mine.get(key) != theirs.get(key):
             return f"its {key} differs ({mine.get(key)} here, {theirs.get(key)} there)"
+    stated = place.get("ns") if isinstance(place, dict) and isinstance(place.get("ns"), dict) else None
     for ns in _NAMESPACES:
-        here, there = _link(f"/proc/self/ns/{ns}"), _link(f"/proc/{pid}/ns/{ns}")
+        here = _link(f"/proc/self/ns/{ns}")
+        there = stated.get(ns) if stated is not None else _link(f"/proc/{pid}/ns/{ns}")
         if here != there:
             return f"another {ns} namespace"
-    try:
-        a, b = os.stat("/proc/self/root"), os.stat(f"/proc/{pid}/root")
-    except OSError as exc:
-        return f"its root directory cannot be compared ({exc.strerror})"
-    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
-        return "another root directory"
+    if stated is not None:
+        a = os.stat("/proc/self/root")
+        if [a.st_dev, a.st_ino] != place.get("root"):  # type: ignore[union-attr]
+            return "another root directory"
+    else:
+        try:
+            a, b = os.stat("/proc/self/root"), os.stat(f"/proc/{pid}/root")
+        except OSError as exc:
+            return f"its root directory cannot be compared ({exc.strerror})"
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            return "another root directory"
     limits = _hard_limits(pid)
     for name, (_soft, hard) in ctx.rlimits.items():
         there_hard = limits.get(name)

@@ -164,6 +164,9 @@ def fork_held(close_in_child: tuple[int, ...] = ()) -> Forked:
     pid = os.fork()
     if pid == 0:  # pragma: no cover  (the child; its behaviour is tested through the runs)
         try:
+            from .prctl import set_dumpable
+
+            set_dumpable(True)  # the command's process: the service reads its /proc files
             for fd in (*close_in_child, service_end):
                 try:
                     os.close(fd)

@@ -27,3 +27,14 @@ def set_parent_death_signal(sig: int) -> None:
     """``sig`` is sent to this process when the *thread* that forked it exits
     (not its process: a parent thread that ends fires it too)."""
     _prctl(PR_SET_PDEATHSIG, sig)
+
+
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """Not dumpable (False): another process of this uid without CAP_SYS_PTRACE
+    can neither ptrace this one nor open its /proc/PID/fd, mem, environ or ns --
+    corral's own processes, whose command runs as their uid. A child is dumpable
+    again after its execve (a plain executable), or when it says so (True)."""
+    _prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)

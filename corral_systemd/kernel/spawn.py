@@ -6,9 +6,13 @@ can start outside its unit. The CLI forks and holds the child in Python
 (``fork_command``); a library host, being multi-threaded, must not fork, and
 posix_spawn()s a shell that holds the gate (``spawn_gated_by_shell``).
 
-Exec failures travel back over a close-on-exec pipe as an errno, so the
+Exec failures travel back over a close-on-exec channel as an errno, so the
 caller can map them to 127 (not found) or 126 (cannot execute) without
-guessing from an exit status.
+guessing from an exit status. The channel is a socket pair, not a pipe: a
+command running as root may open its parent's descriptors
+(/proc/PPID/fd/N), which reopens a pipe but never a socket; and a report is
+believed only from a child that then exited as the report's writer does
+(127, or 125 for a failed setup), never from one that ran on.
 """
 
 import errno
@@ -67,11 +71,11 @@ class Child:
             raise RuntimeError("release() called twice")
         try:
             data = b""
-            while chunk := os.read(err_r, 8):  # EOF when exec closes the pipe
+            while chunk := os.read(err_r, 8):  # EOF when exec closes the socket
                 data += chunk
         finally:
             os.close(err_r)
-        if data:
+        if data and self._wrote_report(125 if data.startswith(_SETUP_FAILED) else 127):
             # The child reported an errno (or a failed setup) and exited;
             # reap it here so the caller sees a clean failure and no zombie.
             os.waitpid(self.pid, 0)
@@ -80,6 +84,21 @@ class Child:
             if data.startswith(_SETUP_FAILED):
                 raise SetupError(data[len(_SETUP_FAILED) :].decode(errors="replace"))
             raise ExecError(int(data), self._argv0)
+
+    def _wrote_report(self, code: int) -> bool:
+        """The child exited with ``code`` (left unreaped), as it does once it
+        has written its report: a report from anywhere else (a command that
+        reached the channel some other way, pidfd_getfd(2)) is not believed,
+        the command ran. Bounded: the child exits as soon as it has written."""
+        import select
+
+        if self.pidfd >= 0 and not select.select([self.pidfd], [], [], 10)[0]:
+            return False
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return info is not None and info.si_code == os.CLD_EXITED and info.si_status == code
 
     #: Reaped for good (its pid, and the session id it made, may be reused).
     reaped = False
@@ -172,7 +191,7 @@ def fork_command(
     terminal of the child's new session (``--pty``). ``umask``: the child's
     (None: this process's).
     """
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = _report_channel()
     gate_r = gate_w = None
     if gated:
         gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
@@ -181,6 +200,7 @@ def fork_command(
     if pid == 0:  # child: only async-signal-safe-ish work, then exec or _exit
         code = 127
         try:
+            _dumpable_again()  # the command's process, as its exec would make it
             os.setsid()
             for sig in _DEFAULT_IN_CHILD:
                 signal.signal(sig, signal.SIG_DFL)
@@ -226,6 +246,17 @@ def fork_command(
     if gate_r is not None:
         os.close(gate_r)
     return Child(pid, _pidfd_of_child(pid), gate_w, err_r, argv[0])
+
+
+def _report_channel() -> tuple[int, int]:
+    """The exec report's (read, write) ends, close-on-exec: a socket pair,
+    which no process can reopen through /proc/PID/fd (see the module's docstring)."""
+    import socket
+
+    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    w.shutdown(socket.SHUT_RD)
+    r.shutdown(socket.SHUT_WR)
+    return r.detach(), w.detach()
 
 
 def _pidfd_of_child(pid: int) -> int:
@@ -399,3 +430,11 @@ def spawn_gated_by_shell(
         for fd in sources:
             os.close(fd)
     return ShellGatedChild(pid, pidfd, gate_w)
+
+
+def _dumpable_again() -> None:
+    """The child that becomes the command: dumpable, as its execve makes it anyway
+    (the manager and corral's own checks read its /proc files before that)."""
+    from .prctl import set_dumpable
+
+    set_dumpable(True)

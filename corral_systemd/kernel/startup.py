@@ -25,6 +25,9 @@ _COERCED = ("C.UTF-8", "C.utf8", "UTF-8")
 def prepare() -> None:
     open_closed_stdio()
     undo_locale_coercion()
+    from .prctl import set_dumpable
+
+    set_dumpable(False)  # the command runs as this uid: it must not ptrace or open corral
 
 
 def open_closed_stdio() -> None:

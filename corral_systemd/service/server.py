@@ -400,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     from .. import dbus
 
     dbus.light_import = True  # this process is corral's own: see dbus/_dbus_fast.py
+    from ..kernel.prctl import set_dumpable
+
+    set_dumpable(False)  # its runs' commands are of its uid: none may ptrace it or open its descriptors
     parser = argparse.ArgumentParser(prog="corral-service", description="The corral service (io.corral.Run).")
     parser.add_argument("--socket", help="bind this path instead of using the socket systemd passes")
     parser.add_argument("--manager", choices=("user", "system"), default="system" if os.geteuid() == 0 else "user")

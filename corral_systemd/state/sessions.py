@@ -137,6 +137,16 @@ def list_entries(directory: str) -> list[dict]:
     return entries
 
 
+def holder_pid(session_id) -> int | None:
+    """The pid of the process bound to the session's address (its holder, live,
+    stopped or busy), or None: no answer is needed from it."""
+    connected = connect_holder(session_id) if isinstance(session_id, str) else None
+    if connected is None:
+        return None
+    connected[0].close()
+    return connected[1]
+
+
 def holder_token(session_id) -> dict | None:
     """The live holder's own word on session ``session_id`` (its sealed token,
     read from the process bound to its address), or None."""
@@ -146,10 +156,9 @@ def holder_token(session_id) -> dict | None:
     if connected is None:
         return None
     sock, pid = connected
-    try:  # read while connected: the pid cannot name another process meanwhile
-        token = REG.sealed_token(pid, TOKEN_PREFIX + session_id)
-    finally:
-        sock.close()
+    sock.close()  # not held open: the holder serves one connection at a time, and answers its token too
+    # The token's address bound by that same pid: the process the kernel named, still alive.
+    token = REG.sealed_token(pid, TOKEN_PREFIX + session_id)
     return token if token is not None and token.get("session") == session_id else None
 
 
@@ -163,7 +172,7 @@ def find(text: str, directory: str) -> dict | None:
         if (token := holder_token(text)) is not None and isinstance(token.get("config"), dict):
             return {**token["config"], "state": token.get("state")}
     named = [e for e in list_entries(directory) if e.get("name") == text]
-    live = [e for e in named if holder_token(e["session"]) is not None]
+    live = [e for e in named if holder_pid(e["session"]) is not None]
     pool = live or named
     return max(pool, key=lambda e: e.get("created_at") or 0) if pool else None
 
@@ -179,7 +188,10 @@ def joinable(text: str, directory: str) -> str:
     entry = find(text, directory)
     if entry is None:
         raise NotJoinable(f"no session {text!r}")
-    token = holder_token(entry["session"])
+    bound = holder_pid(entry["session"]) is not None
+    token = holder_token(entry["session"]) if bound else None
+    if bound and token is None:
+        return entry["session"]  # bound but not answering (stopped, busy): the holder decides at ``join``
     if token is None:
         if _holder_elsewhere(entry):
             raise NotJoinable(
@@ -243,8 +255,8 @@ def join(session_id: str, run_id: str) -> tuple[int, dict]:
 
 
 def live_sessions(directory: str) -> list[dict]:
-    """Entries whose holder is alive and holds its token."""
-    return [e for e in list_entries(directory) if holder_token(e.get("session")) is not None]
+    """Entries whose holder is alive (bound to the session's address)."""
+    return [e for e in list_entries(directory) if holder_pid(e.get("session")) is not None]
 
 
 #: The session limits (``common.limits`` fields): aggregate over every run of the session.
@@ -304,7 +316,11 @@ class HolderToken(REG.SealedToken):
 
     def __init__(self, config: dict):
         super().__init__(TOKEN_PREFIX + config["session"])
+        from ..kernel.context import own_place
+
         self.config = public_config(config)
+        #: Where it is (namespaces, root): a front compares its own with it (``kernel.context.cannot_carry``).
+        self.place = own_place()
         self.session_id = config["session"]
         self.max_runs = config.get("max_runs")
         self.limits = dict(config.get("limits") or {})
@@ -330,6 +346,7 @@ class HolderToken(REG.SealedToken):
                 "slice": self.slice,
                 "manager": self.manager,
                 "config": self.config,
+                "place": self.place,
                 "time": time.time(),
             }
         )

@@ -34,7 +34,7 @@ entries whose owner still runs, are never removed.
 
 The run's own uid can rewrite all of these files (see README "Security:
 what corral trusts"), so a reader never acts on them alone: while the
-owner lives, its sealed token (``OwnerToken``, a memfd only it holds)
+owner lives, its token (``OwnerToken``, answered at an abstract address only it holds)
 gives the run's state and deadline (``effective_state``, ``owner_verified``);
 a fallback run's processes carry ``CORRAL_RUN_MARK`` (``carries_mark``);
 each event line is also sent to the journal where journald runs
@@ -88,6 +88,8 @@ from .identity import (  # noqa: F401
     proc_stat,
     process_mark,
     sealed_token,
+    serving,
+    token_holder,
 )
 from .paths import (  # noqa: F401
     STATE_FALLBACK,

@@ -4,7 +4,7 @@ in its processes' environment."""
 
 import json
 import os
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
@@ -64,51 +64,113 @@ def _is_pid(value) -> "TypeGuard[int]":
 
 # -- what only the owner can hold: its token -------------------------------------------------
 # The entry and the log are files the run's own uid can rewrite. What it
-# cannot forge is a sealed memfd held open by the owner process itself:
-# ``corral-run-<id>``, JSON {run_id, state, deadline_monotonic, boot_id, pid},
-# F_SEAL_WRITE|SHRINK|GROW|SEAL, replaced (dup2 onto the same fd) on each
-# state change and closed when the run is finished. Another process cannot
-# put a descriptor into the owner, nor change a sealed file's contents.
+# cannot forge is a name the owner process itself holds: the abstract unix
+# socket ``@corral-token/<uid>/<name>`` (``corral-run-<id>``), bound before
+# the entry is written and held until the run is finished. While the owner
+# lives no other process can bind it, and the kernel names the process that
+# did to whoever connects (``SO_PEERCRED``). The owner answers each
+# connection with its token, JSON {run_id, state, deadline_monotonic,
+# boot_id, pid, session}, from its own wait (``serving``): nothing reads its
+# /proc files, so corral's processes need not be dumpable (a command of the
+# same uid can then neither ptrace them nor open their descriptors).
 TOKEN_PREFIX = "corral-run-"
+#: The abstract socket names' prefix (``@corral-token/<uid>/<token name>``).
+TOKEN_ADDRESS = "corral-token/"
+#: How long a reader waits for an owner to answer (one that is stopped, or
+#: between two of its waits, answers late or never: its token reads as None).
+TOKEN_READ_TIMEOUT = 1.0
+
+#: Tokens this process holds, by their listening socket's descriptor (``serving``).
+_HELD: "dict[int, SealedToken]" = {}
 
 
-def _seals() -> int:
-    import fcntl
+def token_address(name: str, uid: int | None = None) -> str:
+    return f"\0{TOKEN_ADDRESS}{os.geteuid() if uid is None else uid}/{name}"
 
-    return fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+def serving() -> dict:
+    """The descriptors of the tokens this process holds, each with what answers
+    the connections waiting on it: every wait of the owner's polls these."""
+    return {fd: token.serve for fd, token in list(_HELD.items())}
+
+
+def serve_all() -> None:
+    """Answer whatever waits on this process's tokens (a wait that polls none)."""
+    for serve in serving().values():
+        serve()
+
+
+def _forget_in_child() -> None:
+    """A forked child holds none of its parent's tokens: it closes their sockets
+    (the name goes with the owner), and never answers for the owner."""
+    for fd, token in list(_HELD.items()):
+        token.sock = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class SealedToken:
-    """A sealed memfd named ``name`` holding JSON, held by this process; each
-    ``update`` replaces it atomically (``dup2`` onto the same descriptor)."""
+    """A token named ``name`` held by this process: JSON it answers with at its
+    address, to the connections its waits accept (``serve``); each ``write``
+    replaces what it answers. OSError if the address is taken (another process
+    holds a token of that name)."""
 
     def __init__(self, name: str):
         self.name = name
-        self.fd = -1
+        self.sock: Any = None  # the listening socket, once written
+        self._data = b""
 
     def write(self, data: dict) -> None:
-        import fcntl
+        import socket
 
-        fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.write(fd, _canonical(data))
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _seals())
-            if self.fd < 0:
-                self.fd, fd = fd, -1
-            else:
-                os.dup2(fd, self.fd, inheritable=False)  # atomic: a reader sees the old or the new one
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        self._data = _canonical(data)
+        if self.sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+            try:
+                sock.bind(token_address(self.name))
+                sock.listen(128)
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            _HELD[sock.fileno()] = self
+
+    @property
+    def fd(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    def serve(self) -> None:
+        """Answer every connection waiting (never blocks)."""
+        while self.sock is not None:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            try:
+                conn.settimeout(0.2)
+                conn.sendall(self._data)
+            except OSError:
+                pass
+            finally:
+                conn.close()
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if self.sock is not None:
+            _HELD.pop(self.sock.fileno(), None)
+            self.sock.close()
+            self.sock = None
 
 
 class OwnerToken(SealedToken):
-    """The owner's side: a sealed memfd describing the run, held while the run is not finished."""
+    """The owner's side: its token, held while the run is not finished."""
 
     def __init__(self, run_id: str):
         super().__init__(TOKEN_PREFIX + run_id)
@@ -128,38 +190,57 @@ class OwnerToken(SealedToken):
         )
 
 
-def sealed_token(pid: int, name: str) -> dict | None:
-    """The JSON object in a sealed memfd ``name`` that process ``pid`` holds, or None.
+def token_holder(name: str) -> int | None:
+    """The pid of the process holding token ``name`` (the kernel's word: who is
+    bound to its address), or None: no answer needed from it."""
+    import socket
 
-    Only a descriptor sealed against writing counts (anyone holding an
-    unsealed one could have written it), and only a token that names ``pid``
-    itself (as ``SealedToken`` writers do): the caller still checks that
-    ``pid`` is the process it means (start time) after reading."""
-    import fcntl
+    from ...varlink.wire import peer_credentials
 
-    want = f"/memfd:{name} (deleted)"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        names = os.listdir(f"/proc/{pid}/fd")
+        sock.settimeout(TOKEN_READ_TIMEOUT)
+        sock.connect(token_address(name))
+        pid, uid, _gid = peer_credentials(sock)
     except OSError:
         return None
-    for fd_name in names:
-        path = f"/proc/{pid}/fd/{fd_name}"
-        try:
-            if os.readlink(path) != want:
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _seals() != _seals():
-                continue
-            token = json.loads(os.pread(fd, 1 << 20, 0))
-        except (OSError, ValueError):
-            continue
-        finally:
-            os.close(fd)
-        if isinstance(token, dict) and token.get("pid") == pid and token.get("boot_id") in ("", boot_id()):
-            return token
+    finally:
+        sock.close()
+    return pid if uid == os.geteuid() and pid > 0 else None
+
+
+def sealed_token(pid: int, name: str) -> dict | None:
+    """The JSON token ``name`` held by process ``pid``, or None: nothing holds it,
+    another process does, or it did not answer within ``TOKEN_READ_TIMEOUT``.
+    Only a token that names ``pid`` itself counts (as ``SealedToken`` writers
+    do); the caller still checks ``pid`` is the process it means (start time)."""
+    import socket
+    import time
+
+    from ...varlink.wire import peer_credentials
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(TOKEN_READ_TIMEOUT)
+        sock.connect(token_address(name))
+        peer, uid, _gid = peer_credentials(sock)
+        if peer != pid or uid != os.geteuid():
+            return None
+        data = b""
+        give_up = time.monotonic() + TOKEN_READ_TIMEOUT
+        while len(data) < 1 << 20:
+            sock.settimeout(max(0.01, give_up - time.monotonic()))
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        token = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
+    if isinstance(token, dict) and token.get("pid") == pid and token.get("boot_id") in ("", boot_id()):
+        return token
     return None
 
 
@@ -178,6 +259,17 @@ def owner_token(entry: dict) -> dict | None:
     if not _is_pid(pid) or not owner_alive(entry):
         return None
     token = sealed_token(pid, TOKEN_PREFIX + run_id)
+    if token is None and token_holder(TOKEN_PREFIX + run_id) == pid:
+        # Bound, but not answering (stopped, or between two of its waits): alive
+        # and this run's owner, the kernel says; what it would say is the entry's.
+        token = {
+            "run_id": run_id,
+            "pid": pid,
+            "state": "active" if entry.get("state") == "finished" else entry.get("state"),
+            "deadline_monotonic": entry.get("deadline_monotonic"),
+            "session": None,
+            "unanswered": True,
+        }
     if token is None or token.get("run_id") != run_id:
         return None
     if not owner_alive(entry):
@@ -198,6 +290,8 @@ def looks_like_corral(pid: int) -> bool:
         return False
     try:
         exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except PermissionError:  # corral is not dumpable: its exe is not another uid-peer's to read
+        exe = os.path.basename(argv[0])
     except OSError:
         return False
     if not exe.startswith("python"):
