@@ -398,3 +398,14 @@ def test_help_ends_with_the_exit_codes_and_examples():
     for line, _what in EXAMPLES:
         assert line in tail
     assert "auto: a systemd unit where a manager answers, else the strongest tier" in " ".join(out.split())
+
+
+def test_corralctl_help_does_not_cut_its_command_descriptions():
+    """Each command's line is its description's first paragraph, whole (click cut
+    them at about 45 characters with "...")."""
+    for args in ([], ["session"], ["service"], ["audit"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "corral_systemd.ctl", *args, "--help"], capture_output=True, text=True
+        ).stdout
+        commands = out[out.index("Commands:") :]
+        assert "..." not in commands, out

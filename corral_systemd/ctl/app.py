@@ -272,6 +272,15 @@ def service_command(action: str, user: bool, system: bool, **options) -> int:
     return 0 if report["in_use"] else 3
 
 
+def _whole_short_help(command) -> None:
+    """Each command's line in a group's --help is its help's first paragraph,
+    whole (click cuts it at about 45 characters with "...")."""
+    for sub in getattr(command, "commands", {}).values():
+        if sub.help and not sub.short_help:
+            sub.short_help = " ".join(sub.help.split("\n\n", 1)[0].split())
+        _whole_short_help(sub)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
@@ -281,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         import typer
 
         command = typer.main.get_command(_app())
+        _whole_short_help(command)
         no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
         try:
             rv = command.main(args=args, prog_name="corralctl", standalone_mode=False)
