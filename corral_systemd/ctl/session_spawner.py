@@ -84,6 +84,9 @@ class Spawner:
         pid = os.fork()
         if pid == 0:  # the run's corral, from here to exec
             try:
+                from ..kernel.prctl import set_dumpable
+
+                set_dumpable(True)  # its own /proc/self files (oom_score_adj) are its to write only so
                 os.setsid()
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
