@@ -134,7 +134,7 @@ class Spawner:
         end = time.monotonic() + grace
         while self.children and time.monotonic() < end:
             self.reap()
-            _wait_for_child(min(0.25, max(0.0, end - time.monotonic())))
+            time.sleep(min(0.25, max(0.0, end - time.monotonic())))  # a child's SIGCHLD does not cut it short
         end = time.monotonic() + bound
         while True:
             try:
@@ -150,7 +150,7 @@ class Spawner:
                 info = procfs.read_stat(pid)
                 if info is not None:
                     signal_process(info, signal.SIGKILL, lambda _current: True)
-            _wait_for_child(0.05)
+            time.sleep(0.05)
 
 
 def own_descendants() -> list[int]:
@@ -175,11 +175,6 @@ def own_descendants() -> list[int]:
                     found.append(kid)
                     stack.append(kid)
     return found
-
-
-def _wait_for_child(seconds: float) -> None:
-    """Sleep until a child's end (SIGCHLD, through the holder's wakeup pipe) or ``seconds``."""
-    time.sleep(seconds)
 
 
 def _fd_limit() -> int:

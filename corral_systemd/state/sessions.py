@@ -75,24 +75,9 @@ def holder_address(session_id: str, uid: int | None = None) -> str:
 def connect_holder(session_id: str, timeout: float = 5.0):
     """(a connection to the session's holder, the holder's pid as the kernel
     recorded it) or None when nothing of this uid is bound to its address."""
-    import socket
+    from ..varlink.wire import connect_bound
 
-    from ..varlink.wire import peer_credentials
-
-    if not valid_session_id(session_id):
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(holder_address(session_id))
-        pid, uid, _gid = peer_credentials(sock)
-    except OSError:
-        sock.close()
-        return None
-    if uid != os.geteuid() or pid <= 0:
-        sock.close()
-        return None
-    return sock, pid
+    return connect_bound(holder_address(session_id), timeout) if valid_session_id(session_id) else None
 
 
 def entry_path(directory: str, session_id: str) -> str:

@@ -99,6 +99,27 @@ def peer_credentials(sock) -> tuple[int, int, int]:
     return tuple(int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in (0, 4, 8))  # type: ignore[return-value]
 
 
+def connect_bound(address: str, timeout: float):
+    """(a connection to the unix socket ``address``, the pid of the process that
+    bound it, as the kernel recorded it) or None: nothing is bound there, or a
+    process of another uid is. An abstract name (``\\0...``) cannot be taken
+    from a live process, so the pid is its holder's."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+        pid, uid, _gid = peer_credentials(sock)
+    except OSError:
+        sock.close()
+        return None
+    if uid != os.geteuid() or pid <= 0:
+        sock.close()
+        return None
+    return sock, pid
+
+
 def close_fds(fds) -> None:
     for fd in fds:
         try:

@@ -94,12 +94,6 @@ def serving() -> dict:
     return {fd: token.serve for fd, token in list(_HELD.items())}
 
 
-def serve_all() -> None:
-    """Answer whatever waits on this process's tokens (a wait that polls none)."""
-    for serve in serving().values():
-        serve()
-
-
 def _forget_in_child() -> None:
     """A forked child holds none of its parent's tokens: it closes their sockets
     (the name goes with the owner), and never answers for the owner."""
@@ -193,20 +187,13 @@ class OwnerToken(SealedToken):
 def token_holder(name: str) -> int | None:
     """The pid of the process holding token ``name`` (the kernel's word: who is
     bound to its address), or None: no answer needed from it."""
-    import socket
+    from ...varlink.wire import connect_bound
 
-    from ...varlink.wire import peer_credentials
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.settimeout(TOKEN_READ_TIMEOUT)
-        sock.connect(token_address(name))
-        pid, uid, _gid = peer_credentials(sock)
-    except OSError:
+    connected = connect_bound(token_address(name), TOKEN_READ_TIMEOUT)
+    if connected is None:
         return None
-    finally:
-        sock.close()
-    return pid if uid == os.geteuid() and pid > 0 else None
+    connected[0].close()
+    return connected[1]
 
 
 def sealed_token(pid: int, name: str) -> dict | None:
@@ -214,17 +201,16 @@ def sealed_token(pid: int, name: str) -> dict | None:
     another process does, or it did not answer within ``TOKEN_READ_TIMEOUT``.
     Only a token that names ``pid`` itself counts (as ``SealedToken`` writers
     do); the caller still checks ``pid`` is the process it means (start time)."""
-    import socket
     import time
 
-    from ...varlink.wire import peer_credentials
+    from ...varlink.wire import connect_bound
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    connected = connect_bound(token_address(name), TOKEN_READ_TIMEOUT)
+    if connected is None:
+        return None
+    sock, peer = connected
     try:
-        sock.settimeout(TOKEN_READ_TIMEOUT)
-        sock.connect(token_address(name))
-        peer, uid, _gid = peer_credentials(sock)
-        if peer != pid or uid != os.geteuid():
+        if peer != pid:
             return None
         data = b""
         give_up = time.monotonic() + TOKEN_READ_TIMEOUT
