@@ -109,7 +109,8 @@ def start_session(agent, *args, mode: str | None = None) -> str:
     r = agent.ctl("session", "start", *flags, *args)
     assert r.returncode == 0, r.stderr
     sid = r.stdout.strip()
-    assert len(sid) == 12
+    # A unit session's id is random (12 digits); a fallback session's, its holder's commitment (24).
+    assert len(sid) == (24 if "fallback" in flags or not os.environ.get("CORRAL_REQUIRE_SYSTEMD") else 12), sid
     return sid
 
 
@@ -991,6 +992,105 @@ def test_a_holder_killed_by_what_it_held_is_not_proven_ended(agent, tmp_path):
         assert _alive_as(pid, start)  # the case itself: the daemon did outlive its holder
     finally:
         _kill_written(path)
+
+
+#: A process that binds a dead holder's address and answers ``End`` in its name:
+#: "ended, every process proven gone" (the Varlink frame a holder sends).
+IMPERSONATOR = """
+import json, socket, sys
+from corral_systemd.state import sessions as S
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.bind(S.holder_address(sys.argv[1]))
+sock.listen(8)
+print("bound", flush=True)
+while True:
+    conn, _ = sock.accept()
+    conn.settimeout(5)
+    try:
+        conn.recv(65536)
+        said = {"members": [], "not_proven": [], "why": "ended by corralctl session end"}
+        if len(sys.argv) > 2:
+            said["verdict"] = json.loads(sys.argv[2])
+        conn.sendall(json.dumps({"parameters": said}).encode() + b"\\0")
+    except OSError:
+        pass
+    conn.close()
+"""
+
+#: A verdict of the holder's form but not its secret (what a forger can write).
+FORGED_VERDICT = {"proven": True, "secret": "00" * 32, "other": "11" * 32}
+
+
+@pytest.mark.parametrize("verdict", [None, FORGED_VERDICT], ids=["no-verdict", "forged-verdict"])
+def test_a_process_answering_at_a_dead_holders_address_proves_nothing(agent, tmp_path, verdict):
+    """The daemon a background run left SIGKILLs the holder, then binds the holder's
+    address and answers End "every process proven gone": it cannot give the holder's
+    verdict (a secret committed to in the session's id), so session end says 120."""
+    sid = start_session(agent, mode="fallback")
+    path = tmp_path / "left"
+    impostor = None
+    try:
+        _leave_behind(agent, sid, path, "holder")
+        (pid, start), *_ = _written_pids(path)
+        args = [sid] if verdict is None else [sid, json.dumps(verdict)]
+        impostor = subprocess.Popen(
+            [sys.executable, "-c", IMPERSONATOR, *args], stdout=subprocess.PIPE, text=True, env=agent.env
+        )
+        assert impostor.stdout.readline().strip() == "bound"
+        end = agent.ctl("session", "end", sid)
+        assert end.returncode == 120, end.stdout + end.stderr
+        assert "without its holder's verdict" in end.stderr, end.stderr
+        assert "proven gone" not in end.stdout
+        assert _alive_as(pid, start)  # the case itself: the daemon outlived its holder
+    finally:
+        if impostor is not None:
+            impostor.kill()
+            impostor.wait()
+        _kill_written(path)
+
+
+def test_a_forged_ended_entry_after_the_holders_death_proves_nothing(agent, tmp_path):
+    """The holder SIGKILLed by what it held, the session's entry rewritten to say it
+    ended with nothing left: no holder's verdict in it, so session end says 120."""
+    sid = start_session(agent, mode="fallback")
+    path = tmp_path / "left"
+    try:
+        _leave_behind(agent, sid, path, "holder")
+        (pid, start), *_ = _written_pids(path)
+        entry_path = agent.directory / "sessions" / f"{sid}.json"
+        forged = json.loads(entry_path.read_text())
+        forged.update(state="ended", why="idle for 1s", not_proven=[], verdict=FORGED_VERDICT)
+        entry_path.write_text(json.dumps(forged))
+        end = agent.ctl("session", "end", sid)
+        assert end.returncode == 120, end.stdout + end.stderr
+        assert "without its holder's verdict" in end.stderr, end.stderr
+        assert _alive_as(pid, start)
+    finally:
+        _kill_written(path)
+
+
+def test_a_session_its_holder_ended_is_ended_again_with_its_verdict(agent):
+    """The genuine case the verdict must not spoil: a fallback session its holder
+    ended (idle) ends again with 0, by the verdict its holder left in its entry."""
+    sid = start_session(agent, "--idle-timeout", "1s", mode="fallback")
+    entry = agent.wait_ended(sid)
+    assert entry["verdict"]["proven"] is True, entry
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stdout + end.stderr
+    assert "had already ended (idle for 1s)" in end.stdout
+
+
+def test_session_ls_names_a_stopped_holder_as_not_answering(agent):
+    sid = start_session(agent, mode="fallback")
+    holder = agent.session_entry(sid)["holder"]["pid"]
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        ls = agent.ctl("session", "ls", "--json")
+        assert ls.returncode == 0, ls.stderr
+        (row,) = [r for r in json.loads(ls.stdout) if r["session"] == sid]
+        assert row["state"] == "not answering", row
+    finally:
+        os.kill(holder, signal.SIGCONT)
 
 
 def test_a_fork_chain_below_the_holder_is_proven_gone(agent, tmp_path):

@@ -38,9 +38,10 @@ def is_run_id(text) -> bool:
 
 
 def looks_like_run(text: str) -> bool:
-    """Would ``text`` be read as naming a run by its id (a name must not be):
-    the form ``new_run_id`` makes, or anything with corral's unit prefix."""
-    return text.startswith(PREFIX) or re.fullmatch("[0-9a-f]{12}", text) is not None
+    """Would ``text`` be read as naming a run or a session by its id (a name must
+    not be): the forms ``new_run_id`` and ``common.verdict`` make, or anything
+    with corral's unit prefix."""
+    return text.startswith(PREFIX) or re.fullmatch("[0-9a-f]{12}|[0-9a-f]{24}", text) is not None
 
 
 def unit_name(run_id: str, unit_type: str) -> str:

@@ -35,7 +35,10 @@ Either way the holder
   in it), then every process still below it killed until ``waitpid`` reports
   no child left -- the kernel's proof, as a child subreaper, that nothing it
   held lives. What is not proven is written in the entry's ``not_proven`` and
-  said to the ``End`` caller.
+  said to the ``End`` caller; a fallback holder seals that verdict with the
+  secret committed to in the session's id (``common.verdict``), so neither a
+  rewritten entry nor a process bound to its address after its death can
+  say "proven" in its name.
 """
 
 import json
@@ -63,8 +66,10 @@ class Refused(Exception):
 
 
 class Holder:
-    def __init__(self, directory: str, config: dict, owner_fd: int | None = None):
+    def __init__(self, directory: str, config: dict, owner_fd: int | None = None, verdicts=None):
         self.directory = directory
+        #: A fallback session's secrets (``common.verdict``): its end, said in its own words.
+        self.verdicts = verdicts
         #: What ``session start`` decided (``state.sessions.holder_config``); never re-read from the entry.
         self.config = config
         self.session_id: str = config["session"]
@@ -375,6 +380,9 @@ class Holder:
             os.close(fd)
         self.live.clear()
         self.entry.update(state="ended", ended_at=time.time(), why=why, members=self.members, not_proven=left)
+        verdict = self.verdicts.reveal(proven=not left) if self.verdicts is not None else None
+        if verdict is not None:
+            self.entry["verdict"] = verdict
         try:
             S.write_entry(self.directory, self.entry)
         except OSError:
@@ -382,7 +390,8 @@ class Holder:
         self._serve_pending()  # an End that came during the end is answered too
         for channel in self._end_callers:  # the verdict, from the holder the kernel named to them
             try:
-                channel.send({"parameters": {"members": self.members, "not_proven": left, "why": why}})
+                said = {"members": self.members, "not_proven": left, "why": why}
+                channel.send({"parameters": {**said, **({"verdict": verdict} if verdict else {})}})
             except OSError:
                 pass
             channel.sock.close()

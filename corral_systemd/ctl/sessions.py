@@ -81,6 +81,15 @@ def start(
         if name is not None and any(e.get("name") == name for e in live):
             raise CtlError(f"--name {name!r}: a session of that name is open")
         session_id = new_run_id()
+        manager, why = _manager(session_id, cgroup_mode)
+        verdicts = None
+        if manager is None:  # a fallback session: its id is its holder's commitment (common.verdict)
+            from ..common.verdict import Verdicts
+            from ..kernel.prctl import set_dumpable
+
+            set_dumpable(False)  # the secrets are in this process's memory until it exits
+            verdicts = Verdicts()
+            session_id = verdicts.session_id
         config: dict = {
             "session": session_id,
             "name": name,
@@ -90,11 +99,10 @@ def start(
             "created_at": time.time(),
             "limits": limits,
         }
-        manager, why = _manager(session_id, cgroup_mode)
         if manager is not None:
             warnings = _start_unit(directory, config, manager)
         else:
-            warnings = _start_forked(directory, config, owner_fd, why)
+            warnings = _start_forked(directory, config, owner_fd, why, verdicts)
     finally:
         os.close(lock)
         if owner_fd is not None:
@@ -180,7 +188,7 @@ def _start_unit(directory: str, config: dict, manager) -> list[str]:
         manager.close()
 
 
-def _start_forked(directory: str, config: dict, owner_fd: int | None, why: str | None) -> list[str]:
+def _start_forked(directory: str, config: dict, owner_fd: int | None, why: str | None, verdicts) -> list[str]:
     """fallback: the holder forked away from the caller."""
     from ..common.limits import BY_FIELD
 
@@ -201,7 +209,7 @@ def _start_forked(directory: str, config: dict, owner_fd: int | None, why: str |
         code = 1
         try:
             os.close(ready_r)
-            code = _detached_holder(directory, config, owner_fd, ready_w)
+            code = _detached_holder(directory, config, owner_fd, ready_w, verdicts)
         finally:
             os._exit(code)
     os.close(ready_w)
@@ -213,7 +221,7 @@ def _start_forked(directory: str, config: dict, owner_fd: int | None, why: str |
     return warnings
 
 
-def _detached_holder(directory: str, config: dict, owner_fd: int | None, ready_w: int) -> int:
+def _detached_holder(directory: str, config: dict, owner_fd: int | None, ready_w: int, verdicts) -> int:
     """The holder's life as a grandchild of ``session start`` (so no shell waits for it)."""
     from .session_holder import Holder
 
@@ -230,7 +238,7 @@ def _detached_holder(directory: str, config: dict, owner_fd: int | None, ready_w
                 os.close(fd)
             except OSError:
                 pass
-    return Holder(directory, config, owner_fd).run(ready_w)
+    return Holder(directory, config, owner_fd, verdicts).run(ready_w)
 
 
 def _open_owner(pid: int) -> tuple[int, int]:
@@ -272,7 +280,8 @@ def ls(as_json: bool, directory: str | None = None) -> int:
     rows = []
     for entry in sorted(S.list_entries(directory), key=lambda e: e.get("created_at") or 0):
         token = S.holder_token(entry["session"])
-        if token is None and entry.get("state") == "ended":
+        bound = token is not None or S.holder_pid(entry["session"]) is not None
+        if not bound and entry.get("state") == "ended":
             continue
         members = token.get("members", []) if token else []
         live = [m for m in members if REG.effective_state(REG.read_entry(directory, m))[0] != "finished"]
@@ -280,7 +289,8 @@ def ls(as_json: bool, directory: str | None = None) -> int:
             {
                 "session": entry["session"],
                 "name": entry.get("name"),
-                "state": token.get("state") if token else "holder gone",
+                # Bound but silent: a holder stopped (or busy); the kernel still names it at its address.
+                "state": token.get("state") if token else "not answering" if bound else "holder gone",
                 "owner": (entry.get("owner") or {}).get("pid"),
                 "runs": len(live),
                 "idle_timeout": entry.get("idle_timeout"),
@@ -290,10 +300,10 @@ def ls(as_json: bool, directory: str | None = None) -> int:
     if as_json:
         print(json.dumps(rows, sort_keys=True))
         return 0
-    print(f"{'SESSION':<13} {'NAME':<16} {'STATE':<12} {'OWNER':>7} {'RUNS':>4} {'AGE':>6}")
+    print(f"{'SESSION':<25} {'NAME':<16} {'STATE':<13} {'OWNER':>7} {'RUNS':>4} {'AGE':>6}")
     for r in rows:
         owner = "-" if r["owner"] is None else str(r["owner"])
-        print(f"{r['session']:<13} {r['name'] or '-':<16} {r['state']:<12} {owner:>7} {r['runs']:>4} {r['age']:>5.0f}s")
+        print(f"{r['session']:<25} {r['name'] or '-':<16} {r['state']:<13} {owner:>7} {r['runs']:>4} {r['age']:>5.0f}s")
     return 0
 
 
@@ -328,24 +338,43 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
     still proven from its cgroup). With no holder, a session its holder never
     ended (killed) is not proven: its background runs' orphans were below it.
     Members are the runs the holder admitted, and those whose own live corral
-    says they are this session's; each is proven gone by its own proof."""
+    says they are this session's; each is proven gone by its own proof.
+
+    A fallback session's "proven" is taken only with its holder's verdict
+    (``common.verdict``: a secret committed to in the session's id), so a
+    rewritten entry or a process bound to its address once its holder is dead
+    cannot end it in the holder's name."""
+    from ..common.verdict import check, is_committed
+
     session_id = entry["session"]
     bound = S.holder_pid(session_id) is not None  # a stopped holder too: it is continued and asked
     token = S.holder_token(session_id) if bound else None
     members: list[str] = list(token.get("members", [])) if token else []
     left: list[str] = []
+    said: dict | None = None  # the holder's verdict: its End answer, or the entry it wrote at its end
     if bound:
         said = _end_holder(session_id)
         members = list(dict.fromkeys([*members, *said.get("members", [])]))
-        left += said.get("not_proven", [])
         if said.get("ended_by_another"):
             again = S.read_entry(directory, session_id) or {}
-            left += again.get("not_proven") or [] if again.get("state") == "ended" else ["its holder exited unanswered"]
-    elif entry.get("state") != "ended" and entry.get("engine") != "systemd":
+            said = again if again.get("state") == "ended" else {"not_proven": ["its holder exited unanswered"]}
+        left += said.get("not_proven") or []
+    elif entry.get("state") == "ended":
+        said = entry
+    elif is_committed(session_id):  # a fallback session (its id's form says so, not its entry)
         left.append(
             "no holder holds the session (none is bound to its address) and none ended it: "
             "what its holder held (its background runs' orphans) is not proven gone"
         )
+    if said is not None and not left and is_committed(session_id):
+        verdict = check(session_id, said.get("verdict"))
+        if verdict is None:
+            left.append(
+                "the end it was said to have came without its holder's verdict (an entry rewritten, or a "
+                "process answering at its address after its holder's death): what its holder held is not proven gone"
+            )
+        elif not verdict:
+            left.append("its holder said what it held is not proven gone")
     for e in REG.list_entries(directory):
         rid = e.get("run_id")
         if isinstance(rid, str) and rid not in members and S.member_of(e, session_id):
