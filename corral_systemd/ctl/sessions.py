@@ -366,14 +366,15 @@ def end_session(directory: str, entry: dict, by: str) -> tuple[list[str], list[s
             "no holder holds the session (none is bound to its address) and none ended it: "
             "what its holder held (its background runs' orphans) is not proven gone"
         )
-    if said is not None and not left and is_committed(session_id):
+    if said is not None and is_committed(session_id):
         verdict = check(session_id, said.get("verdict"))
-        if verdict is None:
+        if verdict is None and not left:
+            members = []  # a "proven" in another's name: nor are the runs it named (only those whose corral says so)
             left.append(
                 "the end it was said to have came without its holder's verdict (an entry rewritten, or a "
                 "process answering at its address after its holder's death): what its holder held is not proven gone"
             )
-        elif not verdict:
+        elif not verdict and not left:
             left.append("its holder said what it held is not proven gone")
     for e in REG.list_entries(directory):
         rid = e.get("run_id")
