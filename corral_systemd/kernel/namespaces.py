@@ -45,7 +45,7 @@ def libc():
     """libc's unshare, mount, umount2 and prctl, errno kept (``os.unshare``
     is Python 3.12's); load it before a fork, call it in the child."""
     lib = ctypes.CDLL(None, use_errno=True)
-    for name in ("unshare", "mount", "umount2", "prctl"):
+    for name in ("unshare", "mount", "umount2", "prctl", "syscall"):
         getattr(lib, name)
     return lib
 
@@ -72,34 +72,84 @@ def map_self(uid: int, gid: int) -> None:
             f.write(text)
 
 
-def mount_own_proc(lib) -> None:
+def mount_own_proc(lib) -> bool:
     """In a mount namespace of this process's own whose pid namespace it
     leads: nothing mounted here propagates out (every mount a slave), and a
-    /proc for its pid namespace.
+    /proc for its pid namespace. True if a /proc of its parent's is left
+    below the new one (a locked copy): a process with CAP_SYS_ADMIN over this
+    mount namespace could unmount the new one and find it.
 
-    In the initial user namespace (root) every /proc the mount namespace was
-    copied with, the host's, is detached first (with whatever is mounted
-    below it), so that unmounting the new one shows an empty directory:
-    nothing is locked there, and the kernel asks for no other /proc to be
-    visible before it mounts one. In a user namespace the copies are locked
-    (they may not be unmounted, by this process or any other) and the kernel
-    mounts a /proc only while one is fully visible: the new one goes over
-    the old, and a process without CAP_SYS_ADMIN over this mount namespace
-    (a command that is not uid 0 of the user namespace) cannot unmount it.
+    Every /proc the mount namespace was copied with is detached (with
+    whatever is mounted below it), so that unmounting the new one shows an
+    empty directory. In the initial user namespace (root) first: nothing is
+    locked there, and the kernel asks for no other /proc to be visible before
+    it mounts one. In any other the kernel mounts a /proc only while one is
+    fully visible: the new one is made first, attached nowhere (``fsmount``),
+    then the copies are detached, then it is attached at /proc. A copy made
+    into a user namespace below its parent's is locked (no process may
+    unmount it): it stays below the new one, which a command without
+    CAP_SYS_ADMIN over this mount namespace cannot unmount either (where the
+    new mount API is refused, the new one goes over every copy the same way).
 
     OSError if refused (a container's /proc with masked paths is not "fully
     visible": a user namespace may not mount another), if a /proc of the
-    host's is left, or if /proc does not show this process as pid 1."""
+    host's is left where none may be, or if /proc does not show this process
+    as pid 1."""
     mount(lib, None, "/", None, MS_REC | MS_SLAVE)
     initial = os.stat("/proc/self/ns/user").st_ino == _INITIAL_USER_NS
     if initial:
-        for point in reversed(_proc_mounts()):  # a stacked or nested one before the one below it
-            lib.umount2(point, MNT_DETACH)  # failed: still listed below
-    mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    if initial and _proc_mounts() != [b"/proc"]:
-        raise OSError(0, "a /proc of the host's could not be detached")
+        _detach_procs(lib)
+        mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        if _proc_mounts() != [b"/proc"]:
+            raise OSError(0, "a /proc of the host's could not be detached")
+    else:
+        try:
+            fresh = _detached_proc(lib)
+        except OSError:  # no fsmount (seccomp, an old kernel): over the copies
+            mount(lib, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        else:
+            try:
+                _detach_procs(lib)
+                if lib.syscall(_c(_SYS_MOVE_MOUNT), _c(fresh), b"", _c(_AT_FDCWD), b"/proc", _c(4)) != 0:
+                    raise errno_error("move_mount /proc")  # 4: MOVE_MOUNT_F_EMPTY_PATH
+            finally:
+                os.close(fresh)
     if os.readlink("/proc/self") != str(os.getpid()):
         raise OSError(0, "the new /proc does not number this namespace's processes")
+    return _proc_mounts() != [b"/proc"]
+
+
+#: fsopen(2) and its kin: one number on every architecture (Linux 5.2).
+_SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
+_AT_FDCWD = -100
+
+
+def _c(value: int) -> ctypes.c_long:
+    return ctypes.c_long(value)
+
+
+def _detached_proc(lib) -> int:
+    """A descriptor of a new proc mount of this pid namespace, attached nowhere:
+    the kernel checks a /proc is fully visible when it is made (``fsmount``)."""
+    fs = lib.syscall(_c(_SYS_FSOPEN), b"proc", _c(1))  # FSOPEN_CLOEXEC
+    if fs < 0:
+        raise errno_error("fsopen proc")
+    try:
+        if lib.syscall(_c(_SYS_FSCONFIG), _c(fs), _c(6), None, None, _c(0)) != 0:  # FSCONFIG_CMD_CREATE
+            raise errno_error("fsconfig proc")
+        # FSMOUNT_CLOEXEC; MOUNT_ATTR_NOSUID | NODEV | NOEXEC
+        fresh = lib.syscall(_c(_SYS_FSMOUNT), _c(fs), _c(1), _c(0x2 | 0x4 | 0x8))
+        if fresh < 0:
+            raise errno_error("fsmount proc")
+        return fresh
+    finally:
+        os.close(fs)
+
+
+def _detach_procs(lib) -> None:
+    """Detach every /proc of this mount namespace's (a locked one refuses: it stays listed)."""
+    for point in reversed(_proc_mounts()):  # a stacked or nested one before the one below it
+        lib.umount2(point, MNT_DETACH)
 
 
 def _proc_mounts() -> list[bytes]:
