@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import CORRAL
+from conftest import CORRAL, TIME_SCALE
 from corral_systemd.kernel.signals import CHILD_DEFAULTS, stop_signals
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
@@ -126,3 +126,54 @@ def test_the_command_starts_with_default_dispositions(tmp_path):
         if sig in (signal.SIGINT, signal.SIGQUIT):  # a non-interactive sh may ignore these for & jobs
             continue
         assert not ignored & (1 << (sig - 1)), f"signal {sig} ignored in the command"
+
+
+#: The command stops corral (``kill -STOP $PPID``: a process of its uid may), once, or again
+#: and again as each continue comes.
+STOP_CORRAL = {
+    "once": "kill -STOP $PPID; exec sleep 1000",
+    "again-and-again": "while :; do kill -STOP $PPID 2>/dev/null; sleep 0.05; done",
+}
+
+
+@pytest.mark.parametrize("how", sorted(STOP_CORRAL))
+@pytest.mark.parametrize(
+    "tier",
+    [
+        "subreaper",
+        pytest.param("pidns", marks=pytest.mark.pidns),
+        pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
+    ],
+)
+def test_a_command_that_stops_corral_still_meets_its_deadline(tmp_path, tier, how):
+    """corral SIGSTOPped by its own command: the run still ends at its deadline and
+    the caller gets its answer (124, the run's processes gone). In the subreaper and
+    cgroup tiers the tether's one timed wake continues corral (and, stopped again,
+    stops the run itself), and the record says corral was stopped; in the pidns tier
+    the command cannot reach corral at all ($PPID is the namespace's init)."""
+    from modes import mode_flags
+
+    flags = ["--guarantee", "subreaper"] if tier == "subreaper" else mode_flags(tier)
+    marker = new_marker()
+    record = tmp_path / "record.json"
+    proc = subprocess.Popen(
+        [*CORRAL, *flags, "--wall", "2s", "--grace", "0.5s", "--json", str(record), "--", "sh", "-c", STOP_CORRAL[how]],
+        env=dict(os.environ, **{MARKER_ENV: marker}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=60 * TIME_SCALE)  # a stopped corral would hang here
+        assert proc.returncode == 124, err
+        r = json.loads(record.read_text())
+        assert r["verified"] is True and r["outcome"] == "timeout", r
+        if tier != "pidns":
+            assert any("corral itself was stopped" in w for w in r["warnings"]), r["warnings"]
+        assert marked_pids(marker) == []
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+        kill_marked(marker)

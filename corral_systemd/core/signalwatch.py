@@ -24,7 +24,8 @@ class SignalWatch:
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         # SIGWINCH: a --pty run's terminal changed size (its default is to ignore).
-        watched = (*self.stop_signals, signal.SIGCHLD, signal.SIGWINCH)
+        # SIGCONT: corral itself was stopped, and continued (a handler keeps the continue).
+        watched = (*self.stop_signals, signal.SIGCHLD, signal.SIGWINCH, signal.SIGCONT)
         self._old = {sig: signal.signal(sig, _ignore) for sig in watched}
         return self
 
@@ -35,11 +36,16 @@ class SignalWatch:
         os.close(self.read_fd)
         os.close(self._write_fd)
 
+    #: corral itself was continued (SIGCONT) while watching: it had been stopped.
+    continued = False
+
     def drain(self) -> list[int]:
         try:
-            return list(os.read(self.read_fd, 512))
+            nums = list(os.read(self.read_fd, 512))
         except BlockingIOError:
             return []
+        self.continued = self.continued or signal.SIGCONT in nums
+        return nums
 
 
 def _ignore(signum, frame):

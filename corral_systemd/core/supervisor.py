@@ -56,6 +56,12 @@ _DRAIN_LIMIT = 0.5
 
 #: Step names as events: what an observer is told, in this order of time.
 _EVENT_NAMES = {"spawned": "started", "deadline": "deadline_expired"}
+#: Said once in the record when corral was continued (SIGCONT) while it supervised the run: it
+#: was stopped -- by the command (a process of its uid), or a job control stop -- and any deadline
+#: that fell in the stop was kept only when it went on (or by its tether's backstop).
+STOPPED_WARNING = (
+    "corral itself was stopped (SIGSTOP) during the run and continued: a deadline passed meanwhile was kept late"
+)
 
 
 class RunObserver:
@@ -529,6 +535,10 @@ class Supervisor:
         except Exception as exc:  # the stop and the proof are done: their outcome stands, said unproven
             res.engine = {}
             res.reason, res.detail = R.INTERNAL_ERROR, f"while describing the run: {exc!r}"
+        if self.signals is not None:
+            self.signals.drain()  # a SIGCONT said since the loop's last look
+            if self.signals.continued:
+                res.warnings.append(STOPPED_WARNING)
         if self._limits.restored:
             res.warnings.append(
                 f"the command lowered corral's own limits ({', '.join(sorted(self._limits.restored))}); "

@@ -72,7 +72,7 @@ class CgroupEngine(CgroupLimits, Engine):
         path = self.path
         try:
             self._tether = FallbackTether(
-                spec.run_id, spec.grace, spec.verify_timeout, target=lambda: CgroupTarget(path)
+                spec.run_id, spec.grace, spec.verify_timeout, target=lambda: CgroupTarget(path), wall=spec.wall
             )
         except BaseException:
             self._rmdir()

@@ -40,7 +40,7 @@ class FallbackEngine(ProcessTreeEngine):
         set_child_subreaper()
         # If corral dies, the tether stops the run (fallback_tether.py): forked
         # now, before the foreign children are listed, so it is one of them.
-        self._tether = FallbackTether(spec.run_id, spec.grace, spec.verify_timeout)
+        self._tether = FallbackTether(spec.run_id, spec.grace, spec.verify_timeout, wall=spec.wall)
         # Children corral already had are not the run's: never signal them.
         self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
         #: cgroup v1 freezer groups thawed to stop the run (the record's ``thawed``).

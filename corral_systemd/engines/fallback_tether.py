@@ -16,6 +16,17 @@ signalled through a pidfd re-checked against that mark: what ``corralctl
 stop`` does for a dead corral's fallback run, at once and without a
 registry. A process that cleared its environment is beyond its reach, as
 it is beyond corralctl's (documented).
+
+It is also the run's deadline's backstop. The command runs as corral's uid
+and may SIGSTOP it (``kill -STOP $PPID``): a stopped corral keeps no
+deadline and hangs its caller. A run with ``--wall`` tells the tether when
+corral must have ended it (``deadline``: the wall, the grace, and a second
+more); the tether's one timed wake then finds it late, continues it
+(SIGCONT through a pidfd), and, if it has still not said "done" within the
+grace, stops the run itself, so nothing of the run is left to stop corral
+again, and continues it once more: corral ends the run as at its deadline,
+and its record says it was stopped (``SIGCONT`` reaches its signal watch).
+Waiting costs nothing: no tick, one timeout.
 """
 
 import os
@@ -32,13 +43,16 @@ class FallbackTether:
     (a ``common.stopping.StopTarget``; default: ``MarkedProcesses(run_id)``);
     the cgroup engine's is its run group (``cgroup_target.CgroupTarget``)."""
 
-    def __init__(self, run_id: str, grace: float, verify_timeout: float, target=None):
+    def __init__(self, run_id: str, grace: float, verify_timeout: float, target=None, wall: float | None = None):
         parent = os.getpid()
         done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        # When corral is late: its deadline and grace passed, and a second more (a loaded machine).
+        deadline = None if wall is None else wall + grace + 1.0
         pid = os.fork()
         if pid == 0:  # pragma: no cover  (the tether; tested by killing corral)
             try:
-                _tether(parent, done_r, target or (lambda: MarkedProcesses(run_id)), grace, verify_timeout)
+                target = target or (lambda: MarkedProcesses(run_id))
+                _tether(parent, done_r, target, grace, verify_timeout, deadline)
             finally:
                 os._exit(0)
         os.close(done_r)
@@ -61,7 +75,8 @@ class FallbackTether:
             pass
 
 
-def _tether(parent: int, done_r: int, target, grace: float, verify_timeout: float) -> None:  # pragma: no cover
+def _tether(parent, done_r, target, grace: float, verify_timeout: float, deadline) -> None:  # pragma: no cover
+    corral = os.pidfd_open(parent)  # before anything else: its pid is corral's now
     signal.set_wakeup_fd(-1)
     os.setsid()
     for sig in _IGNORED:
@@ -70,9 +85,19 @@ def _tether(parent: int, done_r: int, target, grace: float, verify_timeout: floa
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.dup2(done_r, 3)
-    os.closerange(4, 65536)
+    os.dup2(corral, 4)
+    os.closerange(5, 65536)
+    corral = 4
     poller = select.poll()
     poller.register(3, select.POLLIN)
+    from ..common.stopping import stop_and_verify
+
+    if deadline is not None and not _said_within(poller, deadline):
+        # corral is late: stopped by what it runs (a process of its uid), or hung.
+        _continue(corral)
+        if not _said_within(poller, grace + verify_timeout + 1.0):
+            stop_and_verify(target(), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
+            _continue(corral)  # nothing of the run is left to stop it again
     while not poller.poll():
         pass
     try:
@@ -82,9 +107,23 @@ def _tether(parent: int, done_r: int, target, grace: float, verify_timeout: floa
     if said == _DONE:
         return
     # End of file without "done": corral is gone (however it died).
-    from ..common.stopping import stop_and_verify
-
     stop_and_verify(target(), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
+
+
+def _said_within(poller, seconds: float) -> bool:
+    """Did corral write or close the pipe within ``seconds``?"""
+    give_up = time.monotonic() + seconds
+    while (left := give_up - time.monotonic()) > 0:
+        if poller.poll(left * 1000 + 1):
+            return True
+    return False
+
+
+def _continue(pidfd: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+    except OSError:
+        pass
 
 
 def _sleep(seconds: float) -> bool:
