@@ -69,6 +69,11 @@ def detached_main(args: list[str]) -> int:
 
 def run(request: RunRequest) -> int:
     """Run ``request`` here; print its warnings, record and summary; its exit code."""
+    if request.json_fd is not None:  # before anything starts: 125 if it is no place for the record
+        from .core import record_fd
+
+        record_fd.check(request.json_fd)
+        record_fd.keep_from_command(request.json_fd)
     if request.background is not None:
         return _run_in_background(request)
     from . import dbus
@@ -93,11 +98,9 @@ def run(request: RunRequest) -> int:
     if not request.quiet:
         for warning in result.warnings:
             print(f"corral: warning: {warning}", file=sys.stderr)
-    if request.json_path is not None:
-        from .core.record_json import write_record
-
+    if request.json_path is not None or request.json_fd is not None:
         try:
-            _print_record(result) if request.record_to_stdout else write_record(result, request.json_path)
+            _write_record(request, result)
         except OSError as exc:
             print(f"corral: cannot write --json record: {exc}", file=sys.stderr)
     if not request.quiet or (result.reason in NEVER_RAN and not reason):  # why nothing ran is never swallowed
@@ -134,13 +137,22 @@ def _run_in_background(request: RunRequest) -> int:
     return 0
 
 
-def _print_record(result) -> None:
-    """The record as JSON on standard output, after everything the command wrote there."""
-    from .core.output import write_all
-    from .core.record_json import record_bytes
+def _write_record(request: RunRequest, result) -> None:
+    """The record where --json or --json-fd says: a file, standard output
+    (after everything the command wrote there), or the caller's descriptor."""
+    from .core.record_json import record_bytes, write_record
 
-    sys.stdout.flush()
-    write_all(1, record_bytes(result), raise_broken=True)
+    if request.json_fd is not None:
+        from .core import record_fd
+
+        record_fd.write(record_bytes(result), request.json_fd)
+    elif request.record_to_stdout:
+        from .core.output import write_all
+
+        sys.stdout.flush()
+        write_all(1, record_bytes(result), raise_broken=True)
+    elif request.json_path is not None:
+        write_record(result, request.json_path)
 
 
 # -- what prints instead of running: click, built from request.OPTIONS ------------------------------

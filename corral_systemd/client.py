@@ -23,7 +23,11 @@ Guarantees are the in-process CLI's:
   units are stopped by the service's tether, which this process cannot
   verify);
 - ``--json PATH`` is written by this process (its uid, its cwd), the
-  summary line and warnings printed here.
+  summary line and warnings printed here;
+- ``--json-fd N``: descriptor N travels with the call, the held child
+  closes it (the command never has it) and this process writes the record
+  there (``core.record_fd``); an N that is not open is left to the
+  in-process run, which says so (125).
 
 The hot path imports ``os``, ``sys``, ``_socket``, ``_signal`` and ``json``
 only: no typer, dbus-fast, asyncio or pydantic (see ``service/`` for the
@@ -47,14 +51,16 @@ class _Declined(Exception):
         self.absent = absent
 
 
-def run_via_service(args: list[str], prog: str, path: str) -> int:
+def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None = None) -> int:
     """The run's exit code from the service at ``path``; _Declined when it is
     not there or does not take the run (nothing has run then).
 
     The command's process is this process's child, forked before the call
     and held at a gate (``kernel.gate``): the service makes the run's unit
     around it and releases it; this process waits for it, reports its wait
-    status on the exit pipe, and reaps it once the run's reply is here."""
+    status on the exit pipe, and reaps it once the run's reply is here.
+    ``record_fd``: the --json-fd the command line names (open here), passed
+    with the call and closed in the held child."""
     import _signal
     import _socket
 
@@ -78,7 +84,8 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
             pipes += os.pipe2(os.O_CLOEXEC)
             control_r, control_w, exit_r, exit_w = pipes
             _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans become ours (the service finds them so)
-            child = fork_held(close_in_child=(sock.fileno(), *pipes))
+            kept = () if record_fd is None else (record_fd,)  # the command never has it
+            child = fork_held(close_in_child=(sock.fileno(), *pipes, *kept))
             _prctl(4, 0)  # PR_SET_DUMPABLE (startup.prepare did so already; its child made itself dumpable): see below
             mask = os.umask(0o22)
             os.umask(mask)
@@ -96,15 +103,16 @@ def run_via_service(args: list[str], prog: str, path: str) -> int:
                 "gate": 5,
                 "exit": 6,
             }
+            fds = [0, 1, 2, control_r, child.pidfd, child.gate, exit_r]
+            if record_fd is not None:
+                parameters.update(json_fd=record_fd, record=len(fds))
+                fds.append(record_fd)
             channel = wire.Channel(sock)
             # From here a stop signal is the run's: forwarded as a byte.
             forward = lambda signum, frame: os.write(control_w, bytes([signum]))  # noqa: E731
             for signum in stop_signals():
                 saved[signum] = _signal.signal(signum, forward)
-            channel.send(
-                {"method": "io.corral.Run.Run", "parameters": parameters, "more": True},
-                [0, 1, 2, control_r, child.pidfd, child.gate, exit_r],
-            )
+            channel.send({"method": "io.corral.Run.Run", "parameters": parameters, "more": True}, fds)
             for fd in (control_r, exit_r, child.gate):
                 os.close(fd)
             pipes[0] = pipes[2] = child.gate = -1
@@ -201,15 +209,19 @@ def _error_reply(reply: dict, prog: str, accepted: bool) -> int:
 
 def _finish(parameters: dict, prog: str) -> int:
     """What corral prints and writes once the run is over."""
-    record, path = parameters.get("record"), parameters.get("record_path")
+    record, path, fd = parameters.get("record"), parameters.get("record_path"), parameters.get("record_fd")
     for warning in parameters.get("warnings") or ():
         print(f"corral: warning: {warning}", file=sys.stderr)  # as cli._run prints them
-    if record is not None and path is not None:
+    if record is not None and (path is not None or type(fd) is int):
         try:
-            if path == "-":
+            if type(fd) is int:
+                from .core import record_fd
+
+                record_fd.write(record.encode(), fd)
+            elif path == "-":
                 sys.stdout.flush()
                 os.write(1, record.encode())
-            else:
+            elif path is not None:
                 from .core.record_json import write_file
 
                 write_file(record.encode(), path)
@@ -227,15 +239,29 @@ def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     # Shell completion (click's _PROG_COMPLETE) is answered by the parser here.
     completing = "_" + prog.upper().replace("-", "_") + "_COMPLETE" in os.environ
-    for path in [] if completing else socket_paths():
+    from .core.record_fd import named_in
+
+    # Looked for before this process opens anything that could take its number.
+    record_fd = named_in(args)
+    # --json-fd naming no open descriptor: nothing to pass; the in-process run says so (125).
+    nothing_to_pass = record_fd is not None and not _is_open(record_fd)
+    for path in [] if completing or nothing_to_pass else socket_paths():
         try:
-            return run_via_service(args, prog, path)
+            return run_via_service(args, prog, path, record_fd)
         except _Declined as why:
             if why.warn or os.environ.get("CORRAL_SERVICE_DEBUG"):
                 print(f"{prog}: warning: running the command here, not in the corral service: {why}", file=sys.stderr)
             if why.warn or not why.absent:
                 break  # a service answered (or died): the run is not another one's to take
     return _in_process(args, prog)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def _in_process(args: list[str], prog: str) -> int:

@@ -227,3 +227,143 @@ def test_try_it_prints_what_the_readme_shows(tmp_path):
     assert proc.stdout == "started two daemons\n"
     last = proc.stderr.strip().splitlines()[-1]
     assert _SUMMARY.match(last), last
+
+
+# -- every shell example in README.md and docs/ -------------------------------------------------
+#: The languages of the fenced blocks that are shell examples.
+SHELL_BLOCKS = ("sh", "bash", "console")
+#: The annotation, on the line right before a fence, of an example that cannot run here.
+_SKIP = re.compile(r"^<!-- docs-test: skip \((.+)\) -->$")
+_FENCE = re.compile(r"^([ \t]*)```([\w-]*)[ \t]*\n(.*?)^\1```[ \t]*$", re.M | re.S)  # indented too (in a list)
+#: Where a doc's example may take a while (a server, a session): well above any example's need.
+EXAMPLE_TIMEOUT = 60
+
+
+def shell_examples() -> list:
+    """Every sh/bash/console block of README.md and docs/*.md (new files too), as pytest params
+    (id ``doc:line``): (doc, line, language, text, why it is skipped or None)."""
+    params = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        doc = path.relative_to(ROOT).as_posix()
+        for match in _FENCE.finditer(text):
+            indent, language, body = match.groups()
+            if language not in SHELL_BLOCKS:
+                continue
+            line = text.count("\n", 0, match.start()) + 1
+            before = [ln.strip() for ln in text[: match.start()].splitlines() if ln.strip()]
+            skip = _SKIP.match(before[-1]) if before else None
+            body = "".join(ln[len(indent) :] if ln.startswith(indent) else ln for ln in body.splitlines(True))
+            params.append(pytest.param(doc, line, language, body, skip and skip.group(1), id=f"{doc}:{line}"))
+    return params
+
+
+def _console(text: str) -> list[tuple[str, list[str]]]:
+    """A console block as (command, the output lines shown after it); ``$ `` starts a command,
+    a line ending in ``\\`` continues it."""
+    steps: list[tuple[str, list[str]]] = []
+    continued = False
+    for line in text.splitlines():
+        if continued:
+            steps[-1] = (steps[-1][0] + "\n" + line, steps[-1][1])
+        elif line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps:
+            steps[-1][1].append(line)
+        else:
+            raise AssertionError(f"output before any command: {line!r}")
+        continued = line.endswith("\\") and not steps[-1][1]
+    return steps
+
+
+def _shown_matches(shown: list[str], got: list[str]) -> bool:
+    """The output a console block shows, line by line; ``…`` in a shown line stands for any text."""
+    if len(shown) != len(got):
+        return False
+    return all(
+        re.fullmatch(".*".join(map(re.escape, want.split("…"))), have) for want, have in zip(shown, got, strict=True)
+    )
+
+
+_NET_ISOLATION: list[str] | None = None
+
+
+def _isolated_network() -> list[str]:
+    """A network namespace of the example's own with only ``lo`` (its ports are its own: an
+    example's server does not meet another test's; nothing outside is reached); [] where
+    one cannot be had (not root)."""
+    global _NET_ISOLATION
+    if _NET_ISOLATION is None:
+        probe = ["unshare", "--net", "sh", "-c", "ip link set lo up"]
+        try:
+            ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        _NET_ISOLATION = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "net"] if ok else []
+    return _NET_ISOLATION
+
+
+@pytest.mark.parametrize("doc,line,language,text,skip", shell_examples())
+def test_every_shell_example_runs(tmp_path, doc, line, language, text, skip):
+    """Each sh/bash/console example of README.md and docs/ runs here as written, by bash in an
+    empty directory, with this install's corral first on PATH, a registry of its own and a
+    network namespace of its own: it finishes (exit 0) within EXAMPLE_TIMEOUT, no command
+    of it exits 125 (bad input), 126 or 127 (not found, not executable), what a console
+    block shows is what it prints (``…``: any text), and no process it started is left
+    (the test's marker, in /proc). An example that cannot run here says why, visibly:
+    ``<!-- docs-test: skip (REASON) -->`` right before its fence."""
+    from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+
+    if skip:
+        pytest.skip(f"{doc}:{line}: {skip}")
+    work = tmp_path / "work"
+    work.mkdir()
+    separator = f"docs-test-{new_marker()}"
+    if language == "console":
+        steps = _console(text)
+        script = "".join(f"printf '\\n%s\\n' {separator}\n{{ {command}\n}} 2>&1\n" for command, _ in steps)
+    else:
+        steps, script = [], text
+    # Each failing command of the example itself (not of what it runs) reports its status.
+    trap = "trap 'echo \"docs-test: exit $? at line $LINENO\" >&2' ERR\n"
+    marker = new_marker()
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "CORRAL_STATE_DIR": str(tmp_path / "state"),
+        # what an example writes in the user's home (units, configuration) stays in the test's
+        "HOME": str(work),
+        "XDG_CONFIG_HOME": str(work / ".config"),
+        MARKER_ENV: marker,
+    }
+    env.pop("CORRAL_SESSION", None)
+    try:
+        proc = subprocess.run(
+            [*_isolated_network(), "bash", "-c", trap + script],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=EXAMPLE_TIMEOUT,
+        )
+        where = f"{doc}:{line}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        assert proc.returncode == 0, where
+        failed = [int(s) for s in re.findall(r"^docs-test: exit (\d+) at line \d+$", proc.stderr, re.M)]
+        assert not {125, 126, 127} & set(failed), where
+        if steps:
+            outputs = proc.stdout.split(f"\n{separator}\n")[1:]
+            assert len(outputs) == len(steps), where
+            for (command, shown), got in zip(steps, outputs, strict=True):
+                lines = got.rstrip("\n").split("\n") if got.rstrip("\n") else []
+                assert _shown_matches(shown, lines), f"$ {command}\nshown: {shown}\nprinted: {lines}\n{where}"
+        # what the example started is gone once it has returned (its sessions ended, its runs over)
+        import time
+
+        deadline = time.monotonic() + 10
+        while marked_pids(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not marked_pids(marker), f"left running: {marked_pids(marker)}\n{where}"
+    finally:
+        kill_marked(marker)

@@ -157,8 +157,17 @@ OPTIONS: tuple[Option, ...] = (
         "json",
         ("--json",),
         "value",
-        "Write the run record (JSON, mode 0600) here; - or /dev/stdout: to standard output.",
+        "Write the run record (JSON, mode 0600) here; - or /dev/stdout: to standard output, "
+        "after the command's output (see --json-fd).",
         "PATH",
+    ),
+    Option(
+        "json_fd",
+        ("--json-fd",),
+        "value",
+        "Write the run record (JSON) to this inherited descriptor (3 or more) instead, "
+        "apart from the command's output; the command does not inherit it.",
+        "FD",
     ),
     Option("env_clear", ("--env-clear",), "flag", "Start the command with an empty environment (see --env-keep)."),
     Option(

@@ -49,6 +49,8 @@ class RunRequest:
     spec: RunSpec
     #: --json: where the record goes (absolute, or one of STDOUT_PATHS); None: nowhere.
     json_path: str | None = None
+    #: --json-fd: the caller's descriptor the record goes to (``core.record_fd``); None: not asked.
+    json_fd: int | None = None
     quiet: bool = False
     #: What --env-clear/--env-keep/--env-drop did (the record's ``environment``).
     environment: dict | None = None
@@ -288,8 +290,17 @@ def from_options(
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    json_path = given("json")
+    json_path, json_fd = given("json"), given("json_fd")
+    if json_fd is not None:
+        from .record_fd import number
+
+        if json_path is not None:
+            raise UsageError("--json and --json-fd: the record goes to one of them")
+        if values.get("background"):
+            raise UsageError("--json-fd is for foreground runs (a --background run's record: --json PATH)")
+        json_fd = number(json_fd)
     if json_path is not None and json_path not in STDOUT_PATHS:
+        _refuse_descriptor_path(json_path)
         json_path = os.path.abspath(os.path.join(cwd or "", json_path))
         check_output_path(json_path)
     if spec.output_file is not None:
@@ -307,6 +318,7 @@ def from_options(
     request = RunRequest(
         spec,
         json_path=json_path,
+        json_fd=json_fd,
         quiet=bool(values.get("quiet")),
         environment=environment,
         registry=not values.get("no_registry"),
@@ -317,6 +329,17 @@ def from_options(
         raise UsageError("a run in a session needs the registry (the session learns its runs there): no --no-registry")
     request.background = _background(values, given, path, request)
     return request
+
+
+def _refuse_descriptor_path(path: str) -> None:
+    """``--json /dev/fd/N``: a descriptor's name, which corral would open anew
+    (and the command would still inherit N): UsageError naming --json-fd."""
+    from .record_fd import LOWEST
+
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        number = path[len(prefix) :]
+        if path.startswith(prefix) and number.isascii() and number.isdigit() and int(number) >= LOWEST:
+            raise UsageError(f"--json {path!r}: for a descriptor use --json-fd {int(number)}")
 
 
 def check_output_path(path: str, option: str = "--json") -> None:

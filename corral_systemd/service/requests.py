@@ -61,7 +61,7 @@ def check_parameters(parameters, fds: list[int]) -> dict:
     if type(umask) is not int or not 0 <= umask <= 0o777:
         raise _invalid("umask")
     checked["umask"] = umask
-    for name in ("stdin", "stdout", "stderr", "control", *_HELD):
+    for name in ("stdin", "stdout", "stderr", "control", *_HELD, "record"):
         index = parameters.get(name)
         if index is None:  # not passed: /dev/null, captured output, the connection (see the interface)
             checked[name] = None
@@ -69,6 +69,12 @@ def check_parameters(parameters, fds: list[int]) -> dict:
         if type(index) is not int or not 0 <= index < len(fds):
             raise _invalid(name)
         checked[name] = fds[index]
+    json_fd = parameters.get("json_fd")
+    if json_fd is not None and (type(json_fd) is not int or json_fd < 0):
+        raise _invalid("json_fd")
+    if (json_fd is None) != (checked["record"] is None):
+        raise _invalid("record")  # the descriptor and the number the caller knows it by: both, or neither
+    checked["json_fd"] = json_fd
     if len({checked[name] is None for name in _HELD}) != 1:
         raise _invalid("process")  # all three, or none
     if checked["control"] is not None and not _pipe_read_end(checked["control"]):
@@ -204,6 +210,7 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
         raise NotServed("help, version and completion are printed by corral itself") from None
     except UsageError as exc:
         raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
+    _check_record_fd(request, checked)
     spec = request.spec
     if spec.pty:
         raise NotServed("--pty: the terminal is the client's own")
@@ -229,6 +236,22 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
     if wanted != manager_kind:
         raise NotServed(f"the {wanted} manager is asked for; this service uses the {manager_kind} manager")
     return request
+
+
+def _check_record_fd(request, checked: dict) -> None:
+    """--json-fd N: the client passed its descriptor N (``record``, closed in its
+    held child) and writes the record there. UsageError (125) for a descriptor
+    that takes no record, as the CLI's; NotServed when the client passed none or
+    another (an older client; a ``--json-fd`` it read among the command's arguments)."""
+    from ..core import record_fd
+
+    if request.json_fd != checked["json_fd"]:
+        raise NotServed("--json-fd: the client did not pass the descriptor its command line names")
+    if request.json_fd is not None:
+        try:
+            record_fd.check(checked["record"], shown=request.json_fd)
+        except UsageError as exc:
+            raise VarlinkError("io.corral.Run.UsageError", {"message": str(exc)}) from None
 
 
 def execute_background(request, checked: dict, connection_fd: int, accepted) -> dict:
@@ -366,7 +389,10 @@ def execute(service, request, checked: dict, held, peer_pidfd: int, connection_f
         lines.append(summary_line(outcome))
     if lines:
         reply["summary"] = "\n".join(lines)
-    if request.json_path is not None:
+    if request.json_path is not None or request.json_fd is not None:
         reply["record"] = record_bytes(outcome).decode()
+    if request.json_fd is not None:
+        reply["record_fd"] = request.json_fd  # the client's own descriptor: it writes the record there
+    elif request.json_path is not None:
         reply["record_path"] = "-" if request.record_to_stdout else request.json_path
     return reply

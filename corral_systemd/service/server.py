@@ -102,10 +102,9 @@ class Service:
                     idle_for = None if self._connections else time.monotonic() - self._last_activity
                 if idle_for is not None and idle_for >= self.idle_exit:
                     break
+                # No timer while connections are open: the last one to end wakes this loop (``_wake``).
                 timeout = None if idle_for is None else (self.idle_exit - idle_for) * 1000
-                # Wake at least once a second while connections are open: one
-                # may end without anything else happening here.
-                for fd, _ in poller.poll(1000 if timeout is None else min(timeout, 1000)):
+                for fd, _ in poller.poll(timeout):
                     if fd == wake_r:
                         signums = os.read(wake_r, 64)
                         stopped_by = next((s for s in signums if s in stop_signals), None)
@@ -134,6 +133,10 @@ class Service:
         with self._lock:
             self.failed = why
             self._stopping = True  # no new run from here
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the main loop (a byte that is no stop signal): it looks at the service's state again."""
         try:
             os.write(self._wake_w, b"\0")
         except OSError:
@@ -231,6 +234,9 @@ class Service:
             with self._lock:
                 self._connections.pop(threading.current_thread(), None)
                 self._last_activity = time.monotonic()
+                last = not self._connections
+            if last:
+                self._wake()  # the idle exit counts from now
 
     def _call(self, channel: Channel, message: dict, fds: list[int], pid: int, pidfd: int) -> None:
         method = message.get("method")

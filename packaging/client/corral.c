@@ -19,8 +19,10 @@
  *      control pipe as one byte (its number): the service stops the run as
  *      corral stops for that signal;
  *   4. the replies: "accepted" (continues), then the result: warnings,
- *      the --json record (written here: this uid, this cwd), the summary
- *      line, the exit code.
+ *      the --json record (written here: this uid, this cwd; for --json-fd N
+ *      to this process's descriptor N, which went with the call and which
+ *      the held child closes: the command never has it), the summary line,
+ *      the exit code.
  *
  * Failure modes, as client.py's:
  *   - nobody listens at a socket: the next one; none left, or the service
@@ -29,7 +31,9 @@
  *   - the service ends (or breaks the protocol) before "accepted": nothing
  *     ran; in-process, with a warning; after "accepted": exit 120 (its
  *     tether stops the run, which this process cannot verify);
- *   - UsageError, SetupError: the one-line message, exit 125.
+ *   - UsageError, SetupError: the one-line message, exit 125;
+ *   - --json-fd N with N not open here: no service tried (nothing to pass);
+ *     the in-process corral says so, exit 125.
  * "In-process" is execv(CORRAL_INPROCESS, [path, prog, args...]): the
  * Python CLI (client.entry_in_process), which does not try the service again.
  *
@@ -814,6 +818,31 @@ static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
     }
 }
 
+/* The descriptor a command line names with --json-fd (its last one before
+ * "--"), as core/record_fd.py's named_in reads it: ASCII digits, 3 to 2^30;
+ * -1 if none. Not the parser: the service compares it with what it parsed. */
+static int json_fd_named(int argc, char **argv) {
+    static const char option[] = "--json-fd";
+    int found = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *value = NULL;
+        if (!strcmp(argv[i], "--"))
+            break;
+        if (!strcmp(argv[i], option) && i + 1 < argc)
+            value = argv[i + 1];
+        else if (!strncmp(argv[i], option, sizeof option - 1) && argv[i][sizeof option - 1] == '=')
+            value = argv[i] + sizeof option;
+        else
+            continue;
+        long n = 0;
+        size_t len = strlen(value);
+        for (size_t k = 0; k < len && n >= 0; k++)
+            n = value[k] >= '0' && value[k] <= '9' && k < 10 ? n * 10 + (value[k] - '0') : -1;
+        found = len && n >= 3 && n <= (1L << 30) ? (int)n : -1;
+    }
+    return found;
+}
+
 /* --json PATH written as record_json.write_file writes it: a 0600 temporary
  * file beside it, synced, renamed over it; never over a non-regular file. */
 static int write_record(const char *record, const char *path, char *why, size_t whylen) {
@@ -858,16 +887,23 @@ fail:
     return -1;
 }
 
-static void write_all(int fd, const char *data, size_t len) {
+/* All of data to fd (waiting while a non-blocking one is full); -1 with errno if it cannot take it. */
+static int write_all(int fd, const char *data, size_t len) {
     while (len) {
         ssize_t n = write(fd, data, len);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            poll(&p, 1, -1);
+            continue;
+        }
         if (n <= 0)
-            return;
+            return -1;
         data += n;
         len -= (size_t)n;
     }
+    return 0;
 }
 
 /* What corral prints and writes once the run is over (client.py _finish). */
@@ -878,7 +914,11 @@ static int finish(const struct jvalue *parameters) {
             if (warnings->items[i].type == J_STRING)
                 fprintf(stderr, "corral: warning: %s\n", warnings->items[i].string);
     const char *record = member_string(parameters, "record"), *path = member_string(parameters, "record_path");
-    if (record && path) {
+    struct jvalue *fd = member(parameters, "record_fd");
+    if (record && fd && fd->type == J_NUMBER) {
+        if (write_all((int)fd->number, record, strlen(record)) < 0)
+            fprintf(stderr, "%s: cannot write --json record: %s\n", prog, strerror(errno));
+    } else if (record && path) {
         char why[PATH_MAX + 128];
         if (!strcmp(path, "-"))
             write_all(1, record, strlen(record));
@@ -951,7 +991,7 @@ static int next_reply(int sock, struct buf *in, struct buf *msg, const char **wh
     return receive(sock, in, msg, why);
 }
 
-static enum outcome run_via_service(const char *path, int argc, char **argv, struct attempt *a) {
+static enum outcome run_via_service(const char *path, int argc, char **argv, int record_fd, struct attempt *a) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
         return decline(a, 0, "%s: the socket path is too long", path), ABSENT;
@@ -990,10 +1030,12 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
      * service has made the run's scope around it (kernel/gate.py). */
     struct held h = {0};
     int mine[5] = {sock, control[0], control[1], exits[0], exits[1]};
+    /* The held child closes these: ours, and --json-fd's (the command never has it). */
+    int not_the_childs[6] = {sock, control[0], control[1], exits[0], exits[1], record_fd};
     /* A child subreaper: a process of the run whose parent dies becomes this
      * process's child, wherever it moved itself; the service finds it so. */
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    if (fork_held(&h, mine, 5) < 0) {
+    if (fork_held(&h, not_the_childs, record_fd >= 0 ? 6 : 5) < 0) {
         int err = errno;
         for (int i = 0; i < 5; i++)
             close(mine[i]);
@@ -1028,16 +1070,18 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, str
     buf_str(&out, "],\"cwd\":");
     buf_json_string(&out, cwd);
     buf_fmt(&out,
-            ",\"umask\":%u,\"stdin\":0,\"stdout\":1,\"stderr\":2,\"control\":3,\"process\":4,\"gate\":5,\"exit\":6},"
-            "\"more\":true}",
+            ",\"umask\":%u,\"stdin\":0,\"stdout\":1,\"stderr\":2,\"control\":3,\"process\":4,\"gate\":5,\"exit\":6",
             (unsigned)mask);
+    if (record_fd >= 0)
+        buf_fmt(&out, ",\"json_fd\":%d,\"record\":7", record_fd);
+    buf_str(&out, "},\"more\":true}");
     buf_add(&out, "", 1); /* the message's NUL */
 
     /* From here a stop signal is the run's: forwarded as a byte. */
     control_w = control[1];
     forward_stop_signals();
-    int fds[7] = {0, 1, 2, control[0], h.pidfd, h.gate, exits[0]};
-    int sent = send_all(sock, out.data, out.len, fds, 7);
+    int fds[8] = {0, 1, 2, control[0], h.pidfd, h.gate, exits[0], record_fd};
+    int sent = send_all(sock, out.data, out.len, fds, record_fd >= 0 ? 8 : 7);
     int send_errno = errno;
     free(out.data);
     close(control[0]);
@@ -1154,7 +1198,11 @@ int main(int argc, char **argv) {
 
     char paths[2][PATH_MAX];
     int npaths = 0;
-    if (!service_off() && !completing()) {
+    /* Before this process opens anything that could take its number. Not open:
+     * nothing to pass, and the in-process corral says so (125). */
+    int record_fd = json_fd_named(argc, argv);
+    int nothing_to_pass = record_fd >= 0 && fcntl(record_fd, F_GETFD) < 0;
+    if (!service_off() && !completing() && !nothing_to_pass) {
         const char *only = getenv("CORRAL_SERVICE_SOCKET");
         if (only && *only) {
             snprintf(paths[npaths++], PATH_MAX, "%s", only);
@@ -1170,7 +1218,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < npaths; i++) {
         struct attempt a = {{0}, 0, 0};
-        enum outcome o = run_via_service(paths[i], argc, argv, &a);
+        enum outcome o = run_via_service(paths[i], argc, argv, record_fd, &a);
         if (o == DONE)
             return a.code;
         if (a.warn || getenv("CORRAL_SERVICE_DEBUG"))
