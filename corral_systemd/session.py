@@ -196,7 +196,8 @@ class Session:
 
 
 class BackgroundRun:
-    """A started background run of a Session: ``logs()``, ``wait()``, ``stop()``."""
+    """A started background run of a Session: ``logs()``, ``wait()``, ``stop()``; for
+    asyncio, ``alogs()``, ``await_exit()``, ``astop()`` (each in a worker thread)."""
 
     def __init__(self, record: dict, session: Session):
         self.id: str = record["run_id"]
@@ -223,8 +224,15 @@ class BackgroundRun:
         if r.returncode != 0:
             raise Unverified(r.stdout.strip() + " " + r.stderr.strip())
 
+    async def alogs(self, tail: int | None = None) -> str:
+        return await asyncio.to_thread(self.logs, tail)
+
     async def await_exit(self, timeout: float | None = None) -> int:
         return await asyncio.to_thread(self.wait, timeout)
+
+    async def astop(self) -> None:
+        """``stop()`` without blocking the event loop (the stop waits out its grace period)."""
+        await asyncio.to_thread(self.stop)
 
 
 def _ctl(args: list[str]) -> subprocess.CompletedProcess:

@@ -150,3 +150,21 @@ def test_service_uninstall_finds_a_user_install_as_root(tmp_path):
     r = subprocess.run([*CTL, "service", "uninstall"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "(user manager)" in r.stdout and not list(directory.iterdir()), r.stdout
+
+
+@pytest.mark.parametrize(
+    "line, out",
+    [
+        (["--wall", "5s", "echo", "hi", "-n"], "hi -n\n"),  # the command's own options are its own
+        (["--wall", "5s", "--", "echo", "--wall"], "--wall\n"),
+        (["--", "--version"], None),  # after --, a word starting with - is the command (not found: 127)
+    ],
+)
+def test_the_command_starts_at_dash_dash_or_its_first_word_as_readme_says(line, out):
+    """README's Usage: the command starts after --, or at the first word that is not an
+    option, as timeout and systemd-run take it."""
+    r = subprocess.run([*CORRAL, "--quiet", *line], capture_output=True, text=True, timeout=60 * TIME_SCALE)
+    if out is None:
+        assert r.returncode == 127, r.stderr
+    else:
+        assert (r.returncode, r.stdout) == (0, out), r.stderr

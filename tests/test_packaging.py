@@ -428,3 +428,22 @@ def test_deb_build_install_run_remove(tmp_path):
         finally:
             if not was_installed and _dpkg_installed():
                 subprocess.run(["dpkg", "-r", PKG], capture_output=True, timeout=300)
+
+
+def test_build_deb_names_its_missing_build_dependencies(tmp_path):
+    """Without its tools (an empty PATH), build-deb says in one line which Debian packages
+    it needs and how to get them, and builds nothing."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["/bin/sh", str(ROOT / "packaging" / "build-deb"), str(out)],
+        env={"PATH": str(tmp_path / "nothing")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("build-deb: missing build dependencies:") and "apt-get install" in line, line
+    for package in ("dpkg-dev", "debhelper", "groff-base"):
+        assert package in line
+    assert not out.exists()

@@ -394,6 +394,23 @@ def test_the_library_session(agent, monkeypatch):
             await s.astart(["sleep", "100"], env=env)
             assert (await s.arun(["sh", "-c", "echo $CORRAL_SESSION"], env=env)).stdout.decode().strip() == s.id
             assert marked_pids(marker)
+            # The run's own async faces leave the event loop free: a ticker goes on through each.
+            ticks = 0
+
+            async def tick():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticker = asyncio.create_task(tick())
+            stubborn = await s.astart(["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"], env=env)
+            before = ticks
+            await stubborn.astop()  # its grace period (SIGTERM ignored), waited out in a thread
+            assert ticks > before
+            assert "up" in await stubborn.alogs()
+            assert await (await s.astart(["sh", "-c", "exit 7"], env=env)).await_exit() == 7
+            ticker.cancel()
 
     asyncio.run(agent_day())
     assert marked_pids(marker) == []
