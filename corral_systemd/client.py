@@ -80,6 +80,8 @@ def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None
         try:
             if wire.peer_credentials(sock)[1] not in (0, os.getuid()):
                 raise _Declined("the socket is not served by this user or root")
+            channel = wire.Channel(sock)
+            _hello(channel, path)
             pipes += os.pipe2(os.O_CLOEXEC)
             pipes += os.pipe2(os.O_CLOEXEC)
             control_r, control_w, exit_r, exit_w = pipes
@@ -107,7 +109,6 @@ def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None
             if record_fd is not None:
                 parameters.update(json_fd=record_fd, record=len(fds))
                 fds.append(record_fd)
-            channel = wire.Channel(sock)
             # From here a stop signal is the run's: forwarded as a byte.
             forward = lambda signum, frame: os.write(control_w, bytes([signum]))  # noqa: E731
             for signum in stop_signals():
@@ -193,6 +194,32 @@ def _prctl(option: int, value: int) -> None:
     import ctypes
 
     ctypes.CDLL(None).prctl(option, value, 0, 0, 0)
+
+
+def _hello(channel, path: str) -> None:
+    """The hello, as chg's, before anything else: the service says its version
+    (``org.varlink.service.GetInfo``); a service of another version -- one left
+    running from before an upgrade -- never runs this client's command line
+    (_Declined, said: the run goes on in-process)."""
+    from .common.version import __version__
+    from .varlink import wire
+    from .varlink.wire import ProtocolError
+
+    channel.send({"method": "org.varlink.service.GetInfo"})
+    try:
+        got = channel.receive()
+    except ProtocolError as exc:
+        raise _Declined(f"the corral service at {path} did not answer its hello ({exc})", warn=True) from None
+    if got is not None:
+        wire.close_fds(got[1])  # none is sent with an answer: any that came are not kept
+    parameters = (got[0].get("parameters") if got is not None else None) or {}
+    version = parameters.get("version") if isinstance(parameters, dict) else None
+    if version != __version__:
+        raise _Declined(
+            f"the corral service at {path} is version {version or 'unknown'}, this corral {__version__}: "
+            "the run goes on in-process (restart the service to serve it)",
+            warn=True,
+        )
 
 
 def _error_reply(reply: dict, prog: str, accepted: bool) -> int:

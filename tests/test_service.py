@@ -308,6 +308,45 @@ class FakeService:
         self.listener.close()
 
 
+def hello(conn, version: str | None = None) -> Channel:
+    """Answer the client's hello (GetInfo: the service's version, this package's by
+    default) as the corral service does; the channel, for what comes next."""
+    from corral_systemd.common.version import __version__
+
+    channel = Channel(conn)
+    message, fds = channel.receive()
+    for fd in fds:
+        os.close(fd)
+    assert message == {"method": "org.varlink.service.GetInfo"}, message
+    channel.send({"parameters": {"vendor": "corral-systemd", "product": "corral", "version": version or __version__}})
+    return channel
+
+
+@pytest.mark.parametrize("version", ["0.0.1", "not a version"])
+def test_a_service_of_another_version_never_runs_the_line(tmp_path, corral, client, version):
+    """The hello, as chg's: a service of another version (one left running from
+    before an upgrade) is asked nothing more; the run goes on in-process, said."""
+    calls = []
+
+    def other_version(conn):
+        channel = hello(conn, version)
+        calls.append(channel.receive())
+
+    fake = FakeService(tmp_path, other_version)
+    try:
+        run = corral(
+            ["--cgroup-mode", "fallback", "--", "sh", "-c", "echo ran; exit 6"],
+            env=dict(os.environ, CORRAL_SERVICE_SOCKET=fake.path),
+            program=client,
+        )
+        assert run.returncode == 6 and run.stdout == b"ran\n" and fake.connections == 1
+        assert calls == [None], calls  # after the hello, nothing: the connection closed
+        assert f"is version {version}, this corral".encode() in run.stderr, run.stderr
+        assert run.record["via"] == "cli"
+    finally:
+        fake.close()
+
+
 def test_corral_service_0_makes_no_connection(tmp_path, corral, client):
     fake = FakeService(tmp_path, lambda conn: None)
     try:
@@ -337,7 +376,7 @@ def test_a_service_dying_before_it_took_the_run_leaves_it_to_the_client(tmp_path
     calls = []
 
     def die_at_once(conn):
-        message, fds = Channel(conn).receive()  # the call, then gone without a word
+        message, fds = hello(conn).receive()  # the call, then gone without a word
         calls.append((message, len(fds)))
         for fd in fds:
             os.close(fd)
@@ -366,7 +405,7 @@ def test_a_service_dying_after_it_took_the_run_is_120(tmp_path, corral, client):
     """The command may have run: the client cannot verify, so it says so (120) and does not run it again."""
 
     def accept_then_die(conn):
-        channel = Channel(conn)
+        channel = hello(conn)
         got = channel.receive()
         for fd in got[1]:
             os.close(fd)

@@ -12,7 +12,8 @@
  *      completion asks (_CORRAL_COMPLETE...); CORRAL_SERVICE_SOCKET alone if
  *      set; else $XDG_RUNTIME_DIR/io.corral.Run (/run/user/UID without the
  *      variable), then for root /run/io.corral.Run;
- *   2. connect; the peer (SO_PEERCRED) must be this uid or root;
+ *   2. connect; the peer (SO_PEERCRED) must be this uid or root; the hello:
+ *      its version (GetInfo) must be this client's, else in-process, said;
  *   3. send Run: argv exactly as typed, the environment, cwd, umask, and
  *      stdin, stdout, stderr and a control pipe's read end as descriptors;
  *      from here every signal that would end corral is written to the
@@ -991,6 +992,36 @@ static int next_reply(int sock, struct buf *in, struct buf *msg, const char **wh
     return receive(sock, in, msg, why);
 }
 
+/* The hello, as chg's, before anything else: the service says its version
+ * (org.varlink.service.GetInfo) and a service of another version -- one left
+ * running from before an upgrade -- never runs this client's command line: 0,
+ * or -1 with the attempt declined (said: the user should restart it). */
+static int hello(int sock, struct buf *in, struct buf *msg, const char *path, struct attempt *a) {
+    static const char getinfo[] = "{\"method\":\"org.varlink.service.GetInfo\"}"; /* sizeof: its NUL too */
+    const char *why = NULL;
+    if (send_all(sock, getinfo, sizeof getinfo, NULL, 0) < 0) {
+        decline(a, 0, "the hello: %s", strerror(errno));
+        return -1;
+    }
+    if (receive(sock, in, msg, &why) != 1) {
+        decline(a, 1, "the corral service at %s did not answer its hello (%s)", path, why ? why : "?");
+        return -1;
+    }
+    struct jvalue reply = {0};
+    struct parser ps = {msg->data, msg->data + (msg->len ? msg->len - 1 : 0), 0};
+    const char *version = NULL;
+    if (parse_value(&ps, &reply, 0) && (skip_space(&ps), ps.p == ps.end) && reply.type == J_OBJECT)
+        version = member_string(member(&reply, "parameters"), "version");
+    if (!version || strcmp(version, CORRAL_VERSION)) {
+        decline(a, 1,
+                "the corral service at %s is version %s, this corral %s: the run goes on in-process "
+                "(restart the service to serve it)",
+                path, version ? version : "unknown", CORRAL_VERSION);
+        return -1;
+    }
+    return 0;
+}
+
 static enum outcome run_via_service(const char *path, int argc, char **argv, int record_fd, struct attempt *a) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
@@ -1009,6 +1040,13 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, int
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peerlen) < 0 || (peer.uid != 0 && peer.uid != getuid())) {
         close(sock);
         return decline(a, 0, "the socket is not served by this user or root");
+    }
+    struct buf in = {0}, msg = {0};
+    if (hello(sock, &in, &msg, path, a) != 0) {
+        free(in.data);
+        free(msg.data);
+        close(sock);
+        return DECLINED;
     }
     int control[2], exits[2];
     char cwd[PATH_MAX];
@@ -1097,12 +1135,11 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, int
         return decline(a, 0, "sending the run: %s", strerror(send_errno));
     }
 
-    struct buf in = {0}, msg = {0};
     int accepted = 0;
     for (;;) {
         const char *why = NULL;
         int got = next_reply(sock, &in, &msg, &why, &h, exits[1]);
-        struct jvalue reply;
+        struct jvalue reply = {0};
         struct parser ps = {msg.data, msg.data + (msg.len ? msg.len - 1 : 0), 0};
         if (got == 1) {
             if (!parse_value(&ps, &reply, 0) || (skip_space(&ps), ps.p != ps.end) || reply.type != J_OBJECT) {
