@@ -158,6 +158,16 @@ def _app():
 
         raise typer.Exit(end(session_id))
 
+    @app.command("hook")
+    def _hook(
+        agent: str = typer.Argument(..., metavar="AGENT", help="claude-code or codex."),
+        print_settings: bool = typer.Option(False, "--print-settings", help="Print the settings snippet."),
+    ):
+        """An agent's hook: its shell calls run through corral in a session it owns (docs/hooks.md)."""
+        from .hooks import main as hook
+
+        raise typer.Exit(hook([agent, *(["--print-settings"] if print_settings else [])]))
+
     @app.command("logs")
     def _logs(
         run: str = typer.Argument(..., metavar="RUN"),
@@ -196,6 +206,23 @@ def _app():
         expired runs, and runs whose owner still runs, are never removed.
         """
         raise typer.Exit(gc(dry_run, as_json, keep_finished=parse_keep(keep_finished)))
+
+    @app.command("mcp")
+    def _mcp(
+        idle_timeout: str = typer.Option(
+            "24h",
+            "--idle-timeout",
+            metavar="DURATION",
+            help="End the session (every run of it) after this long with no run started and none in the foreground.",
+        ),
+    ):
+        """An MCP server over stdio (tools: exec, write_stdin, read_output, start, list, stop, wait) whose runs
+        are one corral session owned by the server: they end, proven, when its client goes away."""
+        from ..mcp import main as mcp_main
+
+        timeout = _duration(idle_timeout, "--idle-timeout")
+        assert timeout is not None
+        raise typer.Exit(mcp_main(timeout))
 
     @audit.command("verify")
     def _verify(run: str = typer.Argument(..., metavar="RUN")):
@@ -286,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if len(args) == 2 and args[0] == "status" and not args[1].startswith("-"):
             return status(args[1])  # fast path: no typer
+        if args[:1] == ["hook"] and "--help" not in args and "-h" not in args:
+            from .hooks import main as hook  # fast path: an agent runs it on every tool call
+
+            return hook(args[1:])
         import click
         import typer
 

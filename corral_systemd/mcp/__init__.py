@@ -1,0 +1,61 @@
+"""``corralctl mcp``: an MCP server over stdio whose whole life is one corral session.
+
+    runs.py    the session's runs: exec (a corral child with pipes) and start (corral --background)
+    output.py  a run's output: absolute byte offsets, bounded memory, head and tail
+    tools.py   the tools: schemas, argument checks, what each does (no SDK import)
+    server.py  the SDK's low-level Server over stdio
+
+The session is opened before the first message is read, owned by this
+process (``corralctl session start --owner <this pid>``): its holder watches
+this process through a pidfd, and so does each run's corral. So whatever
+ends the server -- the client closing stdin (then the server ends the
+session itself and waits for the proof), a signal, SIGKILL -- ends every run
+of the session, each with its stop sequence and its proof.
+
+Failure modes: without the SDK (the ``mcp`` extra), one line naming the
+extra and exit 125; a session that cannot be started: one line, 125; the
+session's end not proven: one line, 120.
+"""
+
+import sys
+
+
+def main(idle_timeout: float) -> int:
+    """Serve MCP on stdin/stdout until the client goes; the exit code of the session's end."""
+    try:
+        import mcp.server.lowlevel  # noqa: F401  (the SDK: an optional extra)
+    except ImportError:
+        print("corralctl mcp: the MCP SDK is not installed: pip install 'corral-systemd[mcp]'", file=sys.stderr)
+        return 125
+    import logging
+
+    import anyio
+
+    from ..common.errors import SetupError, Unverified, UsageError
+    from ..session import Session
+    from .server import serve
+    from .tools import Tools
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="corralctl mcp: %(message)s")
+    session = Session(idle_timeout=idle_timeout)  # owner: this process
+    try:
+        session.open()
+    except (UsageError, SetupError) as exc:
+        print(f"corralctl mcp: the session could not start: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 125
+    tools = Tools(session)
+    try:
+        anyio.run(serve, tools)
+    except KeyboardInterrupt:
+        pass
+    try:
+        session.end()  # every run of it stopped and proven gone (its exec runs' corrals write their records)
+    except Unverified as exc:
+        print(f"corralctl mcp: session {session.id}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 120
+    except SetupError as exc:
+        print(f"corralctl mcp: session {session.id}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 125
+    finally:
+        tools.close()
+    return 0

@@ -1,0 +1,366 @@
+"""The MCP tools: their JSON schemas, descriptions, argument checks and what each does.
+
+Nothing here imports the MCP SDK: ``server.py`` puts these on the wire. Each
+tool takes a dict of arguments and returns a dict (the tool's structured
+result), or raises ``BadArguments`` (the caller's mistake: one line, nothing
+started) or ``RunFailed`` (one line: the run could not start or be ready).
+"""
+
+import asyncio
+import os
+import tempfile
+from typing import Any
+
+from .runs import BadArguments, ExecRun, RunFailed, StartedRun, shell, spawn_exec
+
+#: ``max_output_bytes``: what an answer carries by default, and at most.
+DEFAULT_OUTPUT = 16384
+MAX_OUTPUT = 1 << 20
+#: ``yield_ms`` and ``timeout_ms``: at most 10 minutes in one call.
+MAX_WAIT_MS = 600_000
+
+_SHELL = " ".join(shell())
+
+_DURATION = {"type": ["string", "number"], "description": "A duration: '30s', '5m', '500ms', or seconds as a number."}
+_SIZE = {"type": ["string", "integer"], "description": "A size: '512M', '2G', or bytes as an integer."}
+_LIMITS = {
+    "wall": {**_DURATION, "description": "Wall-clock limit of the run (e.g. '10m'): reaching it stops it, exit 124."},
+    "mem": {**_SIZE, "description": "Memory limit of the run (e.g. '2G'): exceeding it stops it, exit 121."},
+    "cpu_time": {**_DURATION, "description": "CPU time of the whole run: reaching it stops it, exit 123."},
+}
+_RUN_ID = {"type": "string", "description": "A run id this server returned (exec or start)."}
+_CURSOR = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "Absolute byte offset in the run's output to read from: the `cursor` an earlier answer "
+    "returned. Default: where the last answer for this run ended.",
+}
+_MAX_OUTPUT = {
+    "type": "integer",
+    "minimum": 256,
+    "maximum": MAX_OUTPUT,
+    "default": DEFAULT_OUTPUT,
+    "description": "At most this many bytes of output in the answer: its head and tail, one marker line "
+    "between; `output_cut_bytes` says how much was left out (read it with read_output from `output_from`).",
+}
+
+
+def _schema(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+_RESULT = (
+    "The end of a run is `exit_code` (the command's, or corral's: 124 wall, 121 memory, 123 CPU time, "
+    "128+N a signal, 120 when corral could not prove every process gone), `reason`, and `proof`: "
+    "`verified` true means no process the command started is left, daemons and double forks included, "
+    "and `guarantee` names what held them."
+)
+
+TOOLS: dict[str, dict] = {
+    "exec": {
+        "description": (
+            f"Run a shell command ({_SHELL} CMD) through corral in this server's session and wait up to "
+            "yield_ms for it. If it ends by then: its exit code, reason, proof and output; everything it "
+            "started (background jobs, setsid daemons) is stopped first. If not: its output so far and "
+            "`run_id`; it keeps running (use write_stdin, read_output, wait, stop). stdout and stderr come "
+            "as one stream. Every run ends, proven, when this server ends or its client goes away. " + _RESULT
+        ),
+        "inputSchema": _schema(
+            {
+                "cmd": {"type": "string", "minLength": 1, "description": f"The command line, run by `{_SHELL}`."},
+                "workdir": {"type": "string", "description": "Working directory (default: the server's)."},
+                "yield_ms": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_WAIT_MS,
+                    "default": 10000,
+                    "description": "Wait this long for the command to end before handing back a run_id.",
+                },
+                "max_output_bytes": _MAX_OUTPUT,
+                "tty": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Run it on a pseudo-terminal (output as a terminal shows it).",
+                },
+                **_LIMITS,
+            },
+            ("cmd",),
+        ),
+    },
+    "write_stdin": {
+        "description": (
+            "Type into an exec run's stdin, wait up to yield_ms (or until it ends), and return what it "
+            "printed since the last answer. With eof, close its stdin after the text."
+        ),
+        "inputSchema": _schema(
+            {
+                "run_id": _RUN_ID,
+                "chars": {"type": "string", "description": "The text to write (add '\\n' to end a line)."},
+                "yield_ms": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS, "default": 1000},
+                "eof": {"type": "boolean", "default": False, "description": "Close the run's stdin afterwards."},
+                "max_output_bytes": _MAX_OUTPUT,
+            },
+            ("run_id", "chars"),
+        ),
+    },
+    "read_output": {
+        "description": (
+            "A page of a run's output from a cursor (an absolute byte offset), and the cursor to read "
+            "from next: passing each answer's cursor back reads every byte once, none twice. `more` "
+            "says more is already there. An exec run keeps its last 8 MiB in memory "
+            "(`output_lost_bytes` counts what left it unread); a start run's output is its log "
+            "(16 MiB, head and tail; `log_cut` when corral cut it back)."
+        ),
+        "inputSchema": _schema(
+            {
+                "run_id": _RUN_ID,
+                "cursor": _CURSOR,
+                "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT, "default": 65536},
+            },
+            ("run_id",),
+        ),
+    },
+    "start": {
+        "description": (
+            f"Start a background run ({_SHELL} CMD) in this server's session, e.g. a dev server, and return "
+            "once it is ready: ready_port (a TCP connect to 127.0.0.1 or ::1 succeeds), ready_file (the "
+            "file exists), ready_log (a line of its output matches the regex), or once started. Not ready "
+            "within ready_timeout: stopped, an error. It runs until stop, its wall limit, or the end of the "
+            "session (this server's end): then it and everything it started are gone, proven. Its stdin "
+            "is /dev/null; its output is a log (read_output)."
+        ),
+        "inputSchema": _schema(
+            {
+                "cmd": {"type": "string", "minLength": 1, "description": f"The command line, run by `{_SHELL}`."},
+                "workdir": {"type": "string", "description": "Working directory (default: the server's)."},
+                "ready_port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                "ready_file": {"type": "string"},
+                "ready_log": {"type": "string", "description": "A Python regular expression."},
+                "ready_timeout": {**_DURATION, "description": "How long to wait for readiness (default 30s)."},
+                **_LIMITS,
+            },
+            ("cmd",),
+        ),
+    },
+    "list": {
+        "description": "This server's session and its runs: id, kind, command, running or exit code.",
+        "inputSchema": _schema({}),
+    },
+    "stop": {
+        "description": (
+            "Stop a run: SIGTERM to everything it started, SIGKILL after the grace, then proof that nothing "
+            "is left. Returns its end (exit code, reason, proof)."
+        ),
+        "inputSchema": _schema({"run_id": _RUN_ID}, ("run_id",)),
+    },
+    "wait": {
+        "description": (
+            "Wait up to timeout_ms for a run to end. Ended: its exit code, reason and proof (and, for an "
+            "exec run, the output not handed out yet). Still running: `running` true, nothing changed."
+        ),
+        "inputSchema": _schema(
+            {
+                "run_id": _RUN_ID,
+                "timeout_ms": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS, "default": 30000},
+                "max_output_bytes": _MAX_OUTPUT,
+            },
+            ("run_id",),
+        ),
+    },
+}
+
+_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict}
+
+
+def check_arguments(tool: str, arguments: dict | None) -> dict:
+    """The arguments checked against the tool's schema, defaults filled in;
+    BadArguments naming the first wrong one."""
+    schema = TOOLS[tool]["inputSchema"]
+    given = dict(arguments or {})
+    for name in given:
+        if name not in schema["properties"]:
+            raise BadArguments(f"{tool}: unknown argument {name!r} (takes {', '.join(schema['properties'])})")
+    for name in schema["required"]:
+        if given.get(name) is None:
+            raise BadArguments(f"{tool}: {name} is required")
+    checked: dict[str, Any] = {}
+    for name, spec in schema["properties"].items():
+        value = given.get(name, spec.get("default"))
+        if value is None:
+            checked[name] = None
+            continue
+        types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
+        ok = any(isinstance(value, _TYPES[t]) and not (isinstance(value, bool) and t != "boolean") for t in types)
+        if not ok:
+            raise BadArguments(f"{tool}: {name} must be {' or '.join(types)}, not {type(value).__name__}")
+        low, high = spec.get("minimum"), spec.get("maximum")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (low is not None and value < low) or (high is not None and value > high):
+                raise BadArguments(f"{tool}: {name} must be from {low} to {high}, not {value}")
+        if isinstance(value, str) and len(value) < spec.get("minLength", 0):
+            raise BadArguments(f"{tool}: {name} must not be empty")
+        checked[name] = value
+    return checked
+
+
+def limit_options(args: dict) -> dict:
+    """The run's limits as the library takes them (``common.limits``), checked: BadArguments if not."""
+    from ..common.limits import BY_FIELD
+
+    limits = {}
+    for field in _LIMITS:
+        if args.get(field) is None:
+            continue
+        limit = BY_FIELD[field]
+        try:
+            value = limit.coerce(args[field], field)
+        except ValueError as exc:
+            raise BadArguments(str(exc)) from None
+        if not 0 < value <= limit.maximum:
+            raise BadArguments(f"{field} {args[field]!r}: out of range")
+        limits[field] = value
+    return limits
+
+
+def _workdir(args: dict) -> str | None:
+    workdir = args.get("workdir")
+    if workdir is not None and not os.path.isdir(workdir):
+        raise BadArguments(f"workdir {workdir!r}: not a directory")
+    return workdir
+
+
+class Tools:
+    """The tools over one corral session (``corral_systemd.Session``, opened by the caller)."""
+
+    def __init__(self, session):
+        self.session = session
+        self.runs: dict[str, ExecRun | StartedRun] = {}
+        self._records = tempfile.mkdtemp(prefix="corral-mcp-")
+        self._next = 0
+
+    async def call(self, tool: str, arguments: dict | None) -> dict:
+        if tool not in TOOLS:
+            raise BadArguments(f"unknown tool {tool!r} ({', '.join(TOOLS)})")
+        args = check_arguments(tool, arguments)
+        handler = getattr(self, "tool_" + tool)
+        return await handler(args)
+
+    def close(self) -> None:
+        """Forget the records directory (the runs themselves end with the session)."""
+        import shutil
+
+        shutil.rmtree(self._records, ignore_errors=True)
+
+    def _new_id(self) -> str:
+        self._next += 1
+        return f"r{self._next}"
+
+    def _run(self, run_id: str) -> ExecRun | StartedRun:
+        run = self.runs.get(run_id)
+        if run is None:
+            raise BadArguments(f"unknown run_id {run_id!r} (list shows this server's runs)")
+        return run
+
+    def _exec_run(self, run_id: str, tool: str) -> ExecRun:
+        run = self._run(run_id)
+        if not isinstance(run, ExecRun):
+            raise BadArguments(f"{tool}: {run_id} is a start run (stdin /dev/null); only exec runs take input")
+        return run
+
+    # -- the tools ----------------------------------------------------------------------
+    async def tool_exec(self, args: dict) -> dict:
+        from ..common.limits import BY_FIELD
+
+        options = []
+        for field, value in limit_options(args).items():
+            options += [BY_FIELD[field].option, BY_FIELD[field].show(value)]
+        cwd = _workdir(args)
+        run_id = self._new_id()
+        record = os.path.join(self._records, f"{run_id}.json")
+        run = await spawn_exec(run_id, self.session.id, record, args["cmd"], options, args["tty"], cwd)
+        self.runs[run_id] = run
+        ended = await run.ended(args["yield_ms"] / 1000)
+        return self._answer(run, ended, args["max_output_bytes"])
+
+    def _answer(self, run: ExecRun, ended: bool, limit: int) -> dict:
+        facts: dict = {"run_id": run.id, "running": not ended}
+        if ended:
+            facts.update(run.end_facts())
+        facts.update(run.take(None, limit, window=True))
+        return facts
+
+    async def tool_write_stdin(self, args: dict) -> dict:
+        run = self._exec_run(args["run_id"], "write_stdin")
+        if not run.running:
+            raise BadArguments(f"write_stdin: {run.id} has ended (exit {run.end_facts()['exit_code']})")
+        timeout = args["yield_ms"] / 1000
+        await run.write(args["chars"].encode(), args["eof"], timeout)
+        ended = await run.ended(timeout)
+        return self._answer(run, ended, args["max_output_bytes"])
+
+    async def tool_read_output(self, args: dict) -> dict:
+        run = self._run(args["run_id"])
+        facts: dict = {"run_id": run.id, "running": run.running}
+        if isinstance(run, ExecRun):
+            facts.update(run.take(args["cursor"], args["max_bytes"], window=False))
+        else:
+            facts.update(run.take(args["cursor"], args["max_bytes"]))
+        return facts
+
+    async def tool_start(self, args: dict) -> dict:
+        from ..common.errors import SetupError, UsageError
+
+        ready = {key: args[f"ready_{key}"] for key in ("port", "file", "log") if args.get(f"ready_{key}") is not None}
+        if len(ready) > 1:
+            raise BadArguments("start: give at most one of ready_port, ready_file, ready_log")
+        options: dict = dict(limit_options(args))
+        if args.get("ready_timeout") is not None:
+            from ..common.limits import coerce_duration
+
+            try:
+                options["ready_timeout"] = coerce_duration(args["ready_timeout"], "ready_timeout")
+            except ValueError as exc:
+                raise BadArguments(str(exc)) from None
+        cwd = _workdir(args)
+        try:
+            handle = await self.session.astart([*shell(), args["cmd"]], ready=ready or None, cwd=cwd, **options)
+        except UsageError as exc:
+            raise BadArguments(f"start: {exc}") from None
+        except SetupError as exc:
+            raise RunFailed(" ".join(str(exc).split())) from None
+        run = StartedRun(self._new_id(), args["cmd"], handle, ready or None)
+        self.runs[run.id] = run
+        return {"run_id": run.id, "corral_run_id": run.corral_run_id, "running": True, "ready": ready or "started"}
+
+    async def tool_list(self, args: dict) -> dict:
+        runs = []
+        for run in self.runs.values():
+            item: dict = {"run_id": run.id, "kind": run.kind, "cmd": run.cmd, "running": run.running}
+            if not item["running"]:
+                item["exit_code"] = run.end_facts()["exit_code"]
+            runs.append(item)
+        return {"session": self.session.id, "server_pid": os.getpid(), "runs": runs}
+
+    async def tool_stop(self, args: dict) -> dict:
+        run = self._run(args["run_id"])
+        if isinstance(run, ExecRun):
+            run.stop()
+            if not await run.ended(run.stop_timeout()):
+                raise RunFailed(f"{run.id}: its corral did not finish stopping it in {run.stop_timeout():g}s")
+        elif run.running:
+            from ..common.errors import Unverified
+
+            try:
+                await asyncio.to_thread(run.handle.stop)
+            except Unverified as exc:
+                raise RunFailed(f"{run.id}: stop: {' '.join(str(exc).split())}") from None
+            await run.wait(30.0)
+        return {"run_id": run.id, "running": run.running, **run.end_facts()}
+
+    async def tool_wait(self, args: dict) -> dict:
+        run = self._run(args["run_id"])
+        timeout = args["timeout_ms"] / 1000
+        if isinstance(run, ExecRun):
+            return self._answer(run, await run.ended(timeout), args["max_output_bytes"])
+        ended = await run.wait(timeout)
+        return {"run_id": run.id, "running": not ended, **(run.end_facts() if ended else {})}
