@@ -1222,7 +1222,8 @@ def test_a_rewritten_entry_does_not_keep_a_session_busy(agent):
 
 def test_the_owners_death_ends_a_run_while_the_holder_is_stopped(agent, tmp_path):
     """The run's uid SIGSTOPs the holder, then the session's owner dies: each run's
-    corral watches the owner too, so the run still ends (143, saying why)."""
+    corral watches the owner too, so the run still ends (143, saying why), and
+    continues the holder as it leaves: the session ends too."""
     owner = agent.owner()
     sid = start_session(agent, "--owner", str(owner.pid), mode="fallback")
     holder = agent.session_entry(sid)["holder"]["pid"]
@@ -1246,6 +1247,8 @@ def test_the_owners_death_ends_a_run_while_the_holder_is_stopped(agent, tmp_path
         assert fg.returncode == 143, err
         assert f"session {sid}'s owner, pid {owner.pid}, exited" in err
         assert marked_pids(marker) == []
+        # The run leaving continued its holder, which ends the session on its owner's death itself.
+        assert agent.wait_ended(sid)["why"] == f"its owner (pid {owner.pid}) exited"
     finally:
         os.kill(holder, signal.SIGCONT)
         fg.kill()

@@ -183,6 +183,8 @@ class RunGuard:
 
     #: Pidfds of the joined session's holder and owner, with their warnings: either's end stops the run.
     session_ends: dict[int, str] = {}
+    #: The holder's pidfd (fallback: among ``session_ends``), continued as the run leaves.
+    _holder_pidfd: int | None = None
 
     def _join_holder(self, engine, session_id: str, watch: bool) -> None:
         """Be admitted by the session's holder, once registered (it checks this
@@ -202,6 +204,7 @@ class RunGuard:
         ends = {}
         if watch:
             ends[pidfd] = f"its session ended (session {session_id}'s holder exited): stopped"
+            self._holder_pidfd = pidfd
         else:
             os.close(pidfd)
         owner = reply.get("owner")
@@ -229,6 +232,16 @@ class RunGuard:
             result.warnings.extend(w for w in self.creds.warnings if w not in result.warnings)
 
     def __exit__(self, exc_type, exc, tb):
+        if self._holder_pidfd is not None:
+            # A member leaving continues its holder: one a run's command stopped (a process of
+            # its uid may) acts again on what it missed -- its owner's death, its idle timeout.
+            import signal
+
+            try:
+                signal.pidfd_send_signal(self._holder_pidfd, signal.SIGCONT)
+            except OSError:
+                pass
+            self._holder_pidfd = None
         for fd in self.session_ends:
             os.close(fd)
         self.session_ends = {}
