@@ -221,6 +221,30 @@ async def test_an_exec_answer_keeps_head_and_tail_and_says_what_it_cut(tmp_path)
         assert page["output"] == whole
 
 
+def _wakeups(pid: int) -> int:
+    """The times ``pid``'s threads gave up the CPU of their own accord (each a wake-up
+    after a wait): what a tick adds to, whatever the machine's load."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
+    return total
+
+
+async def test_a_call_waiting_on_a_run_wakes_the_server_for_its_end_not_on_a_tick(tmp_path):
+    """An exec waiting out its yield on a sleeping command: the server is woken by
+    its corral's exit (the child watcher), not by a timer. A 20 ms tick would
+    wake it some 150 times in the 3 s; a blocked wait, a handful."""
+    marker = new_marker()
+    async with mcp_server(tmp_path, marker) as call:
+        server = (await call("list"))["server_pid"]
+        before = _wakeups(server)
+        result = await call("exec", cmd="sleep 3", yield_ms=10000)
+        woke = _wakeups(server) - before
+        assert result["exit_code"] == 0, result
+        assert woke < 60, f"the server woke {woke} times while its call waited 3 s"
+
+
 def test_without_the_sdk_one_line_and_125(tmp_path):
     """A module named mcp that is not the SDK stands in for its absence."""
     (tmp_path / "mcp.py").write_text("")

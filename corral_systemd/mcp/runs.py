@@ -35,8 +35,6 @@ from .output import OutputBuffer, complete_utf8
 #: How long the output pipe may stay open after corral exited (corral proved
 #: the run empty, so only an escaped hand-off could hold it).
 _EOF_AFTER_EXIT = 5.0
-#: How often a waiting call looks whether an exec run's corral has exited.
-_EXIT_POLL = 0.02
 #: How long ``stop`` waits for an exec run's corral past its grace and verify timeout.
 _STOP_SLACK = 10.0
 
@@ -73,8 +71,11 @@ class ExecRun:
 
     kind = "exec"
 
-    def __init__(self, run_id: str, cmd: str, process: asyncio.subprocess.Process, record_path: str):
+    def __init__(
+        self, run_id: str, cmd: str, process: asyncio.subprocess.Process, record_path: str, exited: asyncio.Event
+    ):
         self.id = run_id
+        self._exited = exited  # set when its corral has exited (``_ExitAware``)
         self.cmd = cmd
         self.process = process
         self.record_path = record_path
@@ -104,11 +105,10 @@ class ExecRun:
         its output to end (bounded). True when it is over."""
         # Not process.wait(): it also waits for the pipes' EOF, which a process the run
         # handed off (outside corral's proof) could hold open long after corral exited.
-        give_up = time.monotonic() + timeout
-        while self.process.returncode is None:
-            if time.monotonic() >= give_up:
-                return False
-            await asyncio.sleep(min(_EXIT_POLL, max(0.0, give_up - time.monotonic())))
+        try:
+            await asyncio.wait_for(self._exited.wait(), timeout)
+        except TimeoutError:
+            return False
         try:
             await asyncio.wait_for(self._eof.wait(), _EOF_AFTER_EXIT)
         except TimeoutError:
@@ -280,8 +280,12 @@ def corral_argv(session_id: str, record_path: str, cmd: str, options: list[str],
 
 async def spawn_exec(run_id: str, session_id: str, record_path: str, cmd: str, options: list[str], tty: bool, cwd):
     argv = corral_argv(session_id, record_path, cmd, options, tty)
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
     try:
-        process = await asyncio.create_subprocess_exec(
+        # asyncio.create_subprocess_exec, with a protocol that says when corral exited.
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitAware(exited, limit=2**16, loop=loop),
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -290,4 +294,17 @@ async def spawn_exec(run_id: str, session_id: str, record_path: str, cmd: str, o
         )
     except OSError as exc:
         raise RunFailed(f"corral could not be started: {exc}") from None
-    return ExecRun(run_id, cmd, process, record_path)
+    return ExecRun(run_id, cmd, asyncio.subprocess.Process(transport, protocol, loop), record_path, exited)
+
+
+class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):
+    """The process's protocol, which also sets ``exited`` once it has exited (reaped
+    by the loop's child watcher): a waiting call is woken by the exit, no tick."""
+
+    def __init__(self, exited: asyncio.Event, **kwargs):
+        super().__init__(**kwargs)
+        self._exited_event = exited
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self._exited_event.set()
