@@ -353,6 +353,56 @@ def test_logs_follow_ends_with_the_run(bg):
     assert f.stdout.startswith("tick 1\ntick 2\ntick 3\n") and "exit 0" in f.stdout
 
 
+def test_logs_since_a_cursor_gives_every_byte_once(bg):
+    """``logs --since N``: the next cursor is N plus the bytes printed; read in
+    steps as the run writes, the pieces are its whole output, once each."""
+    r = bg.start(["--background", "--", "sh", "-c", "for i in $(seq 1 30); do echo line $i; sleep 0.02; done"])
+    run_id, cursor, pieces = r.stdout.strip(), 0, []
+    while True:
+        done = bg.ctl("wait", run_id, "--timeout", "0.1s").returncode == 0
+        got = bg.ctl("logs", run_id, "--since", str(cursor))
+        assert got.returncode == 0, got.stderr
+        pieces.append(got.stdout)
+        cursor += len(got.stdout.encode())
+        if done and not got.stdout:
+            break
+    text = "".join(pieces)
+    assert text.startswith("".join(f"line {i}\n" for i in range(1, 31))), text
+
+
+def _wakeups(pid: int) -> int:
+    """The times ``pid``'s threads gave up the CPU of their own accord (each a wake-up after a wait)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
+    return total
+
+
+@pytest.mark.parametrize("how", ["wait", "logs-follow"])
+def test_waiting_for_a_background_run_is_blocked_not_a_tick(bg, how):
+    """``corralctl wait`` and ``logs -f`` on a run sleeping 3 s: woken by its corral's
+    exit and its entry's writes (a pidfd, inotify), not by a timer -- a 50 ms tick
+    would wake them some 60 times; a blocked wait, a handful."""
+    r = bg.start(["--background", "--", "sleep", "3"])
+    run_id = r.stdout.strip()
+    argv = ["wait", run_id] if how == "wait" else ["logs", "-f", run_id]
+    waiter = subprocess.Popen([*CTL, *argv], env=bg.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.8)  # its start-up (imports) behind it
+        try:
+            before = _wakeups(waiter.pid)
+        except FileNotFoundError:
+            pytest.fail(f"corralctl {how} ended before the run did: {waiter.communicate()}")
+        time.sleep(1.5)
+        woke = _wakeups(waiter.pid) - before
+        assert waiter.wait(timeout=30 * TIME_SCALE) == 0, waiter.stderr.read()
+        assert woke < 10, f"corralctl {how} woke {woke} times in 1.5 s of waiting"
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
 @pytest.mark.parametrize("mode", all_modes())
 def test_the_run_outlives_its_fronts_process_group_and_holds_none_of_its_descriptors(bg, mode):
     """A runner that kills the tool call's process group, or reads a pipe it

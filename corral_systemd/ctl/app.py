@@ -173,9 +173,16 @@ def _app():
         run: str = typer.Argument(..., metavar="RUN"),
         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run has ended."),
         tail: int | None = typer.Option(None, "--tail", metavar="N", min=0, help="Start at the last N lines."),
+        since: int | None = typer.Option(
+            None,
+            "--since",
+            metavar="BYTES",
+            min=0,
+            help="Start at this byte (a cursor: the last call's plus the bytes it printed).",
+        ),
     ):
         """A --background run's output log (RUN: its id or --name)."""
-        raise typer.Exit(logs(run, follow, tail))
+        raise typer.Exit(logs(run, follow, tail, since=since))
 
     @app.command("wait")
     def _wait(

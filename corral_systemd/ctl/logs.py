@@ -7,6 +7,12 @@ own ``output_log`` (a file the run's uid can rewrite) is never a path to open.
 ``wait`` believes a run finished only as ``registry.effective_state`` does
 (the owner's sealed token while the owner lives) and, once its corral is
 gone, only when nothing the kernel shows is left of it (``stop._leftovers``).
+
+Both wait blocked (``_await_change``): on the run's live corral, the process
+the kernel names as its token's holder, through a pidfd (its exit is the
+run's end), and ``logs --follow`` on the log too (inotify: a write). Only a
+run whose corral is gone, its leftovers still there, is looked at again each
+``LEFTOVERS_LOOK`` seconds: nothing else would say when they are gone.
 """
 
 import os
@@ -19,7 +25,8 @@ from .status import CtlError, UnknownRun
 
 #: ``wait``'s exit code when the run is still going at --timeout (as timeout(1)).
 STILL_RUNNING = 124
-POLL = 0.05
+#: How often a run whose corral is gone is looked at again (its leftovers, stopped by another).
+LEFTOVERS_LOOK = 1.0
 
 
 def find_run(text: str, directory: str) -> dict:
@@ -99,14 +106,28 @@ def proven_gone(directory: str, entry: dict) -> bool:
     return fresh is not None and _nothing_left(directory, fresh)
 
 
-def logs(run: str, follow: bool = False, tail: int | None = None, directory: str | None = None) -> int:
+def logs(
+    run: str, follow: bool = False, tail: int | None = None, directory: str | None = None, since: int | None = None
+) -> int:
+    """The run's output log to stdout: from byte ``since`` (a cursor: the last
+    call's ``since`` plus the bytes it printed), the last ``tail`` lines, or
+    all of it; ``follow``: then what it writes, until the run is over."""
     directory = directory or REG.state_dir()
     entry = find_run(run, directory)
     fd = output_log(directory, entry["run_id"])
     out = sys.stdout.buffer
+    changes = None
     try:
-        if tail is not None:
+        if since is not None:
+            size = os.fstat(fd).st_size
+            if since > size:  # --log-max cut it back past the cursor: what is after its head is gone
+                said = f"the log is {size} bytes, cut back before byte {since}"
+                print(f"corralctl: {entry['run_id']}: {said}", file=sys.stderr)
+            os.lseek(fd, min(since, size), os.SEEK_SET)
+        elif tail is not None:
             os.lseek(fd, _start_of_last_lines(fd, tail), os.SEEK_SET)
+        if follow:
+            changes = _RunWatch(directory, entry, fd)
         while True:
             while chunk := os.read(fd, 65536):
                 out.write(chunk)
@@ -116,11 +137,61 @@ def logs(run: str, follow: bool = False, tail: int | None = None, directory: str
                     out.write(chunk)
                 out.flush()
                 return 0
-            time.sleep(POLL)
+            changes.wait(None)
     except BrokenPipeError:
         return 0
     finally:
+        if changes is not None:
+            changes.close()
         os.close(fd)
+
+
+class _RunWatch:
+    """A blocked wait for what may have ended the run, or (``log_fd``) grown its log:
+    its entry written again (its state directory: inotify, a rename or a close after
+    writing), its live corral's exit (the token's holder, the kernel's word: a
+    pidfd; the service, for a served run), a write to the log. With no live
+    holder, ``LEFTOVERS_LOOK`` at most: nothing else says when leftovers are gone."""
+
+    def __init__(self, directory: str, entry: dict, log_fd: int | None = None):
+        from ..kernel.inotify import IN_CLOSE_WRITE, IN_MODIFY, IN_MOVED_TO, Inotify
+
+        self._token = REG.TOKEN_PREFIX + entry["run_id"]
+        self._changes = Inotify()
+        try:
+            self._changes.watch(directory, IN_MOVED_TO | IN_CLOSE_WRITE)
+            if log_fd is not None:
+                self._changes.watch(f"/proc/self/fd/{log_fd}", IN_MODIFY | IN_CLOSE_WRITE)
+        except OSError:
+            self._changes.close()
+            raise
+
+    def wait(self, timeout: float | None) -> None:
+        import select
+
+        poller = select.poll()
+        poller.register(self._changes.fileno(), select.POLLIN)
+        pidfd = None
+        pid = REG.token_holder(self._token)
+        try:
+            if pid is not None:
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError:
+                    return  # gone meanwhile: look again
+                if REG.token_holder(self._token) != pid:
+                    return  # not the run's holder any more (exited, the pid reused): look again
+                poller.register(pidfd, select.POLLIN)
+            else:
+                timeout = LEFTOVERS_LOOK if timeout is None else min(timeout, LEFTOVERS_LOOK)
+            poller.poll(None if timeout is None else max(0.0, timeout) * 1000 + 1)
+            self._changes.read()
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def close(self) -> None:
+        self._changes.close()
 
 
 def _start_of_last_lines(fd: int, lines: int) -> int:
@@ -148,6 +219,23 @@ def wait(run: str, timeout: float | None = None, directory: str | None = None) -
     directory = directory or REG.state_dir()
     entry = find_run(run, directory)
     end = None if timeout is None else time.monotonic() + timeout
+    watch = _RunWatch(directory, entry)
+    try:
+        done = _await_finished(directory, entry, watch, end, timeout)
+    finally:
+        watch.close()
+    if not isinstance(done, dict):
+        return done
+    code = done.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+        print(f"corralctl: {done['run_id']}: finished ({done.get('outcome')}), exit status unknown", file=sys.stderr)
+        return 120
+    return code
+
+
+def _await_finished(directory: str, entry: dict, watch: _RunWatch, end: float | None, timeout: float | None):
+    """The finished entry (``finished``), or the exit code to return instead:
+    ``STILL_RUNNING`` at ``end``, 120 for a run its corral left unfinished."""
     while (done := finished(directory, entry)) is None:
         if end is not None and time.monotonic() >= end:
             print(f"corralctl: {entry['run_id']} still running after {timeout:g}s", file=sys.stderr)
@@ -161,9 +249,5 @@ def wait(run: str, timeout: float | None = None, directory: str | None = None) -
                 file=sys.stderr,
             )
             return 120
-        time.sleep(POLL)
-    code = done.get("exit_code")
-    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
-        print(f"corralctl: {done['run_id']}: finished ({done.get('outcome')}), exit status unknown", file=sys.stderr)
-        return 120
-    return code
+        watch.wait(None if end is None else end - time.monotonic())
+    return done
