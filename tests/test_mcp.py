@@ -86,9 +86,19 @@ def proven(answer: dict) -> bool:
     return proof is not None and proof["verified"] is True and proof["remaining_pids"] == []
 
 
-async def test_the_agents_day(tmp_path):
+@pytest.mark.parametrize(
+    "tier",
+    [
+        "no-manager",
+        # A user manager answering (the harness): the server's session is a slice, each run a unit in it.
+        pytest.param("unit", marks=pytest.mark.systemd),
+    ],
+)
+async def test_the_agents_day(tmp_path, tier):
     daemon_marker = new_marker()
     port = free_port()
+    if tier == "no-manager" and os.environ.get("CORRAL_REQUIRE_SYSTEMD"):
+        pytest.skip("a manager answers here: the host lane runs this case")
     try:
         async with mcp_server(tmp_path, new_marker()) as call:
             tools = await call.session.list_tools()
@@ -100,6 +110,7 @@ async def test_the_agents_day(tmp_path):
             )
             assert build["running"] is False and build["exit_code"] == 0 and build["output"] == "built\n", build
             assert proven(build) and build["proof"]["processes_stopped"] >= 1
+            assert (build["proof"]["guarantee"] == "unit") == (tier == "unit"), build["proof"]
             assert marked_pids(daemon_marker) == []
 
             # A command outliving its yield: a run id, then every byte once.

@@ -37,6 +37,7 @@ def main(idle_timeout: float) -> int:
     from .tools import Tools
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="corralctl mcp: %(message)s")
+    _find_runtime_dir()
     session = Session(idle_timeout=idle_timeout)  # owner: this process
     try:
         session.open()
@@ -59,3 +60,23 @@ def main(idle_timeout: float) -> int:
     finally:
         tools.close()
     return 0
+
+
+def _find_runtime_dir() -> None:
+    """``XDG_RUNTIME_DIR`` as the user's session has it, where the MCP client left it
+    out: the SDKs start a server with HOME, PATH, USER, SHELL, TERM and LOGNAME only,
+    and without it corral finds no user manager (its runs would take a weaker tier).
+    ``/run/user/<uid>``, as systemd's tools look for it, if it is this user's own
+    directory; the server's runs inherit it, as they would from a login shell."""
+    import os
+    import stat
+
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return
+    path = f"/run/user/{os.getuid()}"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+        os.environ["XDG_RUNTIME_DIR"] = path
