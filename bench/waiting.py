@@ -25,7 +25,9 @@ subreaper``, ``--cgroup-mode fallback``; with ``--systemd`` (a user manager
 reachable, e.g. inside tests/harness/with-user-manager) ``timeout`` again,
 ``systemd-run --user --wait --collect -q`` (peer), ``corral-enforced
 --unit-type scope`` in-process (CORRAL_SERVICE=0) and through the corral
-service (started here on a private socket, as bench/service_bench.py does).
+service (started here on a private socket, as bench/service_bench.py does);
+with ``--cgroup-parent DIR`` too, corral's cgroup tier engine in that delegated
+cgroup v2 directory (inside the harness: tests/run's ``corral-test-parent``).
 
 At the end every run is sent SIGTERM by its pid (its runner stops it), then
 whatever still carries a marker gets SIGKILL by pid, and every child is
@@ -33,7 +35,7 @@ waited for. Writes waiting.json (waiting-systemd.json with --systemd) and a
 bar chart .png (when matplotlib is importable) into --out.
 
     python bench/waiting.py [--quick] [--n 20,100] [--window 10] [--out DIR]
-    tests/harness/with-user-manager --layout hybrid -- python bench/waiting.py --systemd
+    tests/harness/with-user-manager --layout hybrid -- python bench/waiting.py --systemd [--cgroup-parent DIR]
 """
 
 import argparse
@@ -207,7 +209,7 @@ def split_run(pids: list[int], sleep_id: tuple[int, int]) -> tuple[list[int], li
 # ---------------------------------------------------------------- paths
 
 
-def paths(systemd: bool, service_env: dict | None) -> dict[str, dict]:
+def paths(systemd: bool, service_env: dict | None, cgroup_parent: str | None = None) -> dict[str, dict]:
     """name -> {argv(marker, S) -> list, env extra, peer?}."""
     corral = corral_argv()
     enforced = [str(Path(sys.executable).parent / "corral-enforced")]
@@ -241,6 +243,9 @@ def paths(systemd: bool, service_env: dict | None) -> dict[str, dict]:
         "argv": runner(enforced, "--unit-type", "scope"),
         "env": {"CORRAL_SERVICE": "0"},
     }
+    if cgroup_parent is not None:
+        tier = runner(corral, "--cgroup-parent", cgroup_parent)
+        out["corral --cgroup-parent (cgroup tier)"] = {"argv": tier, "env": {}}
     if service_env is not None:
         out["corral-enforced scope (served)"] = {
             "argv": runner(enforced, "--unit-type", "scope"),
@@ -516,6 +521,11 @@ def main() -> int:
         help="the systemd paths (needs a user manager: run inside tests/harness/with-user-manager)",
     )
     parser.add_argument("--no-service", action="store_true", help="with --systemd: leave the served path out")
+    parser.add_argument(
+        "--cgroup-parent",
+        metavar="DIR",
+        help="with --systemd: also the cgroup tier's engine, its runs in this delegated cgroup v2 directory",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     if args.quick:
@@ -561,7 +571,7 @@ def main() -> int:
             )
         elif args.systemd:
             left_out["corral-enforced scope (served)"] = "--no-service"
-        specs = paths(args.systemd, service_env)
+        specs = paths(args.systemd, service_env, args.cgroup_parent if args.systemd else None)
         t_start = time.monotonic()
         results = {}
         for n in ns:

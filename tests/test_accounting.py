@@ -105,7 +105,8 @@ def test_cpu_time_is_the_cgroups(corral, unit_type):
     engine = run.record["engine"]
     assert cgroupfs.Mounts().unified is not None  # cpu.stat is in every cgroup v2 group
     cpu = engine["cpu_usage_nsec"]
-    # About one second of CPU (the last 0.1 s may be missing: see base.CgroupLimits.SAMPLE_INTERVAL).
+    # About one second of CPU (the last 0.1 s may be missing: a busy group is read every
+    # base.CgroupLimits.SAMPLE_FIRST).
     assert cpu is not None and 0.7e9 <= cpu <= 10e9, _detail(run)
     user, system = engine["cpu_user_nsec"], engine["cpu_system_nsec"]
     assert user is not None and system is not None, _detail(run)

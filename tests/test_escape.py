@@ -22,7 +22,8 @@ import pytest
 from modes import mode_flags
 
 #: How long an escaper stays in the run's cgroup before it moves: corral
-#: samples the group every 0.1 s, and a process that leaves before corral saw
+#: reads the group 0.1 s after the start and while it is busy (each escaper
+#: here is born at the start), and a process that leaves before corral saw
 #: it in its own session is out of reach by design (README, Limitations). One
 #: second leaves room for a loaded machine (0.5 s timed out once in CI's
 #: harness at load average 10).

@@ -129,6 +129,8 @@ class Supervisor:
         self._pty: Pty | None = None  # --pty, closed (terminal restored) when the run ends
         self._limits = OwnLimits()
         self._t0 = 0.0
+        #: The engine's descriptors woke a wait: its limits are checked next round.
+        self._engine_woke = False
         self.result = R.RunOutcome(
             run_id=spec.run_id,
             mode=engine.mode,
@@ -359,13 +361,11 @@ class Supervisor:
 
     def _watch(self, pump: OutputPump | None) -> None:
         """Wait until something ends the run; record why."""
-        spec, engine = self.spec, self.engine
-        deadline = spec.wall
-        watch_every = engine.watch_interval()
-        next_watch = self._now() + watch_every if watch_every else None
+        deadline = self.spec.wall
+        next_watch = self._next_watch(self._now())
         while True:
             try:
-                next_watch = self._watch_round(pump, deadline, watch_every, next_watch)
+                next_watch = self._watch_round(pump, deadline, next_watch)
             except (OSError, MemoryError) as exc:
                 # The command lowered corral's limits between two restores (prlimit
                 # --pid $PPID): put them back and look again; anything else is a failure.
@@ -375,9 +375,18 @@ class Supervisor:
             if next_watch is False:
                 return
 
-    def _watch_round(self, pump, deadline, watch_every, next_watch):
+    def _next_watch(self, now: float) -> float | None:
+        """When the engine next needs ``check_limits()`` (``watch_interval``:
+        asked again after each check; None: only after its events)."""
+        wait = self.engine.watch_interval()
+        return None if wait is None else now + wait
+
+    def _watch_round(self, pump, deadline, next_watch):
         """One look at the run and one wait: False when the run ends (the
-        reason recorded), else the next time limits are checked (None: never)."""
+        reason recorded), else the next time limits are checked (None: only
+        after the engine's events). The limits are checked when that time
+        has come and after every wake-up by the engine's descriptors (an OOM
+        kill, the group emptying), which no timer waits for."""
         res, engine = self.result, self.engine
         if engine.main_status() is not None:
             self._step("command_exited", status=engine.main_status())
@@ -392,12 +401,13 @@ class Supervisor:
             self._step("deadline")
             res.reason = R.TIMEOUT
             return False
-        if next_watch is not None and now >= next_watch:
+        if self._engine_woke or (next_watch is not None and now >= next_watch):
+            self._engine_woke = False
             if (name := engine.check_limits()) is not None:
                 self._step("limit_exceeded", limit=name)
                 res.reason = ENDS_RUN[name].reason
                 return False
-            next_watch = now + watch_every
+            next_watch = self._next_watch(now)
         if pump is not None and pump.exceeded:
             self._step("limit_exceeded", limit=MAX_OUTPUT.field)
             res.reason = R.OUTPUT
@@ -484,7 +494,9 @@ class Supervisor:
                 pump.pump(fd)
             elif pump is not None:
                 pump.writable(fd)
-        if any(fd in engine_fds for fd, _ in events) or self.signals is not None:
+        woke = any(fd in engine_fds for fd, _ in events)
+        self._engine_woke = self._engine_woke or woke
+        if woke or self.signals is not None:
             self.engine.poll_events()
         return stop_sig
 

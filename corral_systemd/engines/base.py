@@ -252,52 +252,96 @@ class Engine:
 
 
 class CgroupLimits:
-    """The limits corral watches for engines with a cgroup (systemd, --cgroup-parent).
+    """The limits corral watches for engines with a cgroup (systemd, --cgroup-parent),
+    and the group read while the run lives: each on the kernel's word where it
+    gives one, on a timer only where it does not.
 
     Mixed in before ``Engine``; needs ``spec``, ``oom_killed()``,
     ``live_pids()``, ``cpu_time_nsec()`` and ``limits_enforced["mem"]``:
 
-    - ``--mem``: the kernel's (an OOM kill), or, where the kernel cannot
-      ("watch"), corral sums the run's resident memory itself;
+    - ``--mem``: the kernel's (an OOM kill: memory.events marked POLLPRI, or
+      the cgroup v1 OOM eventfd: the engine's ``_oom_notified``, checked
+      after each of its events), or, where the kernel cannot ("watch") or
+      would not tell, corral looks every ``LIMIT_WATCH_INTERVAL``;
     - ``--cpu-time``: the group's ``cpu.stat`` usage, every process of the
-      run, exited ones included, read every ``CPU_TIME_INTERVAL``.
+      run, exited ones included, read when the limit could first be reached
+      (``cpu_time_wait``): a run that sleeps is read rarely;
+    - the group's figures and members (``_sample_group``, the tracker), read
+      at every event that may be the last chance (the engine's) and, while
+      the run lives, ``SAMPLE_FIRST`` after the start and again as long as the
+      group is busy (its processes or figures changed, its CPU time grew by
+      ``BUSY_CPU`` of a core or more), at waits doubling up to
+      ``SAMPLE_LONGEST`` while it idles: a run that sleeps is read rarely. A
+      group the manager removes before corral's final read keeps only what
+      was read before (the record then says its figures are lower bounds:
+      ``accounting_final`` false), and a process that leaves the group
+      unseen is beyond the tracker.
     """
 
     spec: Any  # the run's RunSpec (core.spec), set by the engine
-    #: How often the supervisor asks (an OOM kill, or the watched total).
+    limits_enforced: dict[str, str]  # the engine's (``Engine.__init__``)
+    #: How often corral looks for an OOM kill or sums the memory where no kernel event tells.
     LIMIT_WATCH_INTERVAL = 0.025
-    #: How often the group's figures are read, and its processes shown to the
-    #: tracker, while the run lives (``_sample_group``): a group the manager
-    #: removes as soon as the run ends keeps only what was read before.
-    SAMPLE_INTERVAL = 0.1
-    _next_sample = 0.0
+    #: How soon a living group is read after the start, and after a reading that found it busy (seconds);
+    SAMPLE_FIRST = 0.1
+    #: the longest wait between two readings while it idles;
+    SAMPLE_LONGEST = 5.0
+    #: busy: its CPU time grew by this much a second (a share of one core), or anything else changed.
+    BUSY_CPU = 0.01
+    _next_sample: float | None = None  # monotonic; None: the watch has not begun
+    _sample_gap = SAMPLE_FIRST
+    _sampled: tuple = (frozenset(), {})  # the last reading: (the group's processes, its figures)
+    _next_cpu_check = 0.0  # monotonic: at once, then when the limit could first be reached
 
     def _has_group(self) -> bool:
         """Is the run's cgroup known (and not yet removed)?"""
         raise NotImplementedError
 
-    def _sample_group(self) -> None:
-        """Read the group's figures now."""
+    def _sample_group(self) -> dict:
+        """Read the group's figures now; return them (``cgroupfs.Usage.figures``: the largest readings)."""
         raise NotImplementedError
+
+    def _oom_notified(self) -> bool:
+        """An OOM kill in the run's group wakes the supervisor (a kernel event
+        among the engine's descriptors), so no timer looks for one."""
+        return False
 
     @property
     def _memory_limited(self) -> bool:
         """A memory limit holds the run: its own --mem (or its session's, ``SystemdEngine``)."""
         return self.spec.mem is not None
 
+    def _memory_polled(self) -> bool:
+        """--mem needs a timer: corral sums the memory itself, or no kernel event tells of an OOM kill."""
+        if not self._memory_limited:
+            return False
+        return (self.spec.mem is not None and self.limits_enforced.get("mem") == "watch") or not self._oom_notified()
+
     def watch_interval(self):
-        intervals = [self.SAMPLE_INTERVAL] if self._has_group() else []
-        if self._memory_limited:
-            intervals.append(self.LIMIT_WATCH_INTERVAL)
+        now = time.monotonic()
+        due = []
+        if self._has_group():
+            if self._next_sample is None:
+                self._next_sample = now + self.SAMPLE_FIRST
+            due.append(self._next_sample)
+        if self._memory_polled():
+            due.append(now + self.LIMIT_WATCH_INTERVAL)
         if self.spec.cpu_time is not None:
-            intervals.append(CPU_TIME_INTERVAL)
-        return min(intervals) if intervals else None
+            due.append(self._next_cpu_check)
+        return max(0.0, min(due) - now) if due else None
 
     def check_limits(self):
-        if self._has_group() and time.monotonic() >= self._next_sample:
-            self._next_sample = time.monotonic() + self.SAMPLE_INTERVAL
-            self._sample_group()
-            self._track(self.live_pids())
+        now = time.monotonic()
+        sampled = False
+        if self._has_group() and self._next_sample is not None and now >= self._next_sample:
+            figures = dict(self._sample_group())
+            sampled = True
+            pids = frozenset(self.live_pids())
+            self._track(pids)
+            busy = _busy(self._sampled, (pids, figures), self._sample_gap, self.BUSY_CPU)
+            self._sampled = (pids, figures)
+            self._sample_gap = self.SAMPLE_FIRST if busy else min(2 * self._sample_gap, self.SAMPLE_LONGEST)
+            self._next_sample = now + self._sample_gap
         if self._memory_limited:
             if self.oom_killed():
                 return MEM.field
@@ -306,14 +350,41 @@ class CgroupLimits:
 
                 if sum(resident_bytes(pid) for pid in self.live_pids()) > self.spec.mem:
                     return MEM.field
-        if self.spec.cpu_time is not None:
-            return cpu_time_reached(self.spec.cpu_time, self.cpu_time_nsec())
+        if self.spec.cpu_time is not None and now >= self._next_cpu_check:
+            if not sampled and self._has_group():
+                self._sample_group()
+            used = self.cpu_time_nsec()
+            if (reached := cpu_time_reached(self.spec.cpu_time, used)) is not None:
+                return reached
+            self._next_cpu_check = now + cpu_time_wait(self.spec.cpu_time, used)
         return None
+
+
+def _busy(before: tuple, after: tuple, seconds: float, busy_cpu: float) -> bool:
+    """Two readings of a group, ``seconds`` apart, each (its processes, its
+    figures): did anything change but its CPU time, or did that grow by
+    ``busy_cpu`` of a core or more?"""
+    (pids_before, figures_before), (pids_after, figures_after) = before, after
+    cpu = "cpu_usage_nsec"
+    grew = figures_after.get(cpu, 0) - figures_before.get(cpu, 0)
+    rest = {k: v for k, v in figures_after.items() if not k.startswith("cpu_")}
+    rest_before = {k: v for k, v in figures_before.items() if not k.startswith("cpu_")}
+    return pids_after != pids_before or rest != rest_before or grew >= busy_cpu * seconds * 1e9
 
 
 def cpu_time_reached(limit: float, used_nsec: int | None) -> str | None:
     """``"cpu_time"`` once the run's CPU time (ns) has reached ``--cpu-time`` (seconds)."""
     return CPU_TIME.field if used_nsec is not None and used_nsec >= limit * 1e9 else None
+
+
+def cpu_time_wait(limit: float, used_nsec: int | None) -> float:
+    """Seconds the run's CPU time cannot reach ``limit`` (``--cpu-time``, s)
+    from ``used_nsec`` (None: nothing read yet, taken as none used): it grows
+    at most one second a second per CPU of the machine. Never less than
+    ``CPU_TIME_INTERVAL``, so a limit is seen at most that late (times the
+    CPUs the run keeps busy, in CPU time), as with a fixed tick of it."""
+    left = limit - (used_nsec or 0) / 1e9
+    return max(CPU_TIME_INTERVAL, left / (os.cpu_count() or 1))
 
 
 def fork_run_command(spec, argv, *, stdin, stdout, stderr, env, cwd, gated: bool, survey=None):

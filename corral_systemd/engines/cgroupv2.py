@@ -134,8 +134,12 @@ class CgroupEngine(CgroupLimits, Engine):
     def _has_group(self) -> bool:
         return not self._removed
 
-    def _sample_group(self) -> None:
+    def _sample_group(self) -> dict:
         self._sample()
+        return self.group.usage.figures
+
+    def _oom_notified(self) -> bool:
+        return not self._removed and self.group.oom_notifies()
 
     def priority_fds(self):
         return [] if self._removed else self.group.priority_fds()

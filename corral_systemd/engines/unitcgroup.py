@@ -24,11 +24,17 @@ every file is optional (no controller, no such file: nothing is claimed).
 
 import os
 import signal
+import time
 
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes
 from ..kernel.pidfd import signal_cgroup_members
 from .cgroup_limits import CgroupLimit, asked
+
+#: How long after a v1 OOM signal, counting kills only, corral looks for the
+#: kill in the group's count (``UnitCgroup.oom_notifies``): the kernel signals
+#: before it picks and kills a victim, within milliseconds.
+OOM_SETTLE = 1.0
 
 
 def cgroup_of(pid: int, unit: str) -> str:
@@ -67,6 +73,7 @@ class UnitCgroup:
         #: An OOM was signalled while the group was there (its victim may be another group's).
         self._oom_signalled = False
         self._oom_signals_after_removal = 0
+        self._oom_signalled_at = float("-inf")  # monotonic: the last v1 signal read while the group was there
         self._kills_counted_only = False
 
     @classmethod
@@ -176,8 +183,8 @@ class UnitCgroup:
         ``oom-kill`` result): what is not read by then is lost. So the OOM
         counters are re-read on every change of memory.events (the usage
         too, on an OOM event), and the usage is sampled when the group
-        empties (cgroup.events); the engine samples it too, periodically
-        and at each step of the stop.
+        empties (cgroup.events); the engine samples it too, at each step
+        of the stop and now and then while the run lives (``base.CgroupLimits``).
         """
         self._kills_counted_only = kills_counted_only
         if oom_eventfd:
@@ -212,6 +219,21 @@ class UnitCgroup:
 
     def priority_fds(self) -> list[int]:
         return [w.fileno() for w in self._watches.values() if w.alive]
+
+    def oom_notifies(self) -> bool:
+        """An OOM kill of the group's processes marks a descriptor of
+        ``priority_fds`` or ``oom_fds``: cgroup v2 memory.events (its
+        ``oom_kill``), or the v1 eventfd; except, counting kills only, just
+        after a v1 signal (``OOM_SETTLE``): it came before the kill, whose
+        count no event tells (``oom_event``)."""
+        memory = self._watches.get("memory.events")
+        if memory is not None and memory.alive:
+            return True
+        if self._oom_eventfd is None:
+            return False
+        return not (
+            self._kills_counted_only and not self._oom_seen and time.monotonic() - self._oom_signalled_at < OOM_SETTLE
+        )
 
     def oom_fds(self) -> list[int]:
         return [self._oom_eventfd] if self._oom_eventfd is not None else []
@@ -266,6 +288,7 @@ class UnitCgroup:
             there = mem_v1 is not None and os.path.isdir(mem_v1)
             if count and there:
                 self._oom_signalled = True
+                self._oom_signalled_at = time.monotonic()
                 self._oom_seen = self._oom_seen or not self._kills_counted_only
                 self.sample()  # while the group is still there
             elif count:
@@ -286,7 +309,11 @@ class UnitCgroup:
         the group at its limit while the main process died of a SIGKILL no
         one else sent (the kernel's kill, whose count was not read before
         the manager removed the group: the VM lane, under emulation, read
-        {max: 1, oom: 0, oom_kill: 0} last); cgroup v1 ``oom_kill``."""
+        {max: 1, oom: 0, oom_kill: 0} last); cgroup v1 ``oom_kill``, read
+        where no OOM eventfd is armed, or once it fired, or the main process
+        died of a SIGKILL no one sent: an armed eventfd that never fired
+        says no OOM of the group's memory (its limit or an ancestor's) began,
+        and it is asked after every event of the run's (``base.CgroupLimits``)."""
         self.read_watches()
         memory = self._watches.get("memory.events")
         if memory is not None:
@@ -296,7 +323,10 @@ class UnitCgroup:
             if (values.get("oom", 0) > 0 or values.get("max", 0) > 0) and main_sigkilled_unprompted:
                 return True
         mem_v1 = self.dir("memory")
-        return mem_v1 is not None and self._v1_kills(mem_v1) > 0
+        if mem_v1 is None:
+            return False
+        signalled = self._oom_signalled or self._oom_signals_after_removal > 0 or main_sigkilled_unprompted
+        return (self._oom_eventfd is None or signalled) and self._v1_kills(mem_v1) > 0
 
     @staticmethod
     def _v1_kills(mem_v1: str) -> int:

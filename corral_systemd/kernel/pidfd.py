@@ -113,9 +113,10 @@ class RunTracker:
     A process with write access to cgroupfs (root; a user inside their own
     delegated subtree) can move itself out of the run's cgroup, which then
     reads empty while it lives. The engines show the tracker every listing
-    of the group they read (``observe``; at least every 0.1 s while the run
-    lives): each new pid gets a pidfd, kept only if the pid is still listed
-    after the pidfd was opened (so the pidfd names the process corral saw,
+    of the group they read (``observe``; while the run lives, at each of
+    ``engines.base.CgroupLimits``'s readings): each new pid gets a pidfd,
+    kept only if the pid is still listed after the pidfd was opened (so the
+    pidfd names the process corral saw,
     never a reused pid). A tracked process that is no longer listed is dead
     (its pidfd polls readable: closed) or alive elsewhere: escaped.
 

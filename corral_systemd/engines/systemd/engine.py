@@ -279,8 +279,12 @@ class SystemdEngine(CgroupLimits, Engine):
     def _has_group(self) -> bool:
         return self.cgroup is not None
 
-    def _sample_group(self) -> None:
+    def _sample_group(self) -> dict:
         self._sample_cgroup()
+        return self.cgroup.usage.figures if self.cgroup is not None else {}
+
+    def _oom_notified(self) -> bool:
+        return self.cgroup is not None and self.cgroup.oom_notifies()
 
     # -- 5. watching ---------------------------------------------------
     def priority_fds(self):
