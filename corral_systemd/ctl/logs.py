@@ -137,6 +137,7 @@ def logs(
                     out.write(chunk)
                 out.flush()
                 return 0
+            assert changes is not None  # follow: made above
             changes.wait(None)
     except BrokenPipeError:
         return 0

@@ -136,8 +136,6 @@ class PidnsEngine(ProcessTreeEngine):
         self._main_ns: int | None = None
         self._namespace = _ns_link(pid)
         said = self._next_line()  # nothing but the init runs in the namespace yet
-        if said == "ready userns":  # the command in a user namespace of its own (pidns_init.py)
-            self._userns, said = True, "ready"
         if said != "ready":
             self._reap_init(block=True)
             why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended before it was ready"

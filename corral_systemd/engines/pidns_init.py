@@ -28,10 +28,14 @@ In order:
    namespace numbers them) that the command cannot unmount to find the
    host's: root's has none of the host's below it
    (``kernel.namespaces.mount_own_proc``); in a user namespace the command
-   has no capability over the mounts, or, uid 0 there (of the namespace made
-   here, or of a container's where a locked copy of the host's /proc stays
-   below the new one), is in one more user namespace below which they are a
-   locked unit (corral is told: ``ready userns``);
+   has no capability over the mounts, or, uid 0 there, is in one more user
+   namespace below which they are a locked unit. uid 0 of a user namespace
+   corral did not make (a rootless container, ``unshare -r``) keeps its
+   capabilities over the mounts, and its user namespace (the caller's): the
+   copies are detached where they can be (a container's own /proc), but one
+   locked below (a copy of its parent's, ``unshare -r`` on a host) can be
+   found by unmounting the new /proc: its processes listed, none of them
+   signalled (outside the pid namespace);
 5. every descriptor of corral's it was cloned with (its stdio, corral's
    signal pipe, the registry's files), but the two channels, now reads
    /dev/null: the command can open the init's descriptors (/proc/1/fd/N)
@@ -102,18 +106,17 @@ def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
         covered = mount_own_proc(lib)
     except OSError as exc:
         raise OSError(exc.errno, f"no /proc of its own can be mounted ({exc.strerror or exc})") from None
-    if covered and uid == 0:
-        # uid 0 has every capability over these mounts (in the user namespace made above,
-        # or the container's it runs in): it could unmount the new /proc and find a locked
-        # copy of its parent's below it. In one more user namespace the mounts come as a
-        # locked unit, the new /proc included.
-        if not userns:
-            set_dumpable(lib)
+    if covered and userns and uid == 0:
+        # uid 0 has every capability in the user namespace made above, over these mounts
+        # too: it could unmount the new /proc and find the host's, locked, below it. In one
+        # more user namespace the mounts come as a locked unit, the new /proc included.
+        # (uid 0 of a user namespace corral did not make keeps it: the command's user
+        # namespace is its caller's; a locked copy below stays listable, see the docstring.)
         if lib.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
             raise errno_error("unshare")
         map_self(uid, gid)
     _shed_descriptors(keep={status, control})
-    _say(status, "ready userns" if userns or (covered and uid == 0) else "ready")
+    _say(status, "ready")
     main = _start(spec, status, control, lib)
     if main is None:
         os._exit(0)
