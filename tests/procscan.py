@@ -92,3 +92,13 @@ def kill_marked(marker: str, rounds: int = 20) -> list[int]:
             except ProcessLookupError:
                 pass
     return killed
+
+
+def voluntary_wakeups(pid: int) -> int:
+    """The times ``pid``'s threads gave up the CPU of their own accord (each a
+    wake-up after a wait): what a tick adds to, whatever the machine's load."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
+    return total

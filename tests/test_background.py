@@ -17,7 +17,7 @@ import pytest
 
 from conftest import CORRAL, TIME_SCALE
 from modes import all_modes, mode_flags
-from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker, voluntary_wakeups
 
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
 
@@ -370,15 +370,6 @@ def test_logs_since_a_cursor_gives_every_byte_once(bg):
     assert text.startswith("".join(f"line {i}\n" for i in range(1, 31))), text
 
 
-def _wakeups(pid: int) -> int:
-    """The times ``pid``'s threads gave up the CPU of their own accord (each a wake-up after a wait)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
-    return total
-
-
 @pytest.mark.parametrize("how", ["wait", "logs-follow"])
 def test_waiting_for_a_background_run_is_blocked_not_a_tick(bg, how):
     """``corralctl wait`` and ``logs -f`` on a run sleeping 3 s: woken by its corral's
@@ -391,11 +382,11 @@ def test_waiting_for_a_background_run_is_blocked_not_a_tick(bg, how):
     try:
         time.sleep(0.8)  # its start-up (imports) behind it
         try:
-            before = _wakeups(waiter.pid)
+            before = voluntary_wakeups(waiter.pid)
         except FileNotFoundError:
             pytest.fail(f"corralctl {how} ended before the run did: {waiter.communicate()}")
         time.sleep(1.5)
-        woke = _wakeups(waiter.pid) - before
+        woke = voluntary_wakeups(waiter.pid) - before
         assert waiter.wait(timeout=30 * TIME_SCALE) == 0, waiter.stderr.read()
         assert woke < 10, f"corralctl {how} woke {woke} times in 1.5 s of waiting"
     finally:

@@ -21,7 +21,7 @@ import pytest
 from test_background import free_port, gone, port_accepts
 
 from conftest import TIME_SCALE
-from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker, voluntary_wakeups
 
 mcp = pytest.importorskip("mcp", reason="the MCP SDK (the mcp extra) is not installed")
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
@@ -232,16 +232,6 @@ async def test_an_exec_answer_keeps_head_and_tail_and_says_what_it_cut(tmp_path)
         assert page["output"] == whole
 
 
-def _wakeups(pid: int) -> int:
-    """The times ``pid``'s threads gave up the CPU of their own accord (each a wake-up
-    after a wait): what a tick adds to, whatever the machine's load."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
-    return total
-
-
 async def test_a_call_waiting_on_a_run_wakes_the_server_for_its_end_not_on_a_tick(tmp_path):
     """An exec waiting out its yield on a sleeping command: the server is woken by
     its corral's exit (the child watcher), not by a timer. A 20 ms tick would
@@ -249,9 +239,9 @@ async def test_a_call_waiting_on_a_run_wakes_the_server_for_its_end_not_on_a_tic
     marker = new_marker()
     async with mcp_server(tmp_path, marker) as call:
         server = (await call("list"))["server_pid"]
-        before = _wakeups(server)
+        before = voluntary_wakeups(server)
         result = await call("exec", cmd="sleep 3", yield_ms=10000)
-        woke = _wakeups(server) - before
+        woke = voluntary_wakeups(server) - before
         assert result["exit_code"] == 0, result
         assert woke < 60, f"the server woke {woke} times while its call waited 3 s"
 

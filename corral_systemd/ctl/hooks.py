@@ -198,22 +198,16 @@ def ensure_session(agent: str, agent_session: str, config: dict) -> str:
 
 
 def start_session(owner: int, options: dict) -> str:
-    """A new session owned by ``owner`` (``corralctl session start``, in this process); its id."""
-    import io
-    from contextlib import redirect_stdout
-
-    from .sessions import start
+    """A new session owned by ``owner`` (``corralctl session start``'s, in this process); its id."""
+    from .sessions import start_session as start
     from .status import CtlError
 
-    printed = io.StringIO()
     idle = options.get("idle_timeout", IDLE_TIMEOUT)
     limits = {k: options[k] for k in ("mem", "pids", "cpus") if k in options}
     try:
-        with redirect_stdout(printed):
-            start(None, owner, idle, options.get("max_runs"), False, limits=limits)
+        return start(None, owner, idle, options.get("max_runs"), limits=limits)
     except CtlError as exc:
         raise PassThrough(f"no corral session could start: {exc}") from None
-    return printed.getvalue().strip()
 
 
 def agent_pid() -> int:

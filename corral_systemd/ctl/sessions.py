@@ -50,8 +50,29 @@ def start(
     limits: dict | None = None,
     cgroup_mode: str = "auto",
 ) -> int:
+    """``corralctl session start``: ``start_session``, then its id printed (``--json``: its entry)."""
+    directory = REG.ensure_state_dir(directory)
+    session_id = start_session(name, owner, idle_timeout, max_runs, directory, limits=limits, cgroup_mode=cgroup_mode)
+    entry = S.read_entry(directory, session_id) or {}
+    if as_json:
+        print(json.dumps(_public(entry), sort_keys=True))
+    else:
+        print(session_id)
+    return 0
+
+
+def start_session(
+    name: str | None,
+    owner: int | None,
+    idle_timeout: float,
+    max_runs: int | None,
+    directory: str | None = None,
+    *,
+    limits: dict | None = None,
+    cgroup_mode: str = "auto",
+) -> str:
     """Start a session (``limits``: ``common.limits`` fields → values, aggregate
-    over its runs); print its id (``--json``: its entry). CtlError (125) for bad
+    over its runs); its id, its warnings said on stderr. CtlError (125) for bad
     input, the sessions cap, a name in use, or a mode that cannot be had."""
     directory = REG.ensure_state_dir(directory)
     REG.ensure_private_dir(S.sessions_dir(directory))
@@ -109,12 +130,7 @@ def start(
             os.close(owner_fd)
     for warning in warnings:
         print(f"corralctl: session {session_id}: {warning}", file=sys.stderr)
-    entry = S.read_entry(directory, session_id) or {}
-    if as_json:
-        print(json.dumps(_public(entry), sort_keys=True))
-    else:
-        print(session_id)
-    return 0
+    return session_id
 
 
 def _check_limits(limits: dict) -> dict:

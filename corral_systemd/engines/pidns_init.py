@@ -103,10 +103,10 @@ def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
         set_dumpable(lib)
         map_self(uid, gid)
     try:
-        covered = mount_own_proc(lib)
+        mount_own_proc(lib)
     except OSError as exc:
         raise OSError(exc.errno, f"no /proc of its own can be mounted ({exc.strerror or exc})") from None
-    if covered and userns and uid == 0:
+    if userns and uid == 0:
         # uid 0 has every capability in the user namespace made above, over these mounts
         # too: it could unmount the new /proc and find the host's, locked, below it. In one
         # more user namespace the mounts come as a locked unit, the new /proc included.

@@ -67,16 +67,12 @@ def _find_runtime_dir() -> None:
     out: the SDKs start a server with HOME, PATH, USER, SHELL, TERM and LOGNAME only,
     and without it corral finds no user manager (its runs would take a weaker tier).
     ``/run/user/<uid>``, as systemd's tools look for it, if it is this user's own
-    directory; the server's runs inherit it, as they would from a login shell."""
+    private directory (as the registry's ``state_dir`` judges it); the server's runs
+    inherit it, as they would from a login shell."""
     import os
-    import stat
 
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return
+    from ..state.registry.paths import _private_dir_of
+
     path = f"/run/user/{os.getuid()}"
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+    if not os.environ.get("XDG_RUNTIME_DIR") and _private_dir_of(path, os.getuid()):
         os.environ["XDG_RUNTIME_DIR"] = path
