@@ -16,7 +16,7 @@ import pytest
 from test_background import READY_TIMEOUT, SERVER, free_port, port_accepts
 
 from conftest import CORRAL, TIME_SCALE
-from modes import all_modes, mode_flags
+from modes import all_modes, manager_reachable, mode_flags
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
@@ -224,6 +224,24 @@ def test_a_nested_corral_joins_the_session(agent):
     assert {e["session"] for e in entries} == {sid}
     assert agent.ctl("session", "end", sid).returncode == 0
     assert agent.alive() == []
+
+
+@pytest.mark.pidns
+def test_a_corral_in_a_pid_namespace_joins_only_a_session_it_runs_in(agent):
+    """A corral nested in a pidns run does not see any holder: the holder admits it
+    only if it descends from one of the session's own runs (whose stop ends it)."""
+    mode_flags("pidns")
+    if manager_reachable():
+        pytest.skip("a manager answers: auto takes a unit here")
+    sid = start_session(agent)
+    r = agent.corral(["--", *CORRAL, "--session", sid, "--", "true"])
+    assert r.returncode == 125, r.stderr
+    assert "only a corral inside one of the session's runs may join" in r.stderr, r.stderr
+    inside = agent.corral(["--session", sid, "--", *CORRAL, "--json", "-", "--", "true"])
+    assert inside.returncode == 0, inside.stderr
+    nested = [json.loads(p.read_text()) for p in agent.directory.glob("*.json")]
+    assert [e.get("session_within") for e in nested if e.get("session_within")], nested
+    assert agent.ctl("session", "end", sid).returncode == 0
 
 
 def test_the_sessions_cap(agent):
@@ -966,6 +984,10 @@ if len(sys.argv) > 4:  # the process left behind: environment empty, its own ses
     time.sleep(1000)
 corral = os.getppid()
 assert int(open(f"/proc/{corral}/stat").read().rsplit(")", 1)[1].split()[1]) == holder, "not the holder's"
+for _ in range(6000):  # the test says go once its front has returned (else: "ended before it was ready")
+    if os.path.exists(path + ".go"):
+        break
+    time.sleep(0.01)
 if os.fork() == 0:
     os.setsid()
     if os.fork():
@@ -976,14 +998,19 @@ time.sleep(1000)
 
 
 def _leave_behind(agent, sid: str, path, what: str):
+    """A background run whose command kills its own corral (and the holder, ``what``):
+    the subreaper tier, where the command sees both (auto's pidns hides them:
+    ``test_a_session_runs_command_sees_neither_its_corral_nor_the_holder``)."""
     script = path.parent / "leave_behind.py"
     script.write_text(LEAVE_BEHIND)
     holder = str(agent.session_entry(sid)["holder"]["pid"])
     r = agent.corral(
-        ["--session", sid, "--background", "--json", "-", "--", sys.executable, str(script), str(path), what, holder]
+        ["--session", sid, "--guarantee", "subreaper", "--background", "--json", "-", "--"]
+        + [sys.executable, str(script), str(path), what, holder]
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["started_by"] == "holder", r.stdout
+    (path.parent / (path.name + ".go")).touch()
     deadline = time.monotonic() + 20 * TIME_SCALE
     while not _written_pids(path):
         assert time.monotonic() < deadline, "the left-behind process never started"
@@ -1276,3 +1303,60 @@ def test_a_stopped_holder_unit_is_restarted_by_the_managers_watchdog(agent):
     assert entry["holder"]["pid"] != first, entry  # a new holder ended it
     assert entry["why"].startswith("idle for"), entry
     assert gone_within(agent) == []
+
+
+REACH_FOR_CORRAL = r"""
+import json, os, signal, sys
+directory, holder = sys.argv[1], int(sys.argv[2])
+pids = {"holder": holder}
+for name in os.listdir(directory):  # every corral the state directory names
+    if name.endswith(".json"):
+        owner = json.load(open(os.path.join(directory, name))).get("owner") or {}
+        if type(owner.get("pid")) is int:
+            pids["corral " + name] = owner["pid"]
+said = {}
+for what, pid in pids.items():
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        said[what] = "stopped"
+    except OSError as exc:
+        said[what] = exc.strerror
+print(json.dumps(said), flush=True)
+signal.pause()
+"""
+
+
+@pytest.mark.pidns
+def test_a_session_runs_command_sees_neither_its_corral_nor_the_holder(agent, tmp_path):
+    """auto takes the pidns tier for a session's run too: its command cannot stop
+    (or kill) the session's holder or any corral, so the session still ends at its
+    idle timeout -- a holder stopped by what it held, with no member left to
+    continue it, would keep the session open forever (the subreaper tier's gap)."""
+    mode_flags("pidns")  # skips where no pid namespace can be had
+    if manager_reachable():
+        pytest.skip("a manager answers: auto takes a unit here")
+    idle = 2 * TIME_SCALE
+    sid = start_session(agent, "--idle-timeout", f"{idle:g}s", mode="pidns")
+    holder = agent.session_entry(sid)["holder"]["pid"]
+    script = tmp_path / "reach.py"
+    script.write_text(REACH_FOR_CORRAL)
+    r = agent.corral(
+        ["--session", sid, "--background", "--json", "-", "--"]
+        + [sys.executable, str(script), str(agent.directory), str(holder)]
+    )
+    assert r.returncode == 0, r.stderr
+    started = json.loads(r.stdout)
+    try:
+        entry = json.loads((agent.directory / f"{started['run_id']}.json").read_text())
+        assert entry["mode"] == "pidns", entry["mode"]
+        deadline = time.monotonic() + 20 * TIME_SCALE
+        while not (said := agent.ctl("logs", started["run_id"]).stdout.strip()):
+            assert time.monotonic() < deadline, "the command never said what it reached"
+            time.sleep(0.05)
+        reached = json.loads(said)
+        assert reached and set(reached.values()) == {"No such process"}, reached
+        ended = agent.wait_ended(sid, within=30 * TIME_SCALE)
+        assert ended["why"] == f"idle for {idle:g}s", ended
+        assert gone_within(agent) == []
+    finally:
+        os.kill(holder, signal.SIGCONT)  # the red case: do not leave it stopped

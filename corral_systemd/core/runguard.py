@@ -201,6 +201,14 @@ class RunGuard:
         except S.NotJoinable as exc:
             engine.close()
             raise SetupError(str(exc)) from None
+        if pidfd is None:
+            # Nested in one of the session's pidns runs (the holder said which): that
+            # run watches the holder and the owner, which this namespace does not show,
+            # and its stop -- its init's death -- is this run's too.
+            if self.registration is not None:
+                self.registration.save(session_within=reply["within"])
+            self.session_ends = {}
+            return
         ends = {}
         if watch:
             ends[pidfd] = f"its session ended (session {session_id}'s holder exited): stopped"

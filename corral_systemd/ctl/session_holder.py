@@ -78,6 +78,8 @@ class Holder:
         #: Every run admitted, in order; and those whose corral lives: pidfd -> (run id, background?).
         self.members: list[str] = []
         self.live: dict[int, tuple[str, bool]] = {}
+        #: Runs admitted from inside another member's pid namespace (``_within``): run id -> that member's id.
+        self.within: dict[str, str] = {}
         self.entry: dict = {}
         self.state = "open"
         self._end_callers: list[Channel] = []
@@ -338,6 +340,13 @@ class Holder:
             # it waits for this answer, so it is asked nothing): that run's corral.
             if REG.token_holder(REG.TOKEN_PREFIX + run_id) != pid:
                 raise Refused("NotTheRun", f"the caller is not the corral of run {run_id}")
+            within = self._within(pid) if params.get("within") is True else None
+            if params.get("within") is True and within is None:
+                raise Refused(
+                    "NotWithin",
+                    f"session {self.session_id}'s holder is outside this run's pid namespace: "
+                    "from there only a corral inside one of the session's runs may join",
+                )
             max_runs = self.config.get("max_runs")
             running = [rid for fd, (rid, _) in self.live.items() if not _exited(fd)]
             if isinstance(max_runs, int) and len(running) >= max_runs:
@@ -350,14 +359,34 @@ class Holder:
         self.live[pidfd] = (run_id, pid in self.spawner.children)
         if run_id not in self.members:
             self.members.append(run_id)
+        if within is not None:
+            self.within[run_id] = within
         self.token.update(members=self.members)
         return pidfd, {
+            **({"within": within} if within is not None else {}),
             "holder": os.getpid(),
             "owner": self.config.get("owner"),
             "limits": self.config.get("limits") or {},
             "slice": self.config.get("slice"),
             "manager": self.config.get("manager"),
         }
+
+    def _within(self, pid: int) -> str | None:
+        """The member whose corral ``pid`` descends from (its parents, as the kernel
+        says: a corral nested in a member's ``pidns`` run, whose namespace hides
+        this holder), or None. Such a run is stopped by that member's stop: its
+        init's death ends every process of the namespace."""
+        corrals = {_pid_of(fd): run_id for fd, (run_id, _) in self.live.items() if not _exited(fd)}
+        corrals.pop(None, None)
+        seen = 0
+        while pid > 1 and seen < 4096:
+            st = REG.proc_stat(pid)
+            if st is None:
+                return None
+            pid, seen = st[0], seen + 1
+            if pid in corrals:
+                return corrals[pid]
+        return None
 
     # -- its end ----------------------------------------------------------------------------
     def end(self, why: str) -> None:
@@ -366,7 +395,14 @@ class Holder:
         self.entry.update(state="ending", why=why)
         self._keep_entry()
         self._serve_pending()  # whoever asked before "ending" was said is answered now
-        left = stop_members(self.directory, self.members)
+        # A run admitted inside another is stopped by that one's stop, and proven with it.
+        left = stop_members(self.directory, [m for m in self.members if m not in self.within])
+        for run_id in self.within:
+            outer = run_id
+            while outer in self.within:
+                outer = self.within[outer]
+            if outer in left:
+                left.append(run_id)
         if self.config.get("slice") is not None:
             left += stop_slice(self.session_id)
         # What is still below the holder: a background run's corral finishing its
@@ -463,6 +499,19 @@ def user_namespace_view(pid: int) -> tuple[str, str, str] | None:
 
 def _exited(pidfd: int) -> bool:
     return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _pid_of(pidfd: int) -> int | None:
+    """The pid a pidfd refers to, as the kernel says (its fdinfo), or None."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _reply_error(channel: Channel, name: str, why: str) -> None:

@@ -134,11 +134,9 @@ def _delegated_cgroup(spec):
 def _pidns(spec):
     """A PID namespace whose init is corral's child (PidnsEngine); SetupError
     where none can be had (user namespaces forbidden, no /proc of its own).
-    auto passes it by for a run in a session: a corral inside the run (which
-    joins the session too) would read the holder's and the registry's pids
-    through the namespace's own /proc, where they are not."""
-    if spec.session is not None and len(spec.tiers()) > 1:
-        raise SetupError("a session's run: corrals inside it must see the session's holder by its pid")
+    A session's run too: its command sees neither its corral nor the session's
+    holder, so it can stop neither (a corral nested in it joins through the
+    holder's check that it is inside this run, ``state.sessions.join``)."""
     from .pidns import PidnsEngine
 
     return PidnsEngine(spec)

@@ -72,12 +72,27 @@ def holder_address(session_id: str, uid: int | None = None) -> str:
     return f"\0{ADDRESS_PREFIX}{os.geteuid() if uid is None else uid}/{session_id}"
 
 
-def connect_holder(session_id: str, timeout: float = 5.0):
+def connect_holder(session_id: str, timeout: float = 5.0, unseen: bool = False):
     """(a connection to the session's holder, the holder's pid as the kernel
-    recorded it) or None when nothing of this uid is bound to its address."""
+    recorded it) or None when nothing of this uid is bound to its address.
+    ``unseen``: a holder outside this process's pid namespace (this corral is
+    nested in a ``pidns`` run) is answered with pid 0."""
     from ..varlink.wire import connect_bound
 
-    return connect_bound(holder_address(session_id), timeout) if valid_session_id(session_id) else None
+    if not valid_session_id(session_id):
+        return None
+    return connect_bound(holder_address(session_id), timeout, unseen=unseen)
+
+
+def holder_unseen(session_id: str) -> bool:
+    """Is the session's holder bound, but outside this process's pid namespace?
+    (A corral nested in a ``pidns`` run: it joins only from inside one of the
+    session's runs, ``join``.)"""
+    connected = connect_holder(session_id, unseen=True)
+    if connected is None:
+        return False
+    connected[0].close()
+    return connected[1] == 0
 
 
 def entry_path(directory: str, session_id: str) -> str:
@@ -175,8 +190,9 @@ def joinable(text: str, directory: str) -> str:
         raise NotJoinable(f"no session {text!r}")
     bound = holder_pid(entry["session"]) is not None
     token = holder_token(entry["session"]) if bound else None
-    if bound and token is None:
-        return entry["session"]  # bound but not answering (stopped, busy): the holder decides at ``join``
+    if (bound and token is None) or (not bound and holder_unseen(entry["session"])):
+        # bound but not answering (stopped, busy), or outside this pid namespace: the holder decides at ``join``
+        return entry["session"]
     if token is None:
         if _holder_elsewhere(entry):
             raise NotJoinable(
@@ -205,35 +221,44 @@ def _holder_elsewhere(entry: dict) -> bool:
         return False
 
 
-def join(session_id: str, run_id: str) -> tuple[int, dict]:
+def join(session_id: str, run_id: str) -> tuple[int | None, dict]:
     """Ask the session's holder to admit run ``run_id`` (this process is its
     corral, registered): (a pidfd of the holder, what its reply says of the
     session: ``owner``, ``limits``, ``slice``, ``manager``). The holder decides
     alone, one call at a time (``--max-runs`` holds however many join at once).
-    NotJoinable with its one line when it refuses or is gone."""
+    A holder outside this pid namespace (this corral is nested in a ``pidns``
+    run, which hides the holder from every process of the run) admits it only
+    as part of the run it is in (``within``: that run's id, whose stop is this
+    one's too): no pidfd then. NotJoinable with its one line when it refuses or is gone."""
     from ..varlink.wire import Channel, ProtocolError, VarlinkError
 
-    connected = connect_holder(session_id)
+    connected = connect_holder(session_id, unseen=True)
     if connected is None:
         raise NotJoinable(f"session {session_id} has ended")
     sock, pid = connected
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        sock.close()
-        raise NotJoinable(f"session {session_id} has ended") from None
+    pidfd = None
+    if pid:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            sock.close()
+            raise NotJoinable(f"session {session_id} has ended") from None
     try:
         # The reply comes from the live holder, so the pidfd opened before it is the holder's.
-        reply, fds = Channel(sock).call(JOIN_METHOD, {"run_id": run_id})
+        reply, fds = Channel(sock).call(JOIN_METHOD, {"run_id": run_id, **({} if pid else {"within": True})})
         for fd in fds:
             os.close(fd)
+        if not pid and not isinstance(reply.get("within"), str):
+            raise NotJoinable(f"session {session_id}'s holder did not say which of its runs this one is in")
         return pidfd, reply
     except VarlinkError as exc:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
         why = (exc.parameters or {}).get("why") if isinstance(exc.parameters, dict) else None
         raise NotJoinable(why or f"session {session_id}'s holder refused the run ({exc.name})") from None
     except (OSError, ProtocolError):
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
         raise NotJoinable(f"session {session_id} has ended") from None
     finally:
         sock.close()

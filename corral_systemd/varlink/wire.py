@@ -99,11 +99,12 @@ def peer_credentials(sock) -> tuple[int, int, int]:
     return tuple(int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True) for i in (0, 4, 8))  # type: ignore[return-value]
 
 
-def connect_bound(address: str, timeout: float):
+def connect_bound(address: str, timeout: float, unseen: bool = False):
     """(a connection to the unix socket ``address``, the pid of the process that
     bound it, as the kernel recorded it) or None: nothing is bound there, or a
     process of another uid is. An abstract name (``\\0...``) cannot be taken
-    from a live process, so the pid is its holder's."""
+    from a live process, so the pid is its holder's. ``unseen``: a process outside
+    this one's pid namespace (the kernel says pid 0) is answered with pid 0, not None."""
     import socket
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -114,7 +115,7 @@ def connect_bound(address: str, timeout: float):
     except OSError:
         sock.close()
         return None
-    if uid != os.geteuid() or pid <= 0:
+    if uid != os.geteuid() or pid < 0 or (pid == 0 and not unseen):
         sock.close()
         return None
     return sock, pid
