@@ -34,6 +34,16 @@ def corral_argv() -> list[str]:
     return [sys.executable, "-m", "corral_systemd"]
 
 
+def timed(argv: list[str]) -> float:
+    """Seconds from spawn to reaped of ``argv`` (stdio to /dev/null); its exit status must be 0."""
+    start = time.perf_counter()
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv}: exit {proc.returncode}: {proc.stderr.decode()[-400:]}")
+    return elapsed
+
+
 def user_manager_reachable() -> bool:
     """Same probe as tests/modes.py: busctl --user Ping of systemd1."""
     if not os.environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(

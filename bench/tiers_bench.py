@@ -26,9 +26,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from common import RESULTS, ROOT, corral_argv
+from common import RESULTS, ROOT, corral_argv, timed
 
 sys.path.insert(0, str(ROOT / "tests"))
 import delegated  # noqa: E402
@@ -52,15 +51,6 @@ def _available(tier: str) -> str | None:
         timeout=60,
     )
     return None if probe.returncode == 0 else (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
-
-
-def _timed(argv: list[str]) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv}: exit {proc.returncode}: {proc.stderr.decode()[-400:]}")
-    return elapsed
 
 
 def _stop_latency(tier: str, record: str) -> float:
@@ -95,7 +85,7 @@ def main() -> int:
                     "timeout": ["timeout", "60", "/bin/true"],
                 }
                 for name in list(runs)[round_ % 3 :] + list(runs)[: round_ % 3]:
-                    samples[tier][name].append(_timed(_wrap(tier, runs[name])))
+                    samples[tier][name].append(timed(_wrap(tier, runs[name])))
                 samples[tier]["stop"].append(_stop_latency(tier, record))
     results = {}
     for tier in tiers:

@@ -1,3 +1,3 @@
-from .client import main
+from .client import entry
 
-raise SystemExit(main())
+entry()

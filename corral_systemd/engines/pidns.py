@@ -9,8 +9,10 @@ Guarantees:
   exit is reported; the init dies with corral (``PR_SET_PDEATHSIG``), so a
   SIGKILLed corral leaves nothing of the run behind, at once;
 - the stop: TERM and CONT to each process of the namespace (found in
-  corral's /proc as the init's descendants, each signalled through a pidfd
-  re-checked against the scan: ``proctree``), the grace period, then
+  corral's /proc as the init's descendants, by the kernel's children
+  lists from the init down, never a scan of every process: ``procfs.subtree``;
+  each signalled through a pidfd re-checked against that reading:
+  ``proctree``), the grace period, then
   SIGKILL to the init (the whole namespace);
 - the proof: corral reaped the init. That covers every process that was
   ever in the namespace, the ones corral never saw included;
@@ -88,6 +90,10 @@ class PidnsEngine(ProcessTreeEngine):
         lib = ns.libc()
         import socket
 
+        # Loaded here, before the clone: the init starts with its code (and json)
+        # in memory instead of loading it while corral waits for its ``ready``.
+        from . import pidns_init
+
         status_r, status_w = _status_channel()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         me = os.pidfd_open(os.getpid())
@@ -106,8 +112,6 @@ class PidnsEngine(ProcessTreeEngine):
             theirs.close()
             raise SetupError(_refused(exc, self._userns)) from None
         if pid == 0:  # pragma: no cover  (the init; tested through the runs it serves)
-            from . import pidns_init
-
             mine.close()
             os.close(status_r)
             pidns_init.run(
@@ -322,7 +326,12 @@ class PidnsEngine(ProcessTreeEngine):
     def _members(self) -> list[procfs.ProcInfo]:
         if self._init_reaped:
             return []
-        members = [p for p in procfs.descendants(procfs.scan(), self._init) if p.alive]
+        # The init's tree only (every process of the namespace is below it);
+        # all of /proc only where the kernel lists no children.
+        tree = procfs.subtree(self._init)
+        if tree is None:
+            tree = procfs.descendants(procfs.scan(), self._init)
+        members = [p for p in tree if p.alive]
         self.seen.update(p.pid for p in members)
         return members
 

@@ -71,6 +71,13 @@ import select
 import signal
 import socket
 
+# At the top, not in the functions: corral imports this module before it
+# clones the init (``PidnsEngine``), so the init finds all of it loaded.
+from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, errno_error, map_self, mount_own_proc, set_dumpable
+from ..kernel.prctl import set_parent_death_signal
+from ..kernel.signals import stop_signals
+from ..kernel.spawn import ExecError, fork_command
+
 
 def run(spec, *, status: int, control: int, corral_pidfd: int, uid: int, gid: int, userns: bool, lib) -> None:
     """Be the namespace's init (see the module's docstring); exits, never returns."""
@@ -83,10 +90,6 @@ def run(spec, *, status: int, control: int, corral_pidfd: int, uid: int, gid: in
 
 
 def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
-    from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, errno_error, map_self, mount_own_proc, set_dumpable
-    from ..kernel.prctl import set_parent_death_signal
-    from ..kernel.signals import stop_signals
-
     set_parent_death_signal(signal.SIGKILL)
     poller = select.poll()
     poller.register(corral_pidfd, select.POLLIN)
@@ -147,9 +150,6 @@ def _shed_descriptors(keep: set[int]) -> None:
 
 def _start(spec, status, control, lib) -> int | None:
     """The command, forked from the start message; its pid, or None (corral sent none)."""
-    from ..kernel.namespaces import set_dumpable
-    from ..kernel.spawn import ExecError, fork_command
-
     sock = socket.socket(fileno=control)
     head, fds = _receive_fds(sock, 3)
     if not head:

@@ -55,7 +55,7 @@ class ProcessTreeEngine(Engine):
 
     # -- what the engine says -------------------------------------------
     def _members(self) -> list[procfs.ProcInfo]:
-        """The run's processes now (one /proc scan), added to ``seen``."""
+        """The run's processes now (one reading of /proc: the tree, or a scan), added to ``seen``."""
         raise NotImplementedError
 
     def _reaper_child(self, current: procfs.ProcInfo) -> bool:

@@ -132,6 +132,57 @@ def innermost_pid(pid: int) -> int | None:
     return None
 
 
+def subtree(root: int) -> list[ProcInfo] | None:
+    """Every process below ``root`` as the kernel links them (root excluded):
+    each task's children (/proc/PID/task/TID/children: a child a thread
+    forked is that thread's), walked down, each read once. It reads the
+    run's tree only, never all of /proc: its cost grows with the run, not
+    with the machine. None when ``root``'s children cannot be read (gone, or
+    a kernel without CONFIG_PROC_CHILDREN): then the caller scans.
+
+    A snapshot as a scan is: a process that forks or is re-parented while
+    the walk runs may be missed, as a scan may miss it. A pid listed, then
+    recycled before its stat is read, is left out: its parent is not one
+    the walk passed. A shortage of descriptors raises (``fsread.SHORTAGE``).
+    """
+    first = _task_children(root)
+    if first is None:
+        return None
+    found: list[ProcInfo] = []
+    passed = {root}
+    stack = first
+    while stack:
+        pid = stack.pop()
+        if pid in passed:
+            continue
+        info = read_stat(pid)
+        if info is None or info.ppid not in passed:
+            continue
+        passed.add(pid)
+        found.append(info)
+        stack.extend(_task_children(pid) or ())
+    return found
+
+
+def _task_children(pid: int) -> list[int] | None:
+    """The children of every task of ``pid``; None if its task list cannot be read."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError as exc:
+        raise_shortage(exc)
+        return None
+    pids: list[int] = []
+    for tid in tids:
+        try:
+            pids.extend(map(int, read_bytes(f"/proc/{pid}/task/{tid}/children").split()))
+        except FileNotFoundError:
+            if tid == str(pid) and os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None  # no children files on this kernel
+        except OSError as exc:
+            raise_shortage(exc)
+    return pids
+
+
 def descendants(table: dict[int, ProcInfo], root: int) -> list[ProcInfo]:
     """All processes below ``root`` in ``table`` (root itself excluded)."""
     children: dict[int, list[ProcInfo]] = {}

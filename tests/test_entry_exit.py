@@ -1,0 +1,29 @@
+"""corral's entry points leave without the interpreter's teardown
+(``client._leave``, issue 38: ~10 ms of every run): what the run printed on
+a piped (block-buffered) stdout still arrives, and the exit code is the run's.
+"""
+
+import os
+import subprocess
+import sys
+
+ENTRY = [sys.executable, "-c", "from corral_systemd.client import entry_in_process; entry_in_process()", "corral"]
+
+
+def test_the_exit_code_is_the_runs(tmp_path):
+    proc = subprocess.run([*ENTRY, "--quiet", "--", "sh", "-c", "exit 7"], capture_output=True, cwd=tmp_path)
+    assert proc.returncode == 7, proc.stderr
+
+
+def test_what_corral_printed_to_a_pipe_arrives(tmp_path):
+    # --background prints the run's id with print(): buffered, as stdout is a pipe.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.run([*ENTRY, "--background", "--", "true"], capture_output=True, cwd=tmp_path, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().isalnum() and proc.stdout.endswith("\n"), (proc.stdout, proc.stderr)
+
+
+def test_bad_input_is_one_line_and_125(tmp_path):
+    proc = subprocess.run([*ENTRY, "--wall", "soon", "--", "true"], capture_output=True, cwd=tmp_path, text=True)
+    assert proc.returncode == 125
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
