@@ -74,6 +74,8 @@ def run(request: RunRequest) -> int:
 
         record_fd.check(request.json_fd)
         record_fd.keep_from_command(request.json_fd)
+    if request.yield_after is not None:
+        return _run_yielding(request)
     if request.background is not None:
         return _run_in_background(request)
     from . import dbus
@@ -135,6 +137,49 @@ def _run_in_background(request: RunRequest) -> int:
     else:
         print(started.run_id)
     return 0
+
+
+def _run_yielding(request: RunRequest) -> int:
+    """--yield: the run's output as it comes; ended within the yield, its own lines
+    and exit code, as a plain run's; else one line (the run handed back) and 119."""
+    from .core import background, handback
+    from .core.output import write_all
+
+    yield_after = request.yield_after
+    if request.json_path is not None:  # no earlier record to mistake for this run's
+        try:
+            os.unlink(request.json_path)
+        except FileNotFoundError:
+            pass
+    try:
+        done = handback.follow(request, run, lambda data: write_all(1, data, raise_broken=False))
+    except background.NotReady as exc:
+        if exc.tail:
+            sys.stdout.buffer.write(exc.tail)
+            sys.stdout.flush()
+        print(f"corral: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"corral: --yield: {exc}", file=sys.stderr)
+        return 125
+    if not request.quiet:
+        for warning in done.warnings:
+            print(f"corral: warning: {warning}", file=sys.stderr)
+    if done.exit_code is not None:
+        sys.stderr.flush()
+        write_all(2, done.report, raise_broken=False)
+        return done.exit_code
+    if request.json_path is not None:  # until the run ends and its corral writes its record there
+        facts = {"run_id": done.run_id, "running": True, "cursor": done.cursor, "log": done.log}
+        handback.write_if_absent(facts, request.json_path)
+    print(
+        f"corral: handed back: {done.run_id} still running after {yield_after:g}s; its output from byte "
+        f"{done.cursor}: corralctl logs {done.run_id} --since {done.cursor} (send, wait, stop)",
+        file=sys.stderr,
+    )
+    from .core.result import HANDED_BACK
+
+    return HANDED_BACK
 
 
 def _write_record(request: RunRequest, result) -> None:

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from .common.errors import SetupError, Unverified, UsageError
+from .core.result import HANDED_BACK
 
 _CTL = [sys.executable, "-m", "corral_systemd.ctl"]
 _CORRAL = [sys.executable, "-m", "corral_systemd"]
@@ -194,6 +195,67 @@ class Session:
     async def astart(self, argv: Sequence[str], **kwargs):
         return await asyncio.to_thread(self.start, argv, **kwargs)
 
+    def exec(
+        self,
+        argv_or_cmd: "Sequence[str] | str",
+        *,
+        yield_: float | str = 10.0,
+        stdin: str = "keep",
+        pty: bool = False,
+        env=None,
+        cwd=None,
+        **kwargs,
+    ):
+        """Run a command in the session and wait up to ``yield_`` (``corral --yield``).
+
+        Ended by then: its ``RunResult`` (the record; ``stdout`` is its output, stdout and
+        stderr as one stream), as ``run`` returns one (NotFound, CannotExecute, Unverified
+        raised alike). Still running: a ``HandedBack`` run of the session (its output so far,
+        ``write_stdin``, ``read_output``, ``wait``, ``stop``). A string is a command line for
+        ``bash -c`` (``sh -c`` without bash). ``stdin``: "keep" (a pipe for ``write_stdin``)
+        or "null"; ``pty``: on a terminal of its own, what ``write_stdin`` sends typed into it."""
+        import tempfile
+
+        from .mcp.runs import shell
+
+        if stdin not in ("keep", "null"):
+            raise UsageError(f"Session.exec: stdin must be 'keep' or 'null', not {stdin!r}")
+        argv = [*shell(), argv_or_cmd] if isinstance(argv_or_cmd, str) else [os.fspath(a) for a in argv_or_cmd]
+        with tempfile.TemporaryDirectory(prefix="corral-exec-") as place:
+            record_path = os.path.join(place, "record.json")
+            args = [*_CORRAL, "--yield", _value("wall", yield_), "--session", self._id(), "--json", record_path]
+            args += ["--quiet", *(["--pty"] if pty else ["--stdin", stdin])]
+            for key, value in {**self._defaults, **kwargs}.items():
+                if key == "stdin":
+                    raise UsageError("Session.exec: stdin is its own keyword")
+                if value is not None:
+                    args += [_flag(key), _value(key, value)]
+            r = subprocess.run(
+                [*args, "--", *argv],
+                capture_output=True,
+                env=None if env is None else dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+            )
+            try:
+                with open(record_path) as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                record = None
+        said = r.stderr.decode(errors="replace").strip()
+        if r.returncode == 125 and record is None:
+            raise UsageError(said.splitlines()[-1] if said else "bad input")
+        if record is None:
+            raise SetupError(f"the run could not start (exit {r.returncode}): {said}")
+        # Handed back: its facts; or, had it ended before the front wrote them, its record
+        # with an exit code of its own (a command's own 119 is a result).
+        if record.get("running") or (r.returncode == HANDED_BACK and record.get("exit_code") != HANDED_BACK):
+            return HandedBack(record, self, r.stdout)
+        return _result(record, r.stdout, r.stderr)
+
+    async def aexec(self, argv_or_cmd, **kwargs):
+        return await asyncio.to_thread(self.exec, argv_or_cmd, **kwargs)
+
 
 class BackgroundRun:
     """A started background run of a Session: ``logs()``, ``wait()``, ``stop()``; for
@@ -233,6 +295,75 @@ class BackgroundRun:
     async def astop(self) -> None:
         """``stop()`` without blocking the event loop (the stop waits out its grace period)."""
         await asyncio.to_thread(self.stop)
+
+
+def _result(record: dict, output: bytes, said: bytes):
+    """A run that ended within the yield: its RunResult, or the library's error for it."""
+    from .api import RunResult
+    from .common.errors import CannotExecute, NotFound
+    from .core.result import SPAWN_FAILED
+
+    result = RunResult.model_validate({**record, "stdout": output, "stderr": said})
+    if record.get("outcome") == SPAWN_FAILED:
+        raise (NotFound if result.exit_code == 127 else CannotExecute)(record.get("detail") or "", result)
+    if result.exit_code == 120:
+        raise Unverified(f"could not prove every process stopped; remaining: {result.remaining_pids}", result)
+    return result
+
+
+class HandedBack(BackgroundRun):
+    """A ``Session.exec`` run that outlived its yield: a background run of the session.
+    ``output`` is what it printed so far and ``cursor`` where that ends in its log;
+    ``read_output`` reads on from there, each byte once. ``write_stdin`` types into it
+    (``stdin="keep"`` or ``pty=True``). Async: ``awrite_stdin``, ``aread_output``, and
+    ``await_exit``, ``astop``."""
+
+    def __init__(self, facts: dict, session: Session, output: bytes):
+        from .state import registry as REG
+
+        run_id = facts["run_id"]
+        log = facts.get("log") or os.path.join(REG.state_dir(), f"{run_id}.out")
+        super().__init__({"run_id": run_id, "log": log}, session)
+        self.output = output
+        self.cursor: int = facts.get("cursor", len(output))
+
+    def write_stdin(self, text: "str | bytes", *, eof: bool = False, timeout: float | None = 30.0) -> None:
+        """Type ``text`` into the run's kept stdin (then close it, with ``eof``).
+        UsageError when it keeps none (or it is closed, or the run has ended);
+        TimeoutError when the command did not read it all within ``timeout``."""
+        from .core import stdin_keeper as K
+
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        try:
+            written = K.send(self.id, data, eof, timeout)
+        except BrokenPipeError:
+            raise UsageError(f"{self.id}: nothing reads its stdin any more") from None
+        if written < len(data):
+            raise TimeoutError(f"{self.id}: the command read {written} of {len(data)} bytes within {timeout}s")
+
+    def read_output(self, cursor: int | None = None, max_bytes: int = 1 << 20) -> tuple[bytes, int]:
+        """(its output from ``cursor``, default where the last read ended; the cursor to
+        read on from). Every byte once when each read starts where the last one ended."""
+        from .ctl.logs import output_log
+        from .ctl.status import CtlError
+
+        start = self.cursor if cursor is None else cursor
+        try:
+            fd = output_log(os.path.dirname(self.log), self.id)
+        except CtlError as exc:
+            raise SetupError(str(exc)) from None
+        try:
+            data = os.pread(fd, max_bytes, start)
+        finally:
+            os.close(fd)
+        self.cursor = start + len(data)
+        return data, self.cursor
+
+    async def awrite_stdin(self, text: "str | bytes", **kwargs) -> None:
+        await asyncio.to_thread(self.write_stdin, text, **kwargs)
+
+    async def aread_output(self, cursor: int | None = None, max_bytes: int = 1 << 20) -> tuple[bytes, int]:
+        return await asyncio.to_thread(self.read_output, cursor, max_bytes)
 
 
 def _ctl(args: list[str]) -> subprocess.CompletedProcess:

@@ -309,7 +309,7 @@ def _check_installed_bash_completion(deb, tmp_path):
     for prog in ("corral", "corral-enforced"):
         script = Path("/usr/share/bash-completion/completions") / prog
         assert set(_complete(script, prog, [prog, "--cgroup-mode", ""], "/usr/bin:/bin")) == MODES
-        assert set(_complete(script, prog, [prog, "--stdin", ""], "/usr/bin:/bin")) == {"null", "inherit"}
+        assert set(_complete(script, prog, [prog, "--stdin", ""], "/usr/bin:/bin")) == {"null", "inherit", "keep"}
         assert set(_complete(script, prog, [prog, "--cgroup-"], "/usr/bin:/bin")) == {
             "--cgroup-mode",
             "--cgroup-parent",

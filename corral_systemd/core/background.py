@@ -69,6 +69,8 @@ class Started:
     started_by: str = "front"
     #: Why the session's holder did not start it, where it did not.
     warnings: list[str] = field(default_factory=list)
+    #: The run's own corral as the front watches it (``launch(keep_corral=True)``: the caller closes it).
+    corral: "_Corral | None" = None
 
     def record(self) -> dict:
         return {
@@ -113,7 +115,7 @@ class ServedCaller:
     hung_up: Callable[[], bool]
 
 
-def launch(request, run_here, caller: ServedCaller | None = None) -> Started:
+def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: bool = False) -> Started:
     """Start ``request`` (``request.background`` set) detached; return once it is ready.
 
     In a session, the run's corral is started by the session's holder, as its
@@ -122,7 +124,9 @@ def launch(request, run_here, caller: ServedCaller | None = None) -> Started:
     (``kernel.context.cannot_carry``) or cannot be reached, this process forks
     it, and ``Started.warnings`` says why (for a ``caller``: SetupError).
     ``run_here(request)`` runs a request in this process and returns its
-    exit code (``cli.run``): the forked corral calls it."""
+    exit code (``cli.run``): the forked corral calls it. ``keep_corral``: the
+    run's corral stays watched (``Started.corral``, the caller's to close), so
+    the caller can wait for its end (``core.handback``)."""
     from ..state import registry as REG
 
     bg = request.background
@@ -168,6 +172,8 @@ def launch(request, run_here, caller: ServedCaller | None = None) -> Started:
             asked = _HangUp(caller.hung_up)
         started = _await_ready(request, bg, directory, corral, asked)
         started.warnings = warnings
+        if keep_corral:
+            started.corral, corral = corral, None
         return started
     finally:
         for sig, handler in previous.items():
@@ -186,6 +192,15 @@ def detach(request, run_id: str, log: str) -> None:
     if request.json_path is not None and request.record_to_stdout:
         request.json_path = None
     request.background, request.output_log = None, log
+    request.keep_stdin = bg.keep_stdin
+    if request.yield_after is not None:  # its front shows these lines if the run ends within the yield
+        request.report_path = report_path(os.path.dirname(log), run_id)
+        request.yield_after = None
+
+
+def report_path(directory: str, run_id: str) -> str:
+    """Where a --yield run's corral writes its own lines (warnings, reason, summary)."""
+    return os.path.join(directory, f"{run_id}.report")
 
 
 def run_detached(request, run_here) -> int:
@@ -196,6 +211,21 @@ def run_detached(request, run_here) -> int:
     nothing started) if the log cannot be kept."""
     from .logkeeper import LogKeeper
 
+    if request.report_path is not None:  # this corral's own lines apart from the command's (fd 2: the log)
+        import sys
+
+        fd = os.open(request.report_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        sys.stderr = open(fd, "w", buffering=1)
+    stdin = None
+    if request.keep_stdin:
+        from .stdin_keeper import StdinKeeper
+
+        try:
+            stdin = StdinKeeper(request.spec.run_id)  # fd 0 is now its pipe: the command inherits it
+        except OSError as exc:
+            raise SetupError(f"the run's stdin cannot be kept: {exc}") from None
+        request.spec.stdin = "inherit"
+        request.watches[stdin.fileno()] = stdin.serve  # corralctl send, answered in the supervisor's poll
     keeper = LogKeeper.start(1, request.spec.output_limit)
     if keeper is not None:
         request.watches[keeper.fileno()] = keeper.look  # in the supervisor's own poll
@@ -204,6 +234,8 @@ def run_detached(request, run_here) -> int:
     finally:
         if keeper is not None:
             keeper.close()  # the last look, after this corral's last write to the log
+        if stdin is not None:
+            stdin.close()
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -397,6 +429,9 @@ class _Corral:
     def signal(self, signum: int) -> None:
         raise NotImplementedError
 
+    def wait_fd(self) -> int:
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -409,6 +444,18 @@ class _Forked(_Corral):
     def __init__(self, pid: int):
         self.pid = pid
         self._code: int | None = None
+        self._pidfd: int | None = None
+
+    def wait_fd(self) -> int:
+        """A descriptor that turns readable when it has exited (a pidfd)."""
+        if self._pidfd is None:
+            self._pidfd = os.pidfd_open(self.pid)
+        return self._pidfd
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def ended(self, wait: bool = False) -> int | None:
         if self._code is None:
@@ -456,6 +503,10 @@ class _HeldByHolder(_Corral):
             if type(code) is int:
                 self._code = code
         return self._code
+
+    def wait_fd(self) -> int:
+        """Readable when the holder tells its exit code (or hangs up)."""
+        return self.channel.sock.fileno()
 
     def signal(self, signum: int) -> None:
         try:

@@ -10,6 +10,8 @@ from .spec import CGROUP_MODES, GUARANTEE_CHOICES, HANDOFFS, MANAGERS, NETWORKS,
 
 #: --json values that mean "standard output" (the record follows the command's output there).
 STDOUT_PATHS = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+#: --stdin's value for a pipe the run's corral keeps (``core.stdin_keeper``: corralctl send).
+KEPT_STDIN = "keep"
 #: The command's place in a usage line and in messages.
 COMMAND_METAVAR = "-- COMMAND [ARG...]"
 
@@ -106,9 +108,10 @@ OPTIONS: tuple[Option, ...] = (
         "stdin",
         ("--stdin",),
         "value",
-        "The command's stdin: /dev/null or corral's own.",
+        "The command's stdin: /dev/null, corral's own, or (keep: --background and --yield runs) a pipe "
+        "the run's corral keeps for corralctl send.",
         default="null",
-        choices=STDIN_MODES,
+        choices=(*STDIN_MODES, KEPT_STDIN),
     ),
     Option(
         "pty",
@@ -201,6 +204,15 @@ OPTIONS: tuple[Option, ...] = (
         "flag",
         "Detach the run from this corral: wait until it is ready (--ready-*), print its id and exit 0; "
         "its output goes to a log (corralctl logs), its end to corralctl wait.",
+    ),
+    Option(
+        "yield_after",
+        ("--yield",),
+        "value",
+        "Wait this long for the run (in a session): ended by then, exit as a plain run (its output, "
+        "record, exit code); else handed back, still running, as a background run of the session: its id "
+        "on stderr, exit 119 (corralctl logs --since, send, wait, stop).",
+        "DURATION",
     ),
     Option("name", ("--name",), "value", "A name for the run (corralctl status/logs/wait/stop NAME).", "NAME"),
     Option(

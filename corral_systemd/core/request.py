@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
 from ..common.limits import LIMITS, coerce_duration, coerce_size
-from .options import _BY_FLAG, _BY_NAME, COMMAND_METAVAR, OPTIONS, STDOUT_PATHS, Option  # noqa: F401  (re-exported)
+from .options import (  # noqa: F401  (re-exported)
+    _BY_FLAG,
+    _BY_NAME,
+    COMMAND_METAVAR,
+    KEPT_STDIN,
+    OPTIONS,
+    STDOUT_PATHS,
+    Option,
+)
 from .spec import RunSpec
 
 
@@ -59,10 +67,16 @@ class RunRequest:
     extra: dict = field(default_factory=dict)
     #: --background and its readiness (``core.background``); None: a foreground run.
     background: "Background | None" = None
+    #: --yield: seconds the front waits before handing the run back (``core.handback``); None: not asked.
+    yield_after: float | None = None
     #: --name: the run's name in the registry.
     name: str | None = None
     #: A --background run's output log, once its corral is detached (``core.background``).
     output_log: str | None = None
+    #: A detached run's corral keeps the command's stdin (``core.stdin_keeper``), and where a
+    #: --yield run's corral writes its own lines (warnings, summary), apart from the output.
+    keep_stdin: bool = False
+    report_path: str | None = None
     #: The command line it was read from, and the --cgroup-mode it defaulted to (the
     #: program's): a session's holder reads it again for a background run's corral.
     args: list[str] = field(default_factory=list)
@@ -99,6 +113,8 @@ class Background:
     log_max: int
     #: The output log (``<state dir>/<run id>.out``); set when the run is launched.
     log: str | None = None
+    #: --stdin keep (or --pty): the command's stdin is a pipe its corral keeps (``core.stdin_keeper``).
+    keep_stdin: bool = False
 
 
 def check_name(text: str | None, option: str = "--name") -> str | None:
@@ -116,20 +132,29 @@ def check_name(text: str | None, option: str = "--name") -> str | None:
 
 def _background(values: dict, given, path, request: RunRequest) -> Background | None:
     asked = [kind for kind, flag in READY_KINDS.items() if values.get(f"ready_{kind}") is not None]
-    if not values.get("background"):
+    kept = values.get("stdin") == KEPT_STDIN
+    yielding = values.get("yield_after") is not None
+    if not values.get("background") and not yielding:
         # (--ready-timeout and --log-max have defaults: given or not, they say nothing here)
         if asked:
             raise UsageError(f"{READY_KINDS[asked[0]]} is for --background runs")
+        if kept:
+            raise UsageError("--stdin keep is for --background and --yield runs (corralctl send writes to it)")
         return None
+    if yielding and values.get("background"):
+        raise UsageError("--yield and --background: one or the other (--yield hands a run back if it outlives it)")
+    if yielding and asked:
+        raise UsageError(f"{READY_KINDS[asked[0]]} is for --background runs, not --yield")
+    what = "--yield" if yielding else "--background"
     if len(asked) > 1:
         raise UsageError(f"{READY_KINDS[asked[0]]} and {READY_KINDS[asked[1]]}: one readiness test at a time")
     spec = request.spec
     if not request.registry:
-        raise UsageError("--background needs the registry (corralctl logs, wait and stop find the run there)")
-    if spec.pty or spec.stdin != "null":
-        raise UsageError("--background: the command's stdin is /dev/null (no --pty, no --stdin inherit)")
+        raise UsageError(f"{what} needs the registry (corralctl logs, wait and stop find the run there)")
+    if spec.stdin != "null" and not spec.pty:
+        raise UsageError(f"{what}: the command's stdin is /dev/null or kept (--stdin keep, --pty), not corral's own")
     if spec.output_file is not None or spec.output_limit is not None:
-        raise UsageError("--background: its output goes to the run's log (--log-max caps it)")
+        raise UsageError(f"{what}: its output goes to the run's log (--log-max caps it)")
     kind = asked[0] if asked else None
     target: object = None
     if kind == "port":
@@ -153,7 +178,24 @@ def _background(values: dict, given, path, request: RunRequest) -> Background | 
         raise UsageError(str(exc)) from None
     if log_max is None or log_max <= 0:
         raise UsageError("--log-max must be greater than 0")
-    return Background(kind, target, timeout, log_max)
+    return Background(kind, target, timeout, log_max, keep_stdin=kept or spec.pty)
+
+
+def _yield_after(values: dict, request: RunRequest) -> float | None:
+    """--yield: its seconds, checked with what it needs (a session: a run handed
+    back ends with it; a record in a file: the run may end after corral returned)."""
+    text = values.get("yield_after")
+    if text is None:
+        return None
+    try:
+        seconds = coerce_duration(text, "--yield")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if request.spec.session is None:
+        raise UsageError("--yield needs a session (--session or CORRAL_SESSION): a run handed back ends with it")
+    if request.record_to_stdout:
+        raise UsageError("--yield: --json - cannot follow a run that is handed back; give --json PATH")
+    return seconds
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -273,8 +315,9 @@ def from_options(
             cgroup_mode=given("cgroup_mode", "auto"),
             guarantee=given("guarantee", "auto"),
             cgroup_parent=given("cgroup_parent"),
-            # --pty relays corral's stdin to the terminal
-            stdin="inherit" if values.get("pty") else given("stdin", "null"),
+            # --pty relays corral's stdin to the terminal; a kept one (--stdin keep) is the
+            # run's corral's own stdin, made so when it is detached (core.stdin_keeper)
+            stdin="inherit" if values.get("pty") else _spec_stdin(given("stdin", "null")),
             manager=given("manager", "auto"),
             unit_type=given("unit_type", "scope"),
             slice=given("slice", "corral.slice"),
@@ -328,7 +371,12 @@ def from_options(
     if spec.session is not None and not request.registry:
         raise UsageError("a run in a session needs the registry (the session learns its runs there): no --no-registry")
     request.background = _background(values, given, path, request)
+    request.yield_after = _yield_after(values, request)
     return request
+
+
+def _spec_stdin(text: str) -> str:
+    return "null" if text == KEPT_STDIN else text
 
 
 def _refuse_descriptor_path(path: str) -> None:

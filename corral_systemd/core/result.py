@@ -79,6 +79,10 @@ class RunOutcome:
         return self.ended_monotonic - self.started_monotonic
 
 
+#: ``--yield``: the run outlived the yield and was handed back, still running (``core.handback``).
+HANDED_BACK = 119
+
+
 def exit_codes() -> list[tuple[str, str]]:
     """corral's exit codes and what each means, as ``exit_code_for`` gives them
     (``--help``'s list; README and the man page say the same)."""
@@ -89,6 +93,7 @@ def exit_codes() -> list[tuple[str, str]]:
         *((str(lim.exit_code), f"{lim.option} reached") for lim in limits),
         ("125", "bad option or setup failure: the command was not started"),
         ("126/127", "the command cannot be executed / was not found"),
+        (str(HANDED_BACK), "--yield: the run outlived the yield and was handed back, still running"),
         ("120", "corral could not prove every process stopped (overrides every other code)"),
     ]
 

@@ -184,6 +184,22 @@ def _app():
         """A --background run's output log (RUN: its id or --name)."""
         raise typer.Exit(logs(run, follow, tail, since=since))
 
+    @app.command("send")
+    def _send(
+        run: str = typer.Argument(..., metavar="RUN"),
+        text: str | None = typer.Argument(None, metavar="[TEXT]", help="What to type (default: --file, or stdin)."),
+        file: str | None = typer.Option(None, "--file", metavar="PATH", help="Send this file's bytes (- for stdin)."),
+        line: bool = typer.Option(False, "--line", help="End what is sent with a newline, as Enter would."),
+        eof: bool = typer.Option(False, "--eof", help="Then close the run's stdin: the command reads end of file."),
+        timeout: str = typer.Option(
+            "30s", "--timeout", metavar="DURATION", help="Give up when the command has not read it all by then: 124."
+        ),
+    ):
+        """Type into a run's kept stdin (a --background or --yield run with --stdin keep or --pty)."""
+        from .send import send
+
+        raise typer.Exit(send(run, text, file, eof, line, _duration(timeout, "--timeout")))
+
     @app.command("wait")
     def _wait(
         run: str = typer.Argument(..., metavar="RUN"),

@@ -214,6 +214,8 @@ def parse(checked: dict, manager_kind: str, peer_pid: int):
     spec = request.spec
     if spec.pty:
         raise NotServed("--pty: the terminal is the client's own")
+    if request.yield_after is not None:
+        raise NotServed("--yield: the client's corral follows the run and hands it back")
     if request.background is not None and any(checked[name] is not None for name in ("stdin", "stdout", "stderr")):
         # A caller with descriptors has a corral of its own: it starts the run
         # with its own context (its session's holder does, with that context).
