@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 from test_background import free_port, gone, port_accepts
 
-from conftest import TIME_SCALE
+from conftest import CORRAL, TIME_SCALE
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker, voluntary_wakeups
 
 mcp = pytest.importorskip("mcp", reason="the MCP SDK (the mcp extra) is not installed")
@@ -34,9 +34,11 @@ TOOL_NAMES = {"exec", "write_stdin", "read_output", "start", "list", "stop", "wa
 
 
 @contextlib.asynccontextmanager
-async def mcp_server(tmp_path, marker: str):
+async def mcp_server(tmp_path, marker: str, *, modern: bool = False, **session_options):
     """The server as an MCP client starts it (``corralctl mcp`` over stdio), every
-    process of it carrying ``marker``; yields ``call(tool, **arguments)``."""
+    process of it carrying ``marker``; yields ``call(tool, **arguments)``. ``modern``:
+    the 2026-07-28 protocol (``server/discover``, no handshake); ``session_options``:
+    the SDK's ``ClientSession``'s (its extensions, their result claims)."""
     state = tmp_path / "state"
     params = StdioServerParameters(
         command=CTL[0],
@@ -47,8 +49,8 @@ async def mcp_server(tmp_path, marker: str):
     try:
         with open(tmp_path / "server.err", "w") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
+                async with ClientSession(read, write, **session_options) as session:
+                    await (session.discover() if modern else session.initialize())
 
                     async def call(tool: str, **arguments) -> dict:
                         result = await session.call_tool(tool, arguments)
@@ -86,19 +88,55 @@ def proven(answer: dict) -> bool:
     return proof is not None and proof["verified"] is True and proof["remaining_pids"] == []
 
 
-@pytest.mark.parametrize(
-    "tier",
-    [
-        "no-manager",
-        # A user manager answering (the harness): the server's session is a slice, each run a unit in it.
-        pytest.param("unit", marks=pytest.mark.systemd),
-    ],
-)
+#: The tiers an MCP server's runs are tested in: ``auto`` (what corral's ladder gives a
+#: session's run here, read from a probe run's record), each tier asked for by the tools'
+#: ``guarantee`` where it can be had (a probe: 125 skips, saying why), the unit tier marked
+#: ``systemd`` (the harness: the server's session a slice, each run a unit in it). What each
+#: run's end says is asserted: its record's ``guarantee`` (a ``start`` run's answer carries
+#: its registry entry's ``mode`` only: that one is held to the exec runs' ``mode``).
+TIERS = ["auto", "subreaper", "pidns", "cgroup", pytest.param("unit", marks=pytest.mark.systemd)]
+
+
+def _probe(tmp_path, *options: str) -> dict:
+    """A ``true`` run's record, in a session of its own (``options``: corral's), or skip with its line."""
+    from corral_systemd.session import Session
+
+    record = tmp_path / "probe.json"
+    session = Session()
+    session.open()
+    try:
+        r = subprocess.run(
+            [*CORRAL, "--session", session.id, "--quiet", "--json", str(record), *options, "--", "true"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+    finally:
+        session.end()
+    if r.returncode == 125:
+        pytest.skip(f"{' '.join(options) or 'auto'}: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    return json.loads(record.read_text())
+
+
+def tier_arguments(tier: str, tmp_path) -> tuple[dict, str]:
+    """The tools' ``guarantee`` for ``tier`` and the guarantee its runs' records must name."""
+    if tier == "auto":
+        if os.environ.get("CORRAL_REQUIRE_SYSTEMD"):
+            pytest.skip("a manager answers here: auto is the unit case, run by the host lane")
+        return {}, _probe(tmp_path)["guarantee"]
+    _probe(tmp_path, "--guarantee", tier)
+    return {"guarantee": tier}, tier
+
+
+@pytest.mark.parametrize("tier", TIERS)
 async def test_the_agents_day(tmp_path, tier):
     daemon_marker = new_marker()
     port = free_port()
-    if tier == "no-manager" and os.environ.get("CORRAL_REQUIRE_SYSTEMD"):
-        pytest.skip("a manager answers here: the host lane runs this case")
+    tiered, guarantee = tier_arguments(tier, tmp_path)
     try:
         async with mcp_server(tmp_path, new_marker()) as call:
             tools = await call.session.list_tools()
@@ -106,16 +144,21 @@ async def test_the_agents_day(tmp_path, tier):
 
             # A build that leaks a daemon: the result, and nothing of it left.
             build = await call(
-                "exec", cmd=f"export {MARKER_ENV}={daemon_marker}; setsid sleep 300 & echo built", yield_ms=30_000
+                "exec",
+                cmd=f"export {MARKER_ENV}={daemon_marker}; setsid sleep 300 & echo built",
+                yield_ms=30_000,
+                **tiered,
             )
             assert build["running"] is False and build["exit_code"] == 0 and build["output"] == "built\n", build
-            assert proven(build) and build["proof"]["processes_stopped"] >= 1
-            assert (build["proof"]["guarantee"] == "unit") == (tier == "unit"), build["proof"]
+            assert proven(build) and build["proof"]["processes_seen"] >= 2
+            assert build["proof"]["guarantee"] == guarantee, build["proof"]
             assert marked_pids(daemon_marker) == []
 
             # A command outliving its yield: a run id, then every byte once.
             lines = [f"line-{i}" for i in range(60)]
-            slow = await call("exec", cmd="for i in $(seq 0 59); do echo line-$i; sleep 0.02; done", yield_ms=0)
+            slow = await call(
+                "exec", cmd="for i in $(seq 0 59); do echo line-$i; sleep 0.02; done", yield_ms=0, **tiered
+            )
             assert slow["running"] is True and "exit_code" not in slow
             pieces = [slow["output"]]
             first = await call("read_output", run_id=slow["run_id"], cursor=slow["cursor"])
@@ -124,6 +167,7 @@ async def test_the_agents_day(tmp_path, tier):
             assert second["cursor"] >= first["cursor"] >= slow["cursor"]
             done = await call("wait", run_id=slow["run_id"], timeout_ms=int(PATIENCE * 1000))
             assert done["running"] is False and done["exit_code"] == 0 and proven(done)
+            assert done["proof"]["guarantee"] == guarantee
             rest = await call("read_output", run_id=slow["run_id"], cursor=second["cursor"], max_bytes=1 << 20)
             pieces.append(rest["output"])
             assert "".join(pieces) == "".join(f"{line}\n" for line in lines)
@@ -132,7 +176,7 @@ async def test_the_agents_day(tmp_path, tier):
             assert again["output"] == "".join(pieces) and again["cursor"] == rest["cursor"]
 
             # A REPL answered through write_stdin.
-            repl = await call("exec", cmd="python3 -u -q -i", yield_ms=0)
+            repl = await call("exec", cmd="python3 -u -q -i", yield_ms=0, **tiered)
             assert repl["running"] is True
             typed = await call("write_stdin", run_id=repl["run_id"], chars="print(6 * 7)\n", yield_ms=200)
             text = typed["output"]
@@ -141,6 +185,7 @@ async def test_the_agents_day(tmp_path, tier):
             assert "42" in text
             bye = await call("write_stdin", run_id=repl["run_id"], chars="", eof=True, yield_ms=int(PATIENCE * 1000))
             assert bye["running"] is False and bye["exit_code"] == 0 and proven(bye)
+            assert bye["proof"]["guarantee"] == guarantee
 
             # A dev server ready by port: fetched, stopped, the port free.
             web = await call(
@@ -148,6 +193,7 @@ async def test_the_agents_day(tmp_path, tier):
                 cmd=f"exec python3 -m http.server --bind 127.0.0.1 {port}",
                 ready_port=port,
                 ready_timeout=f"{30 * TIME_SCALE:g}s",
+                **tiered,
             )
             assert web["running"] is True
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=PATIENCE) as page:
@@ -160,6 +206,7 @@ async def test_the_agents_day(tmp_path, tier):
             assert [r["running"] for r in listed["runs"] if r["run_id"] == web["run_id"]] == [True]
             stopped = await call("stop", run_id=web["run_id"])
             assert stopped["running"] is False and stopped["proof"]["verified"] is True
+            assert stopped["proof"]["mode"] == build["proof"]["mode"], stopped["proof"]
             assert not port_accepts(port)
         # The client closed stdin: the server ended its session and everything of it is gone.
         assert call.left_after_close == []
@@ -167,21 +214,24 @@ async def test_the_agents_day(tmp_path, tier):
         kill_marked(daemon_marker)
 
 
-async def test_the_server_killed_ends_every_run_of_its_session(tmp_path):
+@pytest.mark.parametrize("tier", TIERS)
+async def test_the_server_killed_ends_every_run_of_its_session(tmp_path, tier):
     """SIGKILL leaves the server no word: its session's holder watches it as its owner (a pidfd), and so
     does each run's corral. Two background runs (one with a TERM-ignoring setsid daemon) and an exec
     still running: all gone, the port free."""
     marker = new_marker()
     port = free_port()
+    tiered, _ = tier_arguments(tier, tmp_path)
     async with mcp_server(tmp_path, marker) as call:
         await call(
             "start",
             cmd=f"setsid sh -c 'trap \"\" TERM; sleep 300' & exec python3 -m http.server --bind 127.0.0.1 {port}",
             ready_port=port,
             ready_timeout=f"{30 * TIME_SCALE:g}s",
+            **tiered,
         )
-        await call("start", cmd="sleep 300")
-        running = await call("exec", cmd="sleep 300", yield_ms=0)
+        await call("start", cmd="sleep 300", **tiered)
+        running = await call("exec", cmd="sleep 300", yield_ms=0, **tiered)
         assert running["running"] is True
         listed = await call("list")
         assert sum(r["running"] for r in listed["runs"]) == 3
@@ -201,6 +251,7 @@ async def test_bad_arguments_are_one_line_mcp_errors_and_the_server_goes_on(tmp_
             ("exec", {"cmd": "true", "wall": "soon"}, "invalid wall 'soon'"),
             ("exec", {"cmd": "true", "workdir": str(tmp_path / "nowhere")}, "not a directory"),
             ("exec", {"cmd": "true", "shell": "zsh"}, "exec: unknown argument 'shell'"),
+            ("exec", {"cmd": "true", "guarantee": "best"}, "exec: guarantee must be one of auto, unit"),
             ("exec", {}, "exec: cmd is required"),
             ("wait", {"run_id": "r99"}, "unknown run_id 'r99'"),
             ("start", {"cmd": "true", "ready_port": 1, "ready_file": "x"}, "at most one of"),
@@ -312,30 +363,36 @@ def node_client() -> str:
         )
         if r.returncode != 0:
             pytest.skip(f"npm could not install {NODE_SDK}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    script = os.path.join(NODE_DIR, "exec_client.mjs")  # beside node_modules: ESM resolves from the script
-    shutil.copyfile(os.path.join(os.path.dirname(__file__), "mcp_node", "exec_client.mjs"), script)
-    return script
+    scripts = os.path.join(os.path.dirname(__file__), "mcp_node")
+    for name in os.listdir(scripts):  # beside node_modules: ESM resolves from the script
+        shutil.copyfile(os.path.join(scripts, name), os.path.join(NODE_DIR, name))
+    return os.path.join(NODE_DIR, "exec_client.mjs")
+
+
+def run_node(tmp_path, marker: str, script: str, *args: str) -> dict:
+    """``node SCRIPT PYTHON ARGS...`` (a script of tests/mcp_node, beside the installed SDK), the
+    server's processes carrying ``marker``: the one JSON line it prints."""
+    import json
+
+    env = dict(os.environ, CORRAL_STATE_DIR=str(tmp_path / "state"), **{MARKER_ENV: marker})
+    r = subprocess.run(
+        ["node", os.path.join(os.path.dirname(node_client()), script), sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120 * TIME_SCALE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_the_typescript_sdks_client_drives_an_exec(tmp_path):
-    import json
-
-    script = node_client()
     marker, daemon_marker = new_marker(), new_marker()
-    env = dict(os.environ, CORRAL_STATE_DIR=str(tmp_path / "state"), **{MARKER_ENV: marker})
     cmd = f"export {MARKER_ENV}={daemon_marker}; setsid sleep 300 & echo from-node"
     try:
-        r = subprocess.run(
-            ["node", script, sys.executable, cmd],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=120 * TIME_SCALE,
-            stdin=subprocess.DEVNULL,
-        )
-        assert r.returncode == 0, r.stderr
-        said = json.loads(r.stdout.strip().splitlines()[-1])
+        said = run_node(tmp_path, marker, "exec_client.mjs", cmd)
         assert set(said["tools"]) == TOOL_NAMES
         result = said["result"]["structuredContent"]
         assert result["exit_code"] == 0 and result["output"] == "from-node\n" and proven(result)
@@ -343,6 +400,177 @@ def test_the_typescript_sdks_client_drives_an_exec(tmp_path):
         assert (
             said["badArguments"]["code"] == -32602 and "exec: cmd must not be empty" in said["badArguments"]["message"]
         )
+        assert gone(marker, within=PATIENCE) == []  # the client closed: the server and its session are gone
+    finally:
+        kill_marked(daemon_marker)
+        kill_marked(marker)
+
+
+# -- MCP tasks (corral_systemd/mcp/tasks.py) ---------------------------------------------
+#: The tasks extension (SEP-2663, beside the 2026-07-28 revision). The Python SDK (2.3)
+#: ships no tasks client: it declares an extension and parses its result shape through
+#: its own seams (``ClientSession(extensions=, result_claims=)``); the shapes below are
+#: the extension's as its specification gives them.
+TASKS = "io.modelcontextprotocol/tasks"
+
+
+def _task_models():
+    from typing import Literal
+
+    import mcp_types as types
+    from mcp.client.extension import ClaimContext, ResultClaim
+
+    class TaskHandle(types.Result):
+        """``CreateTaskResult``: ``resultType: "task"`` and the task."""
+
+        result_type: Literal["task"] = "task"
+        task_id: str
+        status: str
+        status_message: str | None = None
+        created_at: str
+        last_updated_at: str
+        ttl_ms: int | None = None
+        poll_interval_ms: int | None = None
+
+    class DetailedTask(types.Result):
+        """``tasks/get``'s answer: the task, its final result inlined once completed."""
+
+        task_id: str
+        status: str
+        status_message: str | None = None
+        result: dict | None = None
+        poll_interval_ms: int | None = None
+
+    class TaskId(types.RequestParams):
+        task_id: str
+
+    class GetTask(types.Request[TaskId, Literal["tasks/get"]]):
+        method: Literal["tasks/get"] = "tasks/get"
+        params: TaskId
+
+    class CancelTask(types.Request[TaskId, Literal["tasks/cancel"]]):
+        method: Literal["tasks/cancel"] = "tasks/cancel"
+        params: TaskId
+
+    async def get(session, task_id: str) -> DetailedTask:
+        return await session.send_request(GetTask(params=TaskId(task_id=task_id)), DetailedTask)
+
+    async def cancel(session, task_id: str) -> None:
+        await session.send_request(CancelTask(params=TaskId(task_id=task_id)), types.Result)
+
+    async def resolve(handle: TaskHandle, ctx: ClaimContext) -> types.CallToolResult:
+        """Poll tasks/get (bounded by PATIENCE) until the task ends: its final result."""
+        end = time.monotonic() + PATIENCE
+        while (task := await get(ctx.session, handle.task_id)).status == "working" and time.monotonic() < end:
+            await _sleep((task.poll_interval_ms or 500) / 1000)
+        assert task.status == "completed", task
+        return types.CallToolResult.model_validate(task.result)
+
+    claim = ResultClaim(result_type="task", model=TaskHandle, resolve=resolve)
+    return types, TaskHandle, ClaimContext, claim, get, cancel
+
+
+async def test_tasks_extension_start_and_a_long_exec_are_tasks_of_their_runs(tmp_path):
+    """The SDK's client declaring the tasks extension: a ``start`` is a task once ready, cancelled
+    = stopped (every process of it gone, read from /proc); an ``exec`` outliving its yield is a task
+    whose result is its run's end as ``wait`` gives it (the whole output); one ending in time is a
+    plain result."""
+    types, TaskHandle, ClaimContext, claim, get, cancel = _task_models()
+    daemon_marker = new_marker()
+    port = free_port()
+    options = {"extensions": {TASKS: {}}, "result_claims": {TASKS: [claim]}}
+    try:
+        async with mcp_server(tmp_path, new_marker(), modern=True, **options) as call:
+            session = call.session
+            assert TASKS in (session.server_capabilities.extensions or {})
+
+            served = await session.call_tool(
+                "start",
+                {
+                    "cmd": f"export {MARKER_ENV}={daemon_marker}; setsid sleep 300 & "
+                    f"exec python3 -m http.server --bind 127.0.0.1 {port}",
+                    "ready_port": port,
+                    "ready_timeout": f"{30 * TIME_SCALE:g}s",
+                },
+                allow_claimed=True,
+            )
+            assert isinstance(served, TaskHandle) and served.status == "working", served
+            run_id = served.task_id.split(".")[0]  # the task's id names its run
+            assert [r["run_id"] for r in (await call("list"))["runs"]] == [run_id]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=PATIENCE) as page:
+                assert page.status == 200
+            assert (await get(session, served.task_id)).status == "working"
+            assert len(marked_pids(daemon_marker)) >= 2  # the server and its setsid daemon
+            await cancel(session, served.task_id)  # acknowledged once the stop is proven
+            cancelled = await get(session, served.task_id)
+            assert cancelled.status == "cancelled", cancelled
+            assert "every process proven gone" in cancelled.status_message
+            assert marked_pids(daemon_marker) == [] and not port_accepts(port)
+
+            slow = await session.call_tool(
+                "exec", {"cmd": "echo early; sleep 2; echo late", "yield_ms": 500}, allow_claimed=True
+            )
+            assert isinstance(slow, TaskHandle), slow
+            context = ClaimContext(session=session, tool_name="exec", read_timeout_seconds=None)
+            final = await claim.resolve(slow, context)
+            end = final.structured_content
+            assert end["running"] is False and end["exit_code"] == 0 and proven(end), end
+            assert end["output"] == "early\nlate\n" and end["run_id"] == slow.task_id.split(".")[0]
+
+            quick = await session.call_tool("exec", {"cmd": "echo quick", "yield_ms": 30_000}, allow_claimed=True)
+            assert isinstance(quick, types.CallToolResult) and quick.structured_content["output"] == "quick\n"
+        assert call.left_after_close == []
+    finally:
+        kill_marked(daemon_marker)
+
+
+async def test_without_the_tasks_extension_calls_answer_as_ever(tmp_path):
+    """The same protocol, the client declaring no extension: ``start`` answers with its run, and
+    tasks/get is refused with -32021 (the extension's missing-capability error)."""
+    _, _, _, _, get, _ = _task_models()
+    async with mcp_server(tmp_path, new_marker(), modern=True) as call:
+        started = await call("start", cmd="sleep 300")
+        assert started["running"] is True and started["run_id"] == "r1"
+        with pytest.raises(MCPError) as refused:
+            await get(call.session, f"{started['run_id']}.x")
+        assert refused.value.code == -32021
+        stopped = await call("stop", run_id=started["run_id"])
+        assert stopped["proof"]["verified"] is True
+
+
+def test_the_typescript_sdks_client_drives_tasks(tmp_path):
+    """The TypeScript SDK's (1.x) tasks, the 2025-11-25 revision's: asked per call (``task``), a long
+    exec is a task whose tasks/result is its run's end; so is a short start's (tasks/result waits for
+    it); a start is a task once ready, listed, and cancelled = stopped: no process carrying its marker
+    left (the client reads /proc), the port free."""
+    marker, daemon_marker = new_marker(), new_marker()
+    port = free_port()
+    try:
+        said = run_node(tmp_path, marker, "tasks_client.mjs", str(port), daemon_marker)
+        assert said["capabilities"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+        assert said["execution"]["exec"] == said["execution"]["start"] == "optional"
+        assert said["execution"]["wait"] is None
+
+        kinds = [m["type"] for m in said["exec"]]
+        assert kinds[0] == "taskCreated" and kinds[-1] == "result" and "taskStatus" in kinds, kinds
+        end = said["exec"][-1]["result"]["structuredContent"]
+        assert end["running"] is False and end["exit_code"] == 0 and proven(end), end
+        assert end["output"] == "early\nlate\n" and said["exec"][0]["task"]["taskId"].startswith(end["run_id"] + ".")
+
+        assert said["short"]["status"] == "working"
+        short = said["shortResult"]["structuredContent"]  # tasks/result waited for the run's end
+        assert short["running"] is False and short["exit_code"] == 0 and short["proof"]["verified"] is True, short
+        assert said["short"]["taskId"].startswith(short["run_id"] + ".")
+
+        task_id = said["created"]["taskId"]
+        assert said["before"]["task"]["status"] == "working" and said["before"]["accepts"] is True
+        assert said["before"]["marked"] >= 2  # the http.server and its setsid daemon
+        assert task_id in [t["taskId"] for t in said["listed"]["tasks"]]
+        assert said["cancelled"]["status"] == "cancelled"
+        assert said["after"]["marked"] == [] and said["after"]["accepts"] is False
+        assert said["after"]["task"]["status"] == "cancelled"
+        stop = said["stopResult"]["structuredContent"]
+        assert stop["exit_code"] == 143 and stop["proof"]["verified"] is True, stop
         assert gone(marker, within=PATIENCE) == []  # the client closed: the server and its session are gone
     finally:
         kill_marked(daemon_marker)

@@ -3,6 +3,7 @@
     runs.py    the session's runs: exec (a corral child with pipes) and start (corral --background)
     output.py  a run's output: absolute byte offsets, bounded memory, head and tail
     tools.py   the tools: schemas, argument checks, what each does (no SDK import)
+    tasks.py   MCP tasks: start and a long exec as tasks of their runs, where the client asks
     server.py  the SDK's low-level Server over stdio
 
 The session is opened before the first message is read, owned by this

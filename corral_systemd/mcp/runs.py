@@ -106,7 +106,8 @@ class ExecRun:
         # Not process.wait(): it also waits for the pipes' EOF, which a process the run
         # handed off (outside corral's proof) could hold open long after corral exited.
         try:
-            await asyncio.wait_for(self._exited.wait(), timeout)
+            if not self._exited.is_set():  # (wait_for with 0 times out before a set event's wait runs)
+                await asyncio.wait_for(self._exited.wait(), timeout)
         except TimeoutError:
             return False
         try:

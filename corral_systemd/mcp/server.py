@@ -17,6 +17,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from ..common.version import __version__
+from . import tasks as task_ext
 from .runs import BadArguments, RunFailed
 from .tools import TOOLS, Tools
 
@@ -39,17 +40,31 @@ def _text(result: dict) -> str:
     return text
 
 
+def _result(answer: dict) -> types.CallToolResult:
+    """A tool's answer as a tool result: the object as ``structuredContent``, and as text."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=_text(answer))], structured_content=answer)
+
+
 def build(tools: Tools) -> Server:
+    book = task_ext.TaskBook(tools, _result)  # MCP tasks, where the client asks for them (tasks.py)
+
     async def list_tools(ctx, params) -> types.ListToolsResult:
         return types.ListToolsResult(
             tools=[
-                types.Tool(name=name, description=spec["description"], input_schema=spec["inputSchema"])
+                types.Tool(
+                    name=name,
+                    description=spec["description"],
+                    input_schema=spec["inputSchema"],
+                    execution=task_ext.tool_execution(name),
+                )
                 for name, spec in TOOLS.items()
             ]
         )
 
-    async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult | dict:
         try:
+            if book.wanted(ctx, params):
+                return await book.call(ctx, params)
             result = await tools.call(params.name, params.arguments)
         except BadArguments as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from None
@@ -59,21 +74,24 @@ def build(tools: Tools) -> Server:
             log.exception("tool %s failed", params.name)
             line = " ".join(f"{params.name}: {type(exc).__name__}: {exc}".split())
             return types.CallToolResult(content=[types.TextContent(type="text", text=line)], is_error=True)
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=_text(result))], structured_content=result
-        )
+        return _result(result)
 
-    return Server(
+    server = Server(
         "corral",
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
-        on_call_tool=call_tool,
+        # A task answer is a plain dict, let through by the tasks middleware (``tasks.py``).
+        on_call_tool=call_tool,  # type: ignore[arg-type]
     )
+    book.install(server, call_tool)
+    return server
 
 
 async def serve(tools: Tools) -> None:
     """Serve until the client closes stdin."""
     server = build(tools)
     async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        options = server.create_initialization_options()
+        task_ext.declare(options.capabilities)  # the 2025-11-25 tasks capability
+        await server.run(read_stream, write_stream, options)

@@ -11,6 +11,7 @@ import os
 import tempfile
 from typing import Any
 
+from ..engines.kinds import GUARANTEES
 from .runs import BadArguments, ExecRun, RunFailed, StartedRun, shell, spawn_exec
 
 #: ``max_output_bytes``: what an answer carries by default, and at most.
@@ -27,6 +28,13 @@ _LIMITS = {
     "wall": {**_DURATION, "description": "Wall-clock limit of the run (e.g. '10m'): reaching it stops it, exit 124."},
     "mem": {**_SIZE, "description": "Memory limit of the run (e.g. '2G'): exceeding it stops it, exit 121."},
     "cpu_time": {**_DURATION, "description": "CPU time of the whole run: reaching it stops it, exit 123."},
+}
+#: The guarantee tier a run must have (``engines.kinds.GUARANTEES``; auto: the strongest to be had).
+_GUARANTEE = {
+    "type": "string",
+    "enum": ["auto", *GUARANTEES],
+    "description": "The guarantee tier the run must have (auto, the default: the strongest to be had "
+    "here; a tier that cannot be had ends the run with exit 125 and one line).",
 }
 _RUN_ID = {"type": "string", "description": "A run id this server returned (exec or start)."}
 _CURSOR = {
@@ -83,6 +91,7 @@ TOOLS: dict[str, dict] = {
                     "description": "Run it on a pseudo-terminal (output as a terminal shows it).",
                 },
                 **_LIMITS,
+                "guarantee": _GUARANTEE,
             },
             ("cmd",),
         ),
@@ -138,6 +147,7 @@ TOOLS: dict[str, dict] = {
                 "ready_log": {"type": "string", "description": "A Python regular expression."},
                 "ready_timeout": {**_DURATION, "description": "How long to wait for readiness (default 30s)."},
                 **_LIMITS,
+                "guarantee": _GUARANTEE,
             },
             ("cmd",),
         ),
@@ -199,6 +209,8 @@ def check_arguments(tool: str, arguments: dict | None) -> dict:
                 raise BadArguments(f"{tool}: {name} must be from {low} to {high}, not {value}")
         if isinstance(value, str) and len(value) < spec.get("minLength", 0):
             raise BadArguments(f"{tool}: {name} must not be empty")
+        if "enum" in spec and value not in spec["enum"]:
+            raise BadArguments(f"{tool}: {name} must be one of {', '.join(spec['enum'])}, not {value!r}")
         checked[name] = value
     return checked
 
@@ -274,6 +286,8 @@ class Tools:
         options = []
         for field, value in limit_options(args).items():
             options += [BY_FIELD[field].option, BY_FIELD[field].show(value)]
+        if args.get("guarantee") not in (None, "auto"):
+            options += ["--guarantee", args["guarantee"]]
         cwd = _workdir(args)
         run_id = self._new_id()
         record = os.path.join(self._records, f"{run_id}.json")
@@ -314,6 +328,8 @@ class Tools:
         if len(ready) > 1:
             raise BadArguments("start: give at most one of ready_port, ready_file, ready_log")
         options: dict = dict(limit_options(args))
+        if args.get("guarantee") not in (None, "auto"):
+            options["guarantee"] = args["guarantee"]
         if args.get("ready_timeout") is not None:
             from ..common.limits import coerce_duration
 
