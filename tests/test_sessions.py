@@ -1124,6 +1124,24 @@ def test_a_session_its_holder_ended_is_ended_again_with_its_verdict(agent):
     assert "had already ended (idle for 1s)" in end.stdout
 
 
+def test_a_run_joining_continues_a_stopped_holder_which_acts_on_its_idle_timeout(agent):
+    """In the subreaper tier a process of the runs' uid can stop the holder with no
+    member left to continue it: the next corral that asks to join continues it
+    (the holder the kernel names), and it ends the session it should have ended."""
+    idle = 1 * TIME_SCALE
+    sid = start_session(agent, "--idle-timeout", f"{idle:g}s", mode="fallback")
+    holder = agent.session_entry(sid)["holder"]["pid"]
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        time.sleep(idle + 1)  # past its idle timeout, stopped
+        assert agent.session_entry(sid)["state"] == "open"  # the case: nothing acted
+        r = agent.corral(["--cgroup-mode", "fallback", "--session", sid, "--", "true"])
+        assert r.returncode == 125, r.stderr
+        assert agent.wait_ended(sid, within=10 * TIME_SCALE)["why"] == f"idle for {idle:g}s"
+    finally:
+        os.kill(holder, signal.SIGCONT)
+
+
 def test_session_ls_names_a_stopped_holder_as_not_answering(agent):
     sid = start_session(agent, mode="fallback")
     holder = agent.session_entry(sid)["holder"]["pid"]
