@@ -11,6 +11,10 @@ a machine that slows down mid-way hits every side alike):
    Targets: median ratio to systemd-run <= 1.0 (must: <= 1.3), both unit types.
    Each with both clients: the compiled one (packaging/client/corral.c, the
    .deb's corral-enforced; built here with cc) and the Python one (pip's).
+   With nothing installed (no --installed, no corral.socket), also the same
+   through the transient service the client starts itself (issue 38:
+   ``corral-transient.socket``, warm: started by the warm-up run) against the
+   same systemd-run: target ratio <= 1.0 (goal 0.6); the pair is stopped after.
 2. 8 in flight: ``seq N | xargs -P8 -n1 corral-enforced --quiet [--unit-type service] -- /bin/true``
    against the same with systemd-run, in rounds: runs/s ratio >= 1.
 
@@ -60,6 +64,8 @@ def compiled_client(work: str) -> list[str]:
     with open(in_process, "w") as f:
         f.write(
             f"#!{sys.executable} -IS\nimport sys\n\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n"
+            # an editable install's package is in the checkout, which -S leaves off sys.path
+            f"sys.path.append({str(ROOT)!r})\n"
             "from corral_systemd.client import entry_in_process\n\nentry_in_process()\n"
         )
     os.chmod(in_process, 0o755)
@@ -77,8 +83,15 @@ def clients(work: str) -> dict[str, list[str]]:
     }
 
 
-def per_run(rounds: int, env_service: dict, env_plain: dict, argv: dict[str, list[str]]) -> dict:
+def per_run(
+    rounds: int, env_service: dict, env_plain: dict, argv: dict[str, list[str]], env_transient: dict | None = None
+) -> dict:
     compiled, python_enforced, corral = argv["compiled"], argv["python"], argv["python corral"]
+    transient = {
+        # Nothing installed: the transient service the first of these started (the warm-up).
+        "transient-scope": ([*compiled, "--quiet", "--", "/bin/true"], env_transient),
+        "transient-scope, python client": ([*python_enforced, "--quiet", "--", "/bin/true"], env_transient),
+    }
     cases = {
         "systemd-run": (SYSTEMD_RUN, env_plain),
         "python -IS -c pass": ([sys.executable, "-IS", "-c", "pass"], env_plain),
@@ -108,6 +121,7 @@ def per_run(rounds: int, env_service: dict, env_plain: dict, argv: dict[str, lis
         ),
         "fallback": ([*compiled, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
         "fallback, python client": ([*corral, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
+        **(transient if env_transient is not None else {}),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
     for argv, env in cases.values():  # warm: page cache, byte-code, the service's session
@@ -164,6 +178,26 @@ def throughput(n: int, rounds: int, env_service: dict, env_plain: dict, argv: di
     }
 
 
+def nothing_installed() -> dict | None:
+    """The environment of a user with nothing installed, where the client may
+    start the transient service (issue 38); None when a service already
+    listens at the manager's socket or no manager's private socket is there."""
+    from corral_systemd.service import transient
+
+    env = dict(os.environ)
+    for name in ("CORRAL_SERVICE", "CORRAL_SERVICE_SOCKET", "CORRAL_STATE_DIR"):
+        env.pop(name, None)
+    path = os.path.join(env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}", "io.corral.Run")
+    return env if transient.manager_for(path) == "user" and not os.path.exists(path) else None
+
+
+def stop_transient() -> None:
+    from corral_systemd.common.unit_names import TRANSIENT_SERVICE
+
+    units = [f"{TRANSIENT_SERVICE}.socket", f"{TRANSIENT_SERVICE}.service"]
+    subprocess.run(["systemctl", "--user", "stop", *units], capture_output=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -185,10 +219,11 @@ def main() -> int:
         socket_path = os.path.join(work, "io.corral.Run")
         service = start_service(socket_path)
         env_service["CORRAL_SERVICE_SOCKET"] = socket_path
+    env_transient = None if args.installed else nothing_installed()
     try:
         argv = clients(work)
         result = {
-            "per_run": per_run(args.rounds, env_service, env_plain, argv),
+            "per_run": per_run(args.rounds, env_service, env_plain, argv, env_transient),
             "throughput_8_in_flight": throughput(
                 args.throughput_runs, args.throughput_rounds, env_service, env_plain, argv
             ),
@@ -199,6 +234,8 @@ def main() -> int:
         if service is not None:
             service.terminate()
             service.wait(timeout=60)
+        if env_transient is not None:
+            stop_transient()
         shutil.rmtree(work, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

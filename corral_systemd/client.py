@@ -6,7 +6,10 @@ process's environment, working directory, umask and standard streams
 (their descriptors travel with the call), and this process waits for the
 exit code. The service has the parser, the manager connection and the
 tether already loaded and open, so a run costs what systemd-run's does.
-Without a service (no socket, nobody listening, ``CORRAL_SERVICE=0``), or
+Where nobody listens but the manager whose socket it is runs, the client
+first starts the service as that manager's transient unit pair (no install
+step: ``service/transient.py``; ``CORRAL_SERVICE=installed`` turns that
+off). Without a service (no manager either, ``CORRAL_SERVICE=0``), or
 when the service declines the run (``NotServed``: ``--pty``, the fallback
 engine, another manager, a run inside a run, ``--help``...), it runs in this
 process through ``cli.main``, exactly as before.
@@ -37,7 +40,7 @@ other side).
 import os
 import sys
 
-from .common.programs import PROGRAMS, socket_paths
+from .common.programs import PROGRAMS, may_start_service, socket_paths
 
 
 class _Declined(Exception):
@@ -274,13 +277,34 @@ def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
     nothing_to_pass = record_fd is not None and not _is_open(record_fd)
     for path in [] if completing or nothing_to_pass else socket_paths():
         try:
-            return run_via_service(args, prog, path, record_fd)
+            return _served(args, prog, path, record_fd)
         except _Declined as why:
             if why.warn or os.environ.get("CORRAL_SERVICE_DEBUG"):
                 print(f"{prog}: warning: running the command here, not in the corral service: {why}", file=sys.stderr)
             if why.warn or not why.absent:
                 break  # a service answered (or died): the run is not another one's to take
     return _in_process(args, prog)
+
+
+def _served(args: list[str], prog: str, path: str, record_fd: int | None) -> int:
+    """``run_via_service`` at ``path``; where nobody listens there but the
+    manager whose socket it is runs, the service is started first as its
+    transient unit (``service/transient.py``; not with
+    ``CORRAL_SERVICE=installed``). _Declined as ``run_via_service``."""
+    try:
+        return run_via_service(args, prog, path, record_fd)
+    except _Declined as why:
+        if not (why.absent and may_start_service()):
+            raise
+        from .service import transient
+
+        kind = transient.manager_for(path)
+        if kind is None:
+            raise  # no manager for this socket: the next one, or in-process
+        if (failed := transient.start(kind, path)) is not None:
+            said = f"the corral service could not be started in the {kind} manager: {failed}"
+            raise _Declined(said, warn=True) from None
+    return run_via_service(args, prog, path, record_fd)
 
 
 def _is_open(fd: int) -> bool:
@@ -343,13 +367,18 @@ def entry_in_process() -> None:
     """``corral-inprocess PROG ARGS...``: the compiled client's way back
     (packaging/client/corral.c) when no service takes the run. Runs the
     command line in this process and never tries the service again (the
-    compiled client already did)."""
-    prog = sys.argv[1] if len(sys.argv) > 1 else ""
+    compiled client already did). ``corral-inprocess --service-absent PROG
+    ARGS...``: nobody listened on any socket the compiled client tried, so
+    this is ``main``: the service may be started as a transient unit first
+    (the compiled client leaves that step to this side)."""
+    absent = sys.argv[1:2] == ["--service-absent"]
+    argv = sys.argv[2:] if absent else sys.argv[1:]
+    prog = argv[0] if argv else ""
     if prog not in PROGRAMS:
         print(f"corral-inprocess: the first argument must be corral or corral-enforced, not {prog!r}", file=sys.stderr)
         sys.exit(125)
     try:
-        code = _in_process(sys.argv[2:], prog)
+        code = main(argv[1:], prog=prog) if absent and may_start_service() else _in_process(argv[1:], prog)
     except SystemExit as exc:
         code = _exit_code(exc.code)
     _leave(code)

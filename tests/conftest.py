@@ -16,6 +16,11 @@ from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 _OWN_STATE_DIR = None
 if not os.environ.get("CORRAL_STATE_DIR"):
     _OWN_STATE_DIR = os.environ["CORRAL_STATE_DIR"] = tempfile.mkdtemp(prefix="corral-test-state-")
+# A corral the suite runs uses a corral service already there, and never starts
+# one as a transient unit of the harness's manager (service/transient.py):
+# that service would take the runs of every test after it. The tests of that
+# path ask for it (tests/test_service_transient.py, run alone).
+os.environ.setdefault("CORRAL_SERVICE", "installed")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -738,8 +738,9 @@ def test_socket_activation_idle_exit_and_reactivation(tmp_path):
     flag = "--system" if MANAGER == "system" else "--user"
     env = dict(os.environ)
     # As a user has it: the service's registry is the default one (the suite's own state dir is not).
-    for name in ("CORRAL_SERVICE_SOCKET", "CORRAL_SERVICE", "CORRAL_STATE_DIR"):
+    for name in ("CORRAL_SERVICE_SOCKET", "CORRAL_STATE_DIR"):
         env.pop(name, None)
+    env["CORRAL_SERVICE"] = "installed"  # the installed units' test: no transient one (test_service_transient.py)
     systemctl = ["systemctl", *(["--user"] if MANAGER == "user" else [])]
     install = subprocess.run(
         [*ctl, "install", flag, "--runtime", "--idle-exit", "1"], env=env, capture_output=True, text=True, timeout=120
@@ -791,8 +792,9 @@ def test_the_packaged_units(tmp_path):
         pytest.skip("the .deb is not installed here")
     systemctl = ["systemctl", *(["--user"] if MANAGER == "user" else [])]
     env = dict(os.environ)
-    for name in ("CORRAL_SERVICE_SOCKET", "CORRAL_SERVICE", "CORRAL_STATE_DIR"):
+    for name in ("CORRAL_SERVICE_SOCKET", "CORRAL_STATE_DIR"):
         env.pop(name, None)
+    env["CORRAL_SERVICE"] = "installed"  # the installed units' test: no transient one (test_service_transient.py)
     subprocess.run([*systemctl, "daemon-reload"], check=True, timeout=120)
     subprocess.run([*systemctl, "enable", "--runtime", "--now", "corral.socket"], check=True, timeout=120)
     try:

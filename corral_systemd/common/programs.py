@@ -14,11 +14,23 @@ SYSTEM_SOCKET = "/run/" + SOCKET_NAME
 SESSION_ADDRESS_PREFIX = "corral-session/"
 
 
+def may_start_service() -> bool:
+    """May a client start the corral service as a transient unit of its
+    manager when none listens (``service/transient.py``)? Yes by default;
+    ``CORRAL_SERVICE=installed`` uses only one that is already there
+    (installed, or started before), ``CORRAL_SERVICE=0`` none at all; nor
+    with ``CORRAL_SERVICE_SOCKET`` (that socket is someone's own)."""
+    if os.environ.get("CORRAL_SERVICE_SOCKET") or os.environ.get("CORRAL_SERVICE", "1").lower() == "installed":
+        return False
+    return bool(socket_paths())
+
+
 def socket_paths() -> list[str]:
     """Where a corral service may listen for this user, in the order corral
     tries them; empty for "do not use one".
 
-    ``CORRAL_SERVICE=0`` turns the service off; ``CORRAL_SERVICE_SOCKET``
+    ``CORRAL_SERVICE=0`` turns the service off (``installed``: on, but never
+    started by the client: ``may_start_service``); ``CORRAL_SERVICE_SOCKET``
     names the one socket to use. Else the user manager's
     (``$XDG_RUNTIME_DIR/io.corral.Run``; without that variable, as under
     cron, ``/run/user/UID``'s), and for root then the system manager's

@@ -9,7 +9,10 @@ spelled and parsed by every layer through these functions.
   or a library Runner's ``corral-runner-<pid>-<8 hex>-tether.scope``;
 - a session's, in systemd mode: its slice ``corral-session_<session id>.slice``
   (a child of ``corral.slice``: its runs' units go there, under its aggregate
-  limits) and its holder ``corral-session_<session id>.service``.
+  limits) and its holder ``corral-session_<session id>.service``;
+- the corral service started with no install step (``service/transient.py``):
+  the transient pair ``corral-transient.socket`` + ``corral-transient.service``
+  (the installed one is ``corral.socket`` + ``corral.service``).
 
 A name is never proof that a unit or a group is corral's (anyone may
 create ``corral-x.scope``); callers that act on one check its marks too
@@ -61,6 +64,10 @@ def group_name(run_id: str) -> str:
 def tether_unit(run_id: str) -> str:
     return f"{PREFIX}{run_id}-tether.scope"
 
+
+#: The transient corral service's units, without their type (``.socket``, ``.service``):
+#: one per manager, the name is the lock two clients starting it at once meet.
+TRANSIENT_SERVICE = f"{PREFIX}transient"
 
 #: The slice a run goes in when it names none (``--slice``'s default).
 DEFAULT_SLICE = "corral.slice"

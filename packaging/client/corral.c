@@ -36,7 +36,10 @@
  *   - --json-fd N with N not open here: no service tried (nothing to pass);
  *     the in-process corral says so, exit 125.
  * "In-process" is execv(CORRAL_INPROCESS, [path, prog, args...]): the
- * Python CLI (client.entry_in_process), which does not try the service again.
+ * Python CLI (client.entry_in_process), which does not try the service again;
+ * or, when nobody listened on any socket, [path, --service-absent, prog,
+ * args...]: the Python client, which may start the service as a transient
+ * unit of the manager first (service/transient.py) and hand it the run.
  *
  * Build: cc -O2 -DCORRAL_INPROCESS='"/usr/lib/corral-systemd/corral-inprocess"'
  *        -o corral corral.c   (packaging/stage for the .deb). A relative
@@ -1253,6 +1256,7 @@ int main(int argc, char **argv) {
                 snprintf(paths[npaths++], PATH_MAX, "/run/" SOCKET_NAME);
         }
     }
+    int absent = npaths > 0; /* nobody listened anywhere: the Python side may start the service */
     for (int i = 0; i < npaths; i++) {
         struct attempt a = {{0}, 0, 0};
         enum outcome o = run_via_service(paths[i], argc, argv, record_fd, &a);
@@ -1260,8 +1264,10 @@ int main(int argc, char **argv) {
             return a.code;
         if (a.warn || getenv("CORRAL_SERVICE_DEBUG"))
             fprintf(stderr, "%s: warning: running the command here, not in the corral service: %s\n", prog, a.reason);
-        if (o == DECLINED)
+        if (o == DECLINED) {
+            absent = 0;
             break; /* a service answered (or died): the run is not another one's to take */
+        }
     }
 
     /* A relative CORRAL_INPROCESS (a pip install: the scripts' directory is
@@ -1277,13 +1283,18 @@ int main(int argc, char **argv) {
             return 125;
         }
     }
-    char **args = calloc((size_t)argc + 2, sizeof *args);
+    char **args = calloc((size_t)argc + 3, sizeof *args);
     if (!args)
         return 125;
-    args[0] = in_process;
-    args[1] = (char *)prog;
+    int n = 0;
+    args[n++] = in_process;
+    /* Starting the service as a transient unit is the Python side's
+     * (service/transient.py, once per manager): told that nobody listened. */
+    if (absent)
+        args[n++] = "--service-absent";
+    args[n++] = (char *)prog;
     for (int i = 1; i < argc; i++)
-        args[i + 1] = argv[i];
+        args[n++] = argv[i];
     sigaction(SIGPIPE, &inherited, NULL);
     execv(in_process, args);
     fprintf(stderr, "%s: cannot run the in-process corral %s: %s\n", prog, in_process, strerror(errno));
