@@ -202,6 +202,7 @@ class Session:
         yield_: float | str = 10.0,
         stdin: str = "keep",
         pty: bool = False,
+        record: "str | os.PathLike | None" = None,
         env=None,
         cwd=None,
         **kwargs,
@@ -213,48 +214,99 @@ class Session:
         raised alike). Still running: a ``HandedBack`` run of the session (its output so far,
         ``write_stdin``, ``read_output``, ``wait``, ``stop``). A string is a command line for
         ``bash -c`` (``sh -c`` without bash). ``stdin``: "keep" (a pipe for ``write_stdin``)
-        or "null"; ``pty``: on a terminal of its own, what ``write_stdin`` sends typed into it."""
+        or "null"; ``pty``: on a terminal of its own, what ``write_stdin`` sends typed into it.
+        ``record``: the file the run's record goes to (``--json``; the caller's to remove):
+        a handed-back run's facts until it ends, then its record (``HandedBack.record()``);
+        default: a temporary file, gone once this returns."""
         import tempfile
 
-        from .mcp.runs import shell
+        with tempfile.TemporaryDirectory(prefix="corral-exec-") as place:
+            record_path = os.fspath(record) if record is not None else os.path.join(place, "record.json")
+            args = self._exec_args(argv_or_cmd, yield_, stdin, pty, record_path, kwargs)
+            r = subprocess.run(
+                args, capture_output=True, env=None if env is None else dict(env), cwd=cwd, stdin=subprocess.DEVNULL
+            )
+            return self._exec_outcome(r.returncode, record_path, r.stdout, r.stderr, record is not None)
 
+    async def aexec(
+        self,
+        argv_or_cmd: "Sequence[str] | str",
+        *,
+        yield_: float | str = 10.0,
+        stdin: str = "keep",
+        pty: bool = False,
+        record: "str | os.PathLike | None" = None,
+        capture_output: bool = True,
+        env=None,
+        cwd=None,
+        **kwargs,
+    ):
+        """``exec`` for asyncio: the front (``corral --yield``) is a child of this
+        process awaited in the event loop (its exit wakes the caller: no thread, no
+        tick). ``capture_output`` False: its output is not held in memory (``stdout``,
+        ``output`` empty): read it from the run's log (``HandedBack.read_output``, or
+        the log the record's ``run_id`` names). Cancelled while it waits: the front is
+        sent SIGTERM, which stops the run (verified), as Ctrl-C stops ``corral --yield``."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="corral-exec-") as place:
+            record_path = os.fspath(record) if record is not None else os.path.join(place, "record.json")
+            args = self._exec_args(argv_or_cmd, yield_, stdin, pty, record_path, kwargs)
+            front = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if capture_output else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=None if env is None else dict(env),
+                cwd=cwd,
+            )
+            try:
+                out, said = await front.communicate()
+            except asyncio.CancelledError:
+                if front.returncode is None:
+                    front.terminate()
+                raise
+            assert front.returncode is not None
+            return self._exec_outcome(front.returncode, record_path, out or b"", said, record is not None)
+
+    def _exec_args(self, argv_or_cmd, yield_, stdin: str, pty: bool, record_path: str, kwargs: dict) -> list[str]:
+        """The front's command line: ``corral --yield Y --session S --json RECORD --quiet ...``."""
         if stdin not in ("keep", "null"):
             raise UsageError(f"Session.exec: stdin must be 'keep' or 'null', not {stdin!r}")
         argv = [*shell(), argv_or_cmd] if isinstance(argv_or_cmd, str) else [os.fspath(a) for a in argv_or_cmd]
-        with tempfile.TemporaryDirectory(prefix="corral-exec-") as place:
-            record_path = os.path.join(place, "record.json")
-            args = [*_CORRAL, "--yield", _value("wall", yield_), "--session", self._id(), "--json", record_path]
-            args += ["--quiet", *(["--pty"] if pty else ["--stdin", stdin])]
-            for key, value in {**self._defaults, **kwargs}.items():
-                if key == "stdin":
-                    raise UsageError("Session.exec: stdin is its own keyword")
-                if value is not None:
-                    args += [_flag(key), _value(key, value)]
-            r = subprocess.run(
-                [*args, "--", *argv],
-                capture_output=True,
-                env=None if env is None else dict(env),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-            )
-            try:
-                with open(record_path) as f:
-                    record = json.load(f)
-            except (OSError, ValueError):
-                record = None
-        said = r.stderr.decode(errors="replace").strip()
-        if r.returncode == 125 and record is None:
+        args = [*_CORRAL, "--yield", _value("wall", yield_), "--session", self._id(), "--json", record_path]
+        args += ["--quiet", *(["--pty"] if pty else ["--stdin", stdin])]
+        for key, value in {**self._defaults, **kwargs}.items():
+            if key == "stdin":
+                raise UsageError("Session.exec: stdin is its own keyword")
+            if value is not None:
+                args += [_flag(key), _value(key, value)]
+        return [*args, "--", *argv]
+
+    def _exec_outcome(self, code: int, record_path: str, output: bytes, said_bytes: bytes, kept: bool):
+        """What the front's exit and its ``--json`` file say: a RunResult, a HandedBack run, or the error."""
+        try:
+            with open(record_path) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            record = None
+        said = said_bytes.decode(errors="replace").strip()
+        if code == 125 and record is None:
             raise UsageError(said.splitlines()[-1] if said else "bad input")
         if record is None:
-            raise SetupError(f"the run could not start (exit {r.returncode}): {said}")
+            raise SetupError(f"the run could not start (exit {code}): {said}")
         # Handed back: its facts; or, had it ended before the front wrote them, its record
         # with an exit code of its own (a command's own 119 is a result).
-        if record.get("running") or (r.returncode == HANDED_BACK and record.get("exit_code") != HANDED_BACK):
-            return HandedBack(record, self, r.stdout)
-        return _result(record, r.stdout, r.stderr)
+        if record.get("running") or (code == HANDED_BACK and record.get("exit_code") != HANDED_BACK):
+            return HandedBack(record, self, output, record_path if kept else None)
+        return _result(record, output, said_bytes)
 
-    async def aexec(self, argv_or_cmd, **kwargs):
-        return await asyncio.to_thread(self.exec, argv_or_cmd, **kwargs)
+
+def shell() -> list[str]:
+    """The shell a command string runs in: ``bash -c`` (no profile read), ``sh -c`` where bash is missing."""
+    import shutil
+
+    return ["bash", "-c"] if shutil.which("bash") else ["sh", "-c"]
 
 
 class BackgroundRun:
@@ -318,7 +370,7 @@ class HandedBack(BackgroundRun):
     (``stdin="keep"`` or ``pty=True``). Async: ``awrite_stdin``, ``aread_output``, and
     ``await_exit``, ``astop``."""
 
-    def __init__(self, facts: dict, session: Session, output: bytes):
+    def __init__(self, facts: dict, session: Session, output: bytes, record_path: str | None = None):
         from .state import registry as REG
 
         run_id = facts["run_id"]
@@ -326,6 +378,20 @@ class HandedBack(BackgroundRun):
         super().__init__({"run_id": run_id, "log": log}, session)
         self.output = output
         self.cursor: int = facts.get("cursor", len(output))
+        #: The ``record`` file ``exec`` was given (None: a temporary one, gone).
+        self.record_path = record_path
+
+    def record(self) -> dict | None:
+        """The run's record, once its corral has written it at the run's end (``--json``):
+        None while it runs, without a ``record`` file, or if its corral was killed first."""
+        if self.record_path is None:
+            return None
+        try:
+            with open(self.record_path) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return None if record.get("running") else record
 
     def write_stdin(self, text: "str | bytes", *, eof: bool = False, timeout: float | None = 30.0) -> None:
         """Type ``text`` into the run's kept stdin (then close it, with ``eof``).

@@ -115,6 +115,24 @@ def test_a_repl_answered_through_the_library(agent, monkeypatch):  # noqa: F811
     assert marked_pids(marker) == []
 
 
+def test_a_repl_on_a_pty_answered_with_corralctl_send_and_ended_with_its_session(agent):  # noqa: F811
+    """``--pty`` handed back: its terminal's input kept by its corral, typed into with
+    ``corralctl send``; what the REPL printed read back from its log (a computed marker:
+    the terminal's echo of the line typed does not contain it); the session's end leaves
+    no process carrying the run's marker."""
+    sid = _session(agent)
+    r = agent.corral(["--yield", "0", "--session", sid, "--pty", "python3", "-q", "-i"])
+    assert r.returncode == HANDED_BACK, r.stderr
+    run_id, cursor = _handed_back_id(r.stderr)
+    line = "print('pty' + '-' + str(__import__('os').isatty(0)))"
+    sent = agent.ctl("send", run_id, line, "--line")
+    assert sent.returncode == 0, sent.stderr
+    assert b"pty-True" in _log_until(agent, run_id, cursor, b"pty-True")  # answered, on a terminal
+    assert marked_pids(r.marker)
+    assert agent.ctl("session", "end", sid).returncode == 0
+    assert marked_pids(r.marker) == []
+
+
 def test_the_session_ends_a_run_waiting_on_its_kept_stdin(agent):  # noqa: F811
     sid = _session(agent)
     r = agent.corral(["--yield", "300ms", "--session", sid, "--stdin", "keep", "sh", "-c", "setsid sleep 600 & cat"])

@@ -283,6 +283,25 @@ async def test_an_exec_answer_keeps_head_and_tail_and_says_what_it_cut(tmp_path)
         assert page["output"] == whole
 
 
+async def test_an_exec_on_a_tty_is_answered_through_write_stdin_and_stopped(tmp_path):
+    """``tty``: the command on a terminal whose input its corral keeps (``corral --yield --pty``);
+    what it printed read back by a computed marker (the terminal echoes the line typed, which
+    does not contain it); ``stop`` proves it gone (exit 143)."""
+    async with mcp_server(tmp_path, new_marker()) as call:
+        repl = await call("exec", cmd="exec python3 -q -i", tty=True, yield_ms=0)
+        assert repl["running"] is True, repl
+        line = "print('tty' + '-' + str(__import__('os').isatty(0)))\n"
+        typed = await call("write_stdin", run_id=repl["run_id"], chars=line, yield_ms=200)
+        text = typed["output"]
+        if "tty-True" not in text:
+            more, _ = await until_output(call, repl["run_id"], "tty-True", typed["cursor"])
+            text += more
+        assert "tty-True" in text
+        stopped = await call("stop", run_id=repl["run_id"])
+        assert stopped["running"] is False and stopped["exit_code"] == 143 and proven(stopped), stopped
+    assert call.left_after_close == []
+
+
 async def test_a_call_waiting_on_a_run_wakes_the_server_for_its_end_not_on_a_tick(tmp_path):
     """An exec waiting out its yield on a sleeping command: the server is woken by
     its corral's exit (the child watcher), not by a timer. A 20 ms tick would
@@ -321,21 +340,28 @@ def test_corralctls_start_up_does_not_import_the_sdk():
     assert r.returncode == 0, r.stderr
 
 
-def test_the_output_buffer_hands_out_every_byte_once():
-    from corral_systemd.mcp.output import OutputBuffer, complete_utf8
+def test_a_log_read_with_cursors_hands_out_every_byte_once(tmp_path):
+    """``mcp.output.read_log``: the cursor reads of a run's log the tools answer with."""
+    from corral_systemd.mcp.output import complete_utf8, read_log
 
-    buffer = OutputBuffer(keep=10)
-    buffer.append(b"0123456789")
-    first = buffer.read(0)
-    assert (first.data, first.cursor, first.lost) == (b"0123456789", 10, 0)
-    buffer.append(b"abcdef")  # the first 6 bytes leave the buffer
-    late = buffer.read(2)
-    assert (late.data, late.start, late.cursor, late.lost) == (b"6789abcdef", 6, 16, 4)
-    assert buffer.read(first.cursor).data == b"abcdef"
-    assert buffer.read(99).data == b"" and buffer.read(99).cursor == 16
-    cut = buffer.window(6, 4)
-    assert cut.data.startswith(b"67") and cut.data.endswith(b"ef") and cut.omitted == 6
+    log = tmp_path / "run.out"
+    log.write_bytes(b"0123456789")
+    first = read_log(str(log), 0, 4, window=False, running=True)
+    assert (first["output"], first["cursor"], first["more"]) == ("0123", 4, True)
+    rest = read_log(str(log), first["cursor"], 1 << 20, window=False, running=True)
+    assert (rest["output"], rest["cursor"], "more" in rest) == ("456789", 10, False)
+    with open(log, "ab") as f:
+        f.write(b"abcdef")
+    assert read_log(str(log), rest["cursor"], 1 << 20, window=False, running=True)["output"] == "abcdef"
+    cut = read_log(str(log), 6, 4, window=True, running=False)
+    assert cut["output"].startswith("67") and cut["output"].endswith("ef") and cut["output_cut_bytes"] == 6
+    assert (cut["output_from"], cut["cursor"]) == (6, 16)
+    log.write_bytes(b"012")  # corral cut the log back: a cursor past its end reads on from there
+    assert read_log(str(log), 16, 10, window=False, running=True) == {"log_cut": True, "output": "", "cursor": 3}
     snowman = "☃".encode()
+    log.write_bytes(b"ab" + snowman[:2])  # a character cut by the pipe waits for the next read
+    half = read_log(str(log), 0, 100, window=False, running=True)
+    assert (half["output"], half["cursor"]) == ("ab", 2)
     assert complete_utf8(b"ab" + snowman[:2]) == 2 and complete_utf8(b"ab" + snowman) == 5
 
 

@@ -1,7 +1,7 @@
 """``corralctl mcp``: an MCP server over stdio whose whole life is one corral session.
 
-    runs.py    the session's runs: exec (a corral child with pipes) and start (corral --background)
-    output.py  a run's output: absolute byte offsets, bounded memory, head and tail
+    runs.py    the session's runs: exec (Session.aexec: corral --yield) and start (corral --background)
+    output.py  a run's output: its log read with cursors, cut to head and tail
     tools.py   the tools: schemas, argument checks, what each does (no SDK import)
     tasks.py   MCP tasks: start and a long exec as tasks of their runs, where the client asks
     server.py  the SDK's low-level Server over stdio

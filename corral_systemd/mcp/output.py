@@ -1,78 +1,78 @@
-"""A run's output as the MCP tools hand it out: absolute byte offsets, bounded memory.
+"""A run's output as the MCP tools hand it out: a cursor-based read of the run's log.
 
-Guarantees:
-- Every byte the run printed has one absolute offset (0 = its first byte).
-  ``read(cursor)`` returns the bytes from ``cursor`` to the end and the new
-  cursor: reading again from that cursor returns only what came after, so a
-  caller that always passes the cursor it was given reads nothing twice and
-  skips nothing -- as long as it reads before the bytes leave the buffer.
-- Memory is bounded: only the last ``keep`` bytes are held. A read from a
-  cursor older than that says how many bytes it could not return
-  (``lost``) instead of pretending they never existed.
-- ``window`` cuts a long stretch to its head and tail (``core.output.HeadTail``:
-  the stream's own bytes, one marker line between) and says how much it left out.
+Every run of the server is a background run of its session, so its output
+is its log on disk (``<state dir>/<run id>.out``, held to ``--log-max`` by
+its corral: head and tail). Guarantees:
+
+- A cursor is an absolute byte offset in the log (0 = its first byte).
+  ``read_log(path, cursor, ...)`` returns the bytes from ``cursor`` and the
+  cursor to read on from: a caller that always passes the cursor it was
+  given reads nothing twice and skips nothing.
+- Where corral cut the log back (past ``--log-max``) to an end before the
+  cursor, the read goes on from the new end and says so (``log_cut``).
+- ``window``: all of it from the cursor, cut to its head and tail
+  (``core.output.HeadTail``: the stream's own bytes, one marker line
+  between; ``output_cut_bytes`` counts the middle, ``output_from`` is where
+  to read the whole of it); else a page of at most ``limit`` bytes. Memory
+  is bounded by ``limit``, whatever the log's size.
+- A UTF-8 character cut by the end of a read (the command still writing,
+  or a page's end) waits for the next read.
+
+Failure mode: ``OSError`` if the log cannot be read (the caller says it in one line).
 """
 
-from dataclasses import dataclass
+import os
 
-#: Bytes of a run's output held in memory (older bytes are dropped, and counted).
-KEEP = 8 << 20
-
-
-@dataclass
-class Slice:
-    """Bytes of the output from ``start`` (after ``lost`` unreadable ones) to ``cursor``."""
-
-    data: bytes
-    start: int
-    cursor: int
-    #: Bytes between the asked cursor and ``start`` that had left the buffer.
-    lost: int = 0
-    #: Bytes ``window`` left out of the middle (a marker line stands for them).
-    omitted: int = 0
+_CHUNK = 1 << 16
 
 
-class OutputBuffer:
-    def __init__(self, keep: int = KEEP):
-        self.keep = keep
-        self._data = bytearray()
-        #: Absolute offset of ``_data[0]``.
-        self._base = 0
+def read_log(path: str, cursor: int, limit: int, *, window: bool, running: bool) -> dict:
+    """The log from ``cursor``: ``output``, the next ``cursor``, and ``log_cut``,
+    ``output_cut_bytes`` / ``output_from``, ``more`` where they apply (see the module)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        facts: dict = {}
+        if cursor > size:  # corral cut the log back past --log-max: read on from its end
+            facts["log_cut"] = True
+            cursor = size
+        omitted = 0
+        if window:
+            data, omitted = _head_and_tail(fd, cursor, size, limit)
+            end = size
+        else:
+            data = os.pread(fd, limit, cursor)
+            end = cursor + len(data)
+    finally:
+        os.close(fd)
+    if (running or end < size) and not omitted:
+        keep = complete_utf8(data)
+        end -= len(data) - keep
+        data = data[:keep]
+    facts.update(output=data.decode("utf-8", "replace"), cursor=end)
+    if omitted:
+        facts.update(output_cut_bytes=omitted, output_from=cursor)
+    if end < size:
+        facts["more"] = True
+    return facts
 
-    @property
-    def end(self) -> int:
-        """The absolute offset just past the last byte received."""
-        return self._base + len(self._data)
 
-    def append(self, chunk: bytes) -> None:
-        self._data += chunk
-        excess = len(self._data) - self.keep
-        if excess > 0:
-            del self._data[:excess]
-            self._base += excess
+def _head_and_tail(fd: int, start: int, end: int, limit: int) -> tuple[bytes, int]:
+    """Bytes ``start`` to ``end`` of ``fd``, cut to ``limit`` (head, marker, tail); the bytes left out."""
+    from ..core.output import HeadTail
 
-    def read(self, cursor: int, end: int | None = None) -> Slice:
-        """The bytes from ``cursor`` to ``end`` (default: all received). A cursor
-        past the end reads nothing; one before the buffer reads from its start."""
-        end = self.end if end is None else min(end, self.end)
-        cursor = max(0, min(cursor, end))
-        start = max(cursor, self._base)
-        return Slice(bytes(self._data[start - self._base : end - self._base]), start, end, lost=start - cursor)
-
-    def window(self, cursor: int, limit: int, end: int | None = None) -> Slice:
-        """``read``, cut to at most ``limit`` bytes of the stream: its first and
-        last halves, one marker line between (``omitted`` counts the middle)."""
-        from ..core.output import HeadTail
-
-        whole = self.read(cursor, end)
-        if len(whole.data) <= limit:
-            return whole
-        parts: list[bytes] = []
-        cut = HeadTail(limit)
-        cut.take(None, whole.data, lambda _sink, data: parts.append(data))
-        omitted = cut.omitted
-        cut.finish(lambda _sink, data: parts.append(data))
-        return Slice(b"".join(parts), whole.start, whole.cursor, lost=whole.lost, omitted=omitted)
+    parts: list[bytes] = []
+    cut = HeadTail(limit)
+    offset = start
+    while offset < end:
+        chunk = os.pread(fd, min(_CHUNK, end - offset), offset)
+        if not chunk:
+            break
+        offset += len(chunk)
+        cut.take(None, chunk, lambda _sink, data: parts.append(data))
+    omitted = cut.omitted
+    cut.finish(lambda _sink, data: parts.append(data))
+    return b"".join(parts), omitted
 
 
 def complete_utf8(data: bytes) -> int:

@@ -45,7 +45,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from .runs import BadArguments, ExecRun, RunFailed
+from .runs import BadArguments, RunFailed
 from .tools import MAX_WAIT_MS, Tools
 
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -215,13 +215,10 @@ class TaskBook:
         _legacy_only(ctx)
         task = self._task(ctx, params.task_id)
         while task.status not in _TERMINAL:
-            run = self.tools.runs[task.run_id]
-            if isinstance(run, ExecRun) or not run.running:  # an exec run's wait is woken by its corral's exit
-                await self._settle(task, MAX_WAIT_MS / 1000)
-            else:
-                # A start run's end is read from its registry entry, not waited on in a worker
-                # thread (``corralctl wait``), which would hold the server's exit when its client goes.
-                await asyncio.sleep(POLL_MS / 1000)
+            # Woken by the run's corral's exit (a pidfd in the loop), the task's lock not held
+            # meanwhile: a tasks/cancel is answered as soon as its stop is proven.
+            await self.tools.runs[task.run_id].ended(MAX_WAIT_MS / 1000)
+            await self._settle(task, 0)
         assert task.result is not None
         wire = task.result.model_dump(by_alias=True, mode="json", exclude_none=True)
         wire["_meta"] = {**wire.get("_meta", {}), _RELATED: {"taskId": task.task_id}}

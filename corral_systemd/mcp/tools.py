@@ -6,13 +6,14 @@ result), or raises ``BadArguments`` (the caller's mistake: one line, nothing
 started) or ``RunFailed`` (one line: the run could not start or be ready).
 """
 
-import asyncio
+import json
 import os
 import tempfile
 from typing import Any
 
+from ..common.errors import RunError as CorralRunError
 from ..engines.kinds import GUARANTEES
-from .runs import BadArguments, ExecRun, RunFailed, StartedRun, shell, spawn_exec
+from .runs import BadArguments, RunFailed, SessionRun, shell
 
 #: ``max_output_bytes``: what an answer carries by default, and at most.
 DEFAULT_OUTPUT = 16384
@@ -116,9 +117,8 @@ TOOLS: dict[str, dict] = {
         "description": (
             "A page of a run's output from a cursor (an absolute byte offset), and the cursor to read "
             "from next: passing each answer's cursor back reads every byte once, none twice. `more` "
-            "says more is already there. An exec run keeps its last 8 MiB in memory "
-            "(`output_lost_bytes` counts what left it unread); a start run's output is its log "
-            "(16 MiB, head and tail; `log_cut` when corral cut it back)."
+            "says more is already there. A run's output is its log (16 MiB, head and tail; "
+            "`log_cut` when corral cut it back)."
         ),
         "inputSchema": _schema(
             {
@@ -246,7 +246,7 @@ class Tools:
 
     def __init__(self, session):
         self.session = session
-        self.runs: dict[str, ExecRun | StartedRun] = {}
+        self.runs: dict[str, SessionRun] = {}
         self._records = tempfile.mkdtemp(prefix="corral-mcp-")
         self._next = 0
 
@@ -267,36 +267,54 @@ class Tools:
         self._next += 1
         return f"r{self._next}"
 
-    def _run(self, run_id: str) -> ExecRun | StartedRun:
+    def _run(self, run_id: str) -> SessionRun:
         run = self.runs.get(run_id)
         if run is None:
             raise BadArguments(f"unknown run_id {run_id!r} (list shows this server's runs)")
         return run
 
-    def _exec_run(self, run_id: str, tool: str) -> ExecRun:
-        run = self._run(run_id)
-        if not isinstance(run, ExecRun):
-            raise BadArguments(f"{tool}: {run_id} is a start run (stdin /dev/null); only exec runs take input")
-        return run
+    def _options(self, args: dict) -> dict:
+        """The run's limits and guarantee as the library takes them (BadArguments if malformed)."""
+        options: dict = dict(limit_options(args))
+        if args.get("guarantee") not in (None, "auto"):
+            options["guarantee"] = args["guarantee"]
+        return options
 
     # -- the tools ----------------------------------------------------------------------
     async def tool_exec(self, args: dict) -> dict:
-        from ..common.limits import BY_FIELD
+        from ..common.errors import SetupError, UsageError
+        from ..session import HandedBack
 
-        options = []
-        for field, value in limit_options(args).items():
-            options += [BY_FIELD[field].option, BY_FIELD[field].show(value)]
-        if args.get("guarantee") not in (None, "auto"):
-            options += ["--guarantee", args["guarantee"]]
-        cwd = _workdir(args)
+        options, cwd = self._options(args), _workdir(args)
         run_id = self._new_id()
         record = os.path.join(self._records, f"{run_id}.json")
-        run = await spawn_exec(run_id, self.session.id, record, args["cmd"], options, args["tty"], cwd)
+        refused = handle = None
+        try:
+            outcome = await self.session.aexec(
+                args["cmd"],
+                yield_=args["yield_ms"] / 1000,
+                pty=args["tty"],
+                record=record,
+                capture_output=False,  # the output is read from its log, with cursors
+                cwd=cwd,
+                **options,
+            )
+            handle = outcome if isinstance(outcome, HandedBack) else None
+        except UsageError as exc:  # corral's 125 (a guarantee not to be had here): nothing ran
+            refused = " ".join(str(exc).split())
+        except SetupError as exc:
+            raise RunFailed(" ".join(str(exc).split())) from None
+        except CorralRunError:  # ended within the yield, as run() raises it (127, 126, 120): its record says it
+            pass
+        corral_run_id = None
+        if refused is None:
+            with open(record) as f:
+                corral_run_id = json.load(f).get("run_id")
+        run = SessionRun(run_id, "exec", args["cmd"], corral_run_id, handle=handle, record_path=record, refused=refused)
         self.runs[run_id] = run
-        ended = await run.ended(args["yield_ms"] / 1000)
-        return self._answer(run, ended, args["max_output_bytes"])
+        return self._answer(run, await run.ended(0), args["max_output_bytes"])
 
-    def _answer(self, run: ExecRun, ended: bool, limit: int) -> dict:
+    def _answer(self, run: SessionRun, ended: bool, limit: int) -> dict:
         facts: dict = {"run_id": run.id, "running": not ended}
         if ended:
             facts.update(run.end_facts())
@@ -304,7 +322,9 @@ class Tools:
         return facts
 
     async def tool_write_stdin(self, args: dict) -> dict:
-        run = self._exec_run(args["run_id"], "write_stdin")
+        run = self._run(args["run_id"])
+        if run.kind != "exec":
+            raise BadArguments(f"write_stdin: {run.id} is a start run (stdin /dev/null); only exec runs take input")
         if not run.running:
             raise BadArguments(f"write_stdin: {run.id} has ended (exit {run.end_facts()['exit_code']})")
         timeout = args["yield_ms"] / 1000
@@ -314,12 +334,8 @@ class Tools:
 
     async def tool_read_output(self, args: dict) -> dict:
         run = self._run(args["run_id"])
-        facts: dict = {"run_id": run.id, "running": run.running}
-        if isinstance(run, ExecRun):
-            facts.update(run.take(args["cursor"], args["max_bytes"], window=False))
-        else:
-            facts.update(run.take(args["cursor"], args["max_bytes"]))
-        return facts
+        running = run.running
+        return {"run_id": run.id, "running": running, **run.take(args["cursor"], args["max_bytes"], window=False)}
 
     async def tool_start(self, args: dict) -> dict:
         from ..common.errors import SetupError, UsageError
@@ -327,9 +343,7 @@ class Tools:
         ready = {key: args[f"ready_{key}"] for key in ("port", "file", "log") if args.get(f"ready_{key}") is not None}
         if len(ready) > 1:
             raise BadArguments("start: give at most one of ready_port, ready_file, ready_log")
-        options: dict = dict(limit_options(args))
-        if args.get("guarantee") not in (None, "auto"):
-            options["guarantee"] = args["guarantee"]
+        options = self._options(args)
         if args.get("ready_timeout") is not None:
             from ..common.limits import coerce_duration
 
@@ -344,7 +358,7 @@ class Tools:
             raise BadArguments(f"start: {exc}") from None
         except SetupError as exc:
             raise RunFailed(" ".join(str(exc).split())) from None
-        run = StartedRun(self._new_id(), args["cmd"], handle, ready or None)
+        run = SessionRun(self._new_id(), "start", args["cmd"], handle.id, handle=handle, ready=ready or None)
         self.runs[run.id] = run
         return {"run_id": run.id, "corral_run_id": run.corral_run_id, "running": True, "ready": ready or "started"}
 
@@ -359,24 +373,12 @@ class Tools:
 
     async def tool_stop(self, args: dict) -> dict:
         run = self._run(args["run_id"])
-        if isinstance(run, ExecRun):
-            run.stop()
-            if not await run.ended(run.stop_timeout()):
-                raise RunFailed(f"{run.id}: its corral did not finish stopping it in {run.stop_timeout():g}s")
-        elif run.running:
-            from ..common.errors import Unverified
-
-            try:
-                await asyncio.to_thread(run.handle.stop)
-            except Unverified as exc:
-                raise RunFailed(f"{run.id}: stop: {' '.join(str(exc).split())}") from None
-            await run.wait(30.0)
+        await run.stop()
         return {"run_id": run.id, "running": run.running, **run.end_facts()}
 
     async def tool_wait(self, args: dict) -> dict:
         run = self._run(args["run_id"])
-        timeout = args["timeout_ms"] / 1000
-        if isinstance(run, ExecRun):
-            return self._answer(run, await run.ended(timeout), args["max_output_bytes"])
-        ended = await run.wait(timeout)
+        ended = await run.ended(args["timeout_ms"] / 1000)
+        if run.kind == "exec":
+            return self._answer(run, ended, args["max_output_bytes"])
         return {"run_id": run.id, "running": not ended, **(run.end_facts() if ended else {})}
