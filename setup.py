@@ -1,4 +1,5 @@
-"""Build step pyproject.toml cannot declare: the compiled corral client.
+"""Build steps pyproject.toml cannot declare: the compiled corral client,
+and the pidns tier's compiled init.
 
 ``corral`` and ``corral-enforced`` are built from packaging/client/corral.c
 when a C compiler is there (``$CC``, else ``cc``), replacing the Python
@@ -9,6 +10,12 @@ take) as ``corral-inprocess`` beside itself, which pip installs from bin/.
 No compiler, or the build fails: the Python scripts stay, with a note, and
 everything works as before, only slower through the service. The wheel is
 tagged for the platform (py3-none-linux_*), since it may hold the binary.
+
+The init (packaging/pidns-init/init.c, built by packaging/pidns-init/build)
+goes into the package as corral_systemd/libexec/corral-pidns-init, where
+engines/pidns.py looks for it; not built, the pidns tier's init is the
+Python one (a clone of corral) as before (CORRAL_NO_COMPILED_CLIENT skips
+it too).
 """
 
 import os
@@ -17,6 +24,7 @@ import subprocess
 import sys
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 try:  # setuptools >= 70.1 has its own
     from setuptools.command.bdist_wheel import bdist_wheel
@@ -65,7 +73,31 @@ class BuildScripts(build_scripts):
         compile_client(self.build_dir)
 
 
-cmdclass: dict = {"build_scripts": BuildScripts}
+def compile_pidns_init(package_dir: str) -> bool:
+    """The pidns tier's init built into ``package_dir``/libexec; False (and why on stderr) if not."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or os.environ.get("CORRAL_NO_COMPILED_CLIENT"):
+        print("corral-systemd: no compiled pidns init: the Python one serves", file=sys.stderr)
+        return False
+    target = os.path.join(package_dir, "libexec", "corral-pidns-init")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    command = ["sh", os.path.join(HERE, "packaging", "pidns-init", "build"), target]
+    try:
+        subprocess.run(command, check=True, timeout=300, env=dict(os.environ, CC=compiler))
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"corral-systemd: the pidns init did not build ({exc}): the Python one serves", file=sys.stderr)
+        return False
+    return True
+
+
+class BuildPy(build_py):
+    def run(self):
+        super().run()
+        if not getattr(self, "editable_mode", False):  # an editable install's package is the tree
+            compile_pidns_init(os.path.join(self.build_lib, "corral_systemd"))
+
+
+cmdclass: dict = {"build_scripts": BuildScripts, "build_py": BuildPy}
 if bdist_wheel is not None:
 
     class BdistWheel(bdist_wheel):

@@ -61,6 +61,34 @@ def _pidns_here():
         pytest.skip(f"no pid namespace here: {why}")
 
 
+#: The compiled init, where the package finds it (``engines.pidns.INIT_PROGRAM``).
+INIT_PROGRAM = Path(__file__).resolve().parents[1] / "corral_systemd" / "libexec" / "corral-pidns-init"
+INIT_SOURCE = Path(__file__).resolve().parents[1] / "packaging" / "pidns-init"
+
+
+def _build_init() -> None:
+    """packaging/pidns-init/build into the package (as setup.py does for an
+    install; an editable one's tree has none until then), rebuilt when stale."""
+    source = INIT_SOURCE / "init.c"
+    if not INIT_PROGRAM.exists() or INIT_PROGRAM.stat().st_mtime < source.stat().st_mtime:
+        if shutil.which(os.environ.get("CC", "cc")) is None:
+            pytest.skip("no C compiler: the compiled init cannot be built")
+        built = INIT_PROGRAM.with_name(f".{INIT_PROGRAM.name}.{os.getpid()}")
+        subprocess.run(["sh", str(INIT_SOURCE / "build"), str(built)], check=True)
+        os.replace(built, INIT_PROGRAM)  # atomic: a run beside never execs half a file
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def init_kind(request, monkeypatch):
+    """Every case here with either init (``CORRAL_PIDNS_INIT``): the compiled
+    one (packaging/pidns-init/init.c) and the Python one, the fallback where
+    it was not built."""
+    if request.param == "c":
+        _build_init()
+    monkeypatch.setenv("CORRAL_PIDNS_INIT", request.param)
+    return request.param
+
+
 def _env(marker: str, **extra) -> dict:
     return {**os.environ, MARKER_ENV: marker, "CORRAL_SERVICE": "0", **extra}
 
@@ -597,3 +625,73 @@ def test_the_command_has_the_descriptors_it_has_in_the_other_tiers():
         assert proc.returncode == 0, proc.stderr
         lists[tier] = proc.stdout.split()
     assert lists["pidns"] == lists["subreaper"]
+
+
+# -- issue 38: one Python process per run -----------------------------------------------------
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def _run_exes(marker: str, env: dict, argv: list[str] | None = None) -> dict[int, str | None]:
+    """The executables (/proc/PID/exe) of a pidns run of ``sleep 600``, by pid:
+    corral, its init and the command, each found by the run's marker."""
+    argv = argv or [*CORRAL, "--no-registry", *PIDNS_FLAGS]
+    proc = subprocess.Popen([*argv, "--", "sleep", "600"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: any(_exe(p) == shutil.which("sleep") for p in marked_pids(marker)), "the command")
+        return {pid: _exe(pid) for pid in marked_pids(marker)}
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked(marker)
+
+
+def test_a_run_is_one_python_process_and_the_compiled_init(init_kind):
+    """Where the compiled init is built and nothing asks for the Python one:
+    corral is the run's only Python process (by /proc/PID/exe, not by name),
+    and the namespace's init is the compiled program, corral's child."""
+    if init_kind != "c":
+        pytest.skip("the default, with the compiled init built")
+    marker = new_marker()
+    env = _env(marker)
+    del env["CORRAL_PIDNS_INIT"]
+    exes = _run_exes(marker, env)
+    python = os.path.realpath(sys.executable)
+    assert sorted(exes.values()) == sorted([python, str(INIT_PROGRAM), shutil.which("sleep")]), exes
+    assert [os.path.realpath(e) for e in exes.values() if e].count(python) == 1, exes
+
+
+def test_where_the_init_was_not_built_the_python_init_serves(init_kind):
+    """No compiled init where the package looks (no C compiler at install):
+    the run is served by the Python init, a clone of corral, and goes on as
+    ever."""
+    if init_kind != "python":
+        pytest.skip("once")
+    marker = new_marker()
+    env = _env(marker)
+    del env["CORRAL_PIDNS_INIT"]
+    missing = "import sys; from corral_systemd.engines import pidns; pidns.INIT_PROGRAM = '/nonexistent/init'; "
+    entry = "from corral_systemd.client import entry; entry()"
+    exes = _run_exes(marker, env, [sys.executable, "-c", missing + entry, "--no-registry", *PIDNS_FLAGS])
+    python = os.path.realpath(sys.executable)
+    assert [os.path.realpath(e) for e in exes.values() if e].count(python) == 2, exes
+    assert str(INIT_PROGRAM) not in exes.values()
+
+
+def test_a_bad_init_choice_is_125_in_one_line(init_kind):
+    if init_kind != "python":
+        pytest.skip("once")
+    proc = subprocess.run(
+        [*CORRAL, "--no-registry", *PIDNS_FLAGS, "--", "true"],
+        env=_env(new_marker(), CORRAL_PIDNS_INIT="perl"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 125
+    assert len(proc.stderr.strip().splitlines()) == 1 and "CORRAL_PIDNS_INIT" in proc.stderr, proc.stderr

@@ -35,6 +35,12 @@ Guarantees:
   limit: then the init is SIGKILLed (the namespace with it), and the run
   is reported not started (125): the command's exec never completed.
 
+The init is the compiled one (``INIT_PROGRAM``, exec'd by the clone once the
+namespaces are set up: a run is one Python process) where the package was
+built with a C compiler, else a clone of corral (``pidns_init``); both speak
+the same protocol, and the record's ``engine.pid_namespace.init_program``
+says which served.
+
 Limits as in the fallback (``proctree``): --mem and --cpu-time watched,
 --pids and --cpus not enforced.
 
@@ -94,6 +100,7 @@ class PidnsEngine(ProcessTreeEngine):
         # in memory instead of loading it while corral waits for its ``ready``.
         from . import pidns_init
 
+        helper = _init_program(spec)
         status_r, status_w = _status_channel()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         me = os.pidfd_open(os.getpid())
@@ -123,11 +130,13 @@ class PidnsEngine(ProcessTreeEngine):
                 gid=self._gid,
                 userns=self._userns,
                 lib=lib,
+                helper=helper,
             )
         os.close(status_w)
         os.close(me)
         theirs.close()
         self._init, self._init_fd = pid, pidfd
+        self._init_program = helper or "python"
         self._init_reaped = False
         self._init_killed = False
         self._status_r = status_r
@@ -179,18 +188,21 @@ class PidnsEngine(ProcessTreeEngine):
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
-        import json
         import socket
 
         from ..kernel.spawn import ExecError
+        from .pidns_init import StartMessage, start_message
 
         refuse_unmaskable(self.spec, survey)
-        masks = [[m.path, m.how] for m in survey.masks] if survey is not None and self.spec.sealed else []
-        payload = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "masks": masks}).encode()
+        masks = [(m.path, m.how) for m in survey.masks] if survey is not None and self.spec.sealed else []
+        # No environment given: corral's, which the init (a clone of corral, or its exec) has as well.
+        message = StartMessage(
+            list(argv), dict(os.environ if env is None else env), cwd, self.spec.umask, bool(self.spec.pty), masks
+        )
         deadline = None if self.spec.wall is None else time.monotonic() + self.spec.wall
         try:
             socket.send_fds(self._control, [b"s"], [stdin, stdout, stderr])
-            self._control.sendall(len(payload).to_bytes(8, "big") + payload)
+            self._control.sendall(start_message(message))
         except OSError:
             pass  # the init is gone: its last line (or none) says why
         # Until the init's word to open the gate nothing but corral's code runs in the
@@ -410,12 +422,35 @@ class PidnsEngine(ProcessTreeEngine):
         info["pid_namespace"] = {
             "namespace": self._namespace,
             "init_pid": self._init,
+            "init_program": self._init_program,
             "main_pid_inside": self._main_ns,
             "user_namespace": "own, uid and gid mapped to themselves" if self._userns else "corral's",
             "proof": "the namespace's init reaped by corral: the kernel ends and reaps every process of the "
             "namespace first, those corral never saw included",
         }
         return info
+
+
+#: Where the compiled init sits: beside the package's modules, put there by
+#: setup.py (pip, and so the .deb's venv) from packaging/pidns-init/init.c.
+#: A path the package computes, never one looked up on $PATH.
+INIT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libexec", "corral-pidns-init")
+
+
+def _init_program(spec) -> str | None:
+    """The compiled init's path, or None for the Python init: where it was
+    not built (no C compiler), for a sealed run (the seal is Python's:
+    ``kernel.seal``), or with ``CORRAL_PIDNS_INIT=python`` (the tests run
+    both; ``=c`` insists on the compiled one: SetupError where it is not)."""
+    choice = os.environ.get("CORRAL_PIDNS_INIT", "")
+    if choice not in ("", "c", "python"):
+        raise SetupError(f"CORRAL_PIDNS_INIT={choice!r}: 'c' or 'python'")
+    built = os.access(INIT_PROGRAM, os.X_OK)
+    if choice == "c" and not built:
+        raise SetupError(f"CORRAL_PIDNS_INIT=c: no compiled init at {INIT_PROGRAM} (not built)")
+    if choice == "python" or not built or spec.sealed:
+        return None
+    return INIT_PROGRAM
 
 
 def _status_channel() -> tuple[int, int]:

@@ -1,12 +1,21 @@
 """The init of a run's PID namespace: corral's child, pid 1 of the namespace.
 
 It runs in the process ``PidnsEngine`` cloned (``kernel.namespaces.clone_into``),
-never returns, and speaks to corral over two channels, both sockets (a
+never returns. Steps 1 to 4 (but the second user namespace) are done here
+in any case (``_prepare``: the maps and the mounts need the capabilities the
+clone gave, which a non-root uid loses at an exec); then, where it was built,
+the clone execs the compiled init (``packaging/pidns-init/init.c``), which
+does the rest exactly as ``_serve`` does here, so that the namespace's pid 1
+is not a copy of the interpreter: its address space then belongs to the user
+namespace it exec'd in, which is above the command's (the second one, for
+uid 0, is made after the exec). The Python init serves where the helper was
+not built and for a sealed run (the seal is ``kernel.seal``'s). It speaks to
+corral over two channels, both sockets (a
 command running as root may open the init's descriptors, /proc/1/fd/N,
 which reopens a pipe, never a socket): lines on ``status`` (init to corral)
 and, on ``control`` (corral to init), one start message (the command, its
-environment and directory, the masks of a sealed run, and its three stdio
-descriptors, close-on-exec as they arrive: the command gets them as its
+environment and directory, umask, terminal and the masks of a sealed run,
+``start_message``'s format, and its three stdio descriptors, close-on-exec as they arrive: the command gets them as its
 stdio only) and one byte that opens the gate.
 
 In order:
@@ -65,11 +74,11 @@ ptrace): corral takes no line written after the gate opened on its word
 alone (``PidnsEngine.start``, ``PidnsEngine._ended``).
 """
 
-import json
 import os
 import select
 import signal
 import socket
+from typing import NamedTuple
 
 # At the top, not in the functions: corral imports this module before it
 # clones the init (``PidnsEngine``), so the init finds all of it loaded.
@@ -79,17 +88,71 @@ from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError, fork_command
 
 
-def run(spec, *, status: int, control: int, corral_pidfd: int, uid: int, gid: int, userns: bool, lib) -> None:
-    """Be the namespace's init (see the module's docstring); exits, never returns."""
+class StartMessage(NamedTuple):
+    """What the init needs to fork the command (its stdio comes beside it)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    umask: int | None
+    pty: bool
+    #: A sealed run's masks, (path, how): only the Python init seals.
+    masks: list[tuple[str, str]]
+
+
+def start_message(m: StartMessage) -> bytes:
+    """The start message's bytes after its stdio: an 8-byte big-endian
+    length, then NUL-terminated fields, the one format both inits read
+    (``packaging/pidns-init/init.c``): umask ("" or octal), pty ("0"/"1"),
+    cwd ("" for none), argc, argv..., envc, NAME=VALUE..., maskc, (path, how)...
+    No field can hold a NUL (execve's arguments and environment cannot)."""
+    words = [
+        "" if m.umask is None else f"{m.umask:o}",
+        "1" if m.pty else "0",
+        m.cwd or "",
+        str(len(m.argv)),
+        *m.argv,
+        str(len(m.env)),
+        *(f"{k}={v}" for k, v in m.env.items()),
+        str(len(m.masks)),
+        *(w for mask in m.masks for w in mask),
+    ]
+    data = b"".join(os.fsencode(w) + b"\0" for w in words)
+    return len(data).to_bytes(8, "big") + data
+
+
+def parse_start(data: bytes) -> StartMessage:
+    """``start_message``'s fields (after the length); ValueError if malformed."""
+    words = iter([os.fsdecode(w) for w in data.split(b"\0")[:-1]])
     try:
-        _run(spec, status, control, corral_pidfd, uid, gid, userns, lib)
+        umask, pty, cwd = next(words), next(words), next(words)
+        argv = [next(words) for _ in range(int(next(words)))]
+        env = dict(next(words).split("=", 1) for _ in range(int(next(words))))
+        masks = [(next(words), next(words)) for _ in range(int(next(words)))]
+    except (StopIteration, RuntimeError, ValueError):  # RuntimeError: a StopIteration in a generator
+        raise ValueError("a malformed start message") from None
+    return StartMessage(argv, env, cwd or None, int(umask, 8) if umask else None, pty == "1", masks)
+
+
+def run(spec, *, status: int, control: int, corral_pidfd: int, uid: int, gid: int, userns: bool, lib, helper) -> None:
+    """Be the namespace's init (see the module's docstring): with ``helper``
+    (the compiled init's path), steps 1 to 4 here and the rest by the helper,
+    exec'd; without, all of it here. Exits, never returns."""
+    try:
+        _prepare(status, corral_pidfd, uid, gid, userns, lib)
+        if helper is not None:
+            _exec_helper(helper, status, control, f"{uid}:{gid}" if userns and uid == 0 else "-")
+        _serve(spec, status, control, uid, gid, userns, lib)
     except BaseException as exc:  # noqa: BLE001 -- whatever failed is said to corral, never raised into its code
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         _say(status, f"setup {why}")
     os._exit(125)
 
 
-def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
+def _prepare(status, corral_pidfd, uid, gid, userns, lib) -> None:
+    """Steps 1 to 4 but the second user namespace: what must happen before an
+    exec (the maps and the mounts need the capabilities the clone gave, which
+    a non-root uid loses when it execs)."""
     set_parent_death_signal(signal.SIGKILL)
     poller = select.poll()
     poller.register(corral_pidfd, select.POLLIN)
@@ -109,6 +172,24 @@ def _run(spec, status, control, corral_pidfd, uid, gid, userns, lib) -> None:
         mount_own_proc(lib)
     except OSError as exc:
         raise OSError(exc.errno, f"no /proc of its own can be mounted ({exc.strerror or exc})") from None
+
+
+def _exec_helper(helper: str, status: int, control: int, unshare: str) -> None:
+    """Become the compiled init (``packaging/pidns-init/init.c``), the two
+    channels passed by number; it makes the second user namespace itself
+    (``unshare``: "UID:GID" or "-"), after its exec, so that its address
+    space belongs to the user namespace above the command's (step 6).
+    Every other descriptor of corral's that is close-on-exec ends here."""
+    os.set_inheritable(status, True)
+    os.set_inheritable(control, True)
+    try:
+        os.execv(helper, [helper, str(status), str(control), unshare])
+    except OSError as exc:
+        raise OSError(exc.errno, f"{helper}: {exc.strerror}") from None
+
+
+def _serve(spec, status, control, uid, gid, userns, lib) -> None:
+    """Steps 4 (the second user namespace) to 8, in Python; exits."""
     if userns and uid == 0:
         # uid 0 has every capability in the user namespace made above, over these mounts
         # too: it could unmount the new /proc and find the host's, locked, below it. In one
@@ -156,25 +237,24 @@ def _start(spec, status, control, lib) -> int | None:
         return None
     set_dumpable(lib, False)  # before the command exists (see the module's docstring)
     size = int.from_bytes(_exactly(sock, 8), "big")
-    data = _exactly(sock, size)
-    message = json.loads(data)
+    message = parse_start(_exactly(sock, size))
     seal = None
     if spec.sealed:
         from ..kernel.handoff import Mask
         from ..kernel.seal import Seal
 
-        seal = Seal([Mask(path, how) for path, how in message["masks"]], network=spec.network == "none")
+        seal = Seal([Mask(path, how) for path, how in message.masks], network=spec.network == "none")
     child = fork_command(
-        message["argv"],
+        message.argv,
         stdin=fds[0],
         stdout=fds[1],
         stderr=fds[2],
-        env=message["env"],
-        cwd=message["cwd"],
+        env=message.env,
+        cwd=message.cwd,
         gated=True,
         seal=seal,
-        controlling_tty=spec.pty,
-        umask=spec.umask,
+        controlling_tty=message.pty,
+        umask=message.umask,
     )
     for fd in set(fds):
         os.close(fd)
