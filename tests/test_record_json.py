@@ -193,11 +193,11 @@ def test_a_cli_records_proof_is_its_tiers(tmp_path, flags, guarantee):
 
 def test_cli_record_path_imports_no_pydantic(tmp_path):
     """What the pydantic-free writer is for: a CLI run with --json never loads it."""
+    # client.main, not the entry point: that one leaves with os._exit (no teardown), before a print after it.
     script = (
-        "import sys, runpy; sys.argv = ['corral', '--cgroup-mode', 'fallback', '--quiet', '--json', "
-        f"{str(tmp_path / 'r.json')!r}, '--', 'true']\n"
-        "try:\n    runpy.run_module('corral_systemd', run_name='__main__')\n"
-        "except SystemExit as e:\n    code = e.code\n"
+        "import sys; from corral_systemd.client import main\n"
+        "code = main(['--cgroup-mode', 'fallback', '--quiet', '--json', "
+        f"{str(tmp_path / 'r.json')!r}, '--', 'true'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'), code)"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
