@@ -271,10 +271,15 @@ class Session:
 
     def _exec_args(self, argv_or_cmd, yield_, stdin: str, pty: bool, record_path: str, kwargs: dict) -> list[str]:
         """The front's command line: ``corral --yield Y --session S --json RECORD --quiet ...``."""
+        return [*_CORRAL, *self.exec_arguments(argv_or_cmd, yield_, stdin, pty, record_path, kwargs)]
+
+    def exec_arguments(self, argv_or_cmd, yield_, stdin: str, pty: bool, record_path: str, kwargs: dict) -> list[str]:
+        """``exec``'s arguments to corral (no program name): what a front that is not a
+        process of its own (``corralctl mcp``'s) reads with ``core.request.parse_command_line``."""
         if stdin not in ("keep", "null"):
             raise UsageError(f"Session.exec: stdin must be 'keep' or 'null', not {stdin!r}")
         argv = [*shell(), argv_or_cmd] if isinstance(argv_or_cmd, str) else [os.fspath(a) for a in argv_or_cmd]
-        args = [*_CORRAL, "--yield", _value("wall", yield_), "--session", self._id(), "--json", record_path]
+        args = ["--yield", _value("wall", yield_), "--session", self._id(), "--json", record_path]
         args += ["--quiet", *(["--pty"] if pty else ["--stdin", stdin])]
         for key, value in {**self._defaults, **kwargs}.items():
             if key == "stdin":

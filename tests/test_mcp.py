@@ -9,6 +9,7 @@ process carrying the server's marker -- the runs, their daemons, the session's
 holder -- gone, the port free. Each absence is read from /proc (environ marks).
 """
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -43,7 +44,9 @@ async def mcp_server(tmp_path, marker: str, *, modern: bool = False, **session_o
     params = StdioServerParameters(
         command=CTL[0],
         args=[*CTL[1:], "mcp"],
-        env={"CORRAL_STATE_DIR": str(state), MARKER_ENV: marker},
+        # CORRAL_SERVICE=installed: the SDK passes a minimal environment, not the suite's
+        # (tests/conftest.py): no run of a test may start the transient service other tests' runs would use.
+        env={"CORRAL_STATE_DIR": str(state), MARKER_ENV: marker, "CORRAL_SERVICE": "installed"},
         cwd=str(tmp_path),
     )
     try:
@@ -304,16 +307,58 @@ async def test_an_exec_on_a_tty_is_answered_through_write_stdin_and_stopped(tmp_
 
 async def test_a_call_waiting_on_a_run_wakes_the_server_for_its_end_not_on_a_tick(tmp_path):
     """An exec waiting out its yield on a sleeping command: the server is woken by
-    its corral's exit (the child watcher), not by a timer. A 20 ms tick would
-    wake it some 150 times in the 3 s; a blocked wait, a handful."""
+    its corral's exit (its pidfd in the event loop), not by a timer. A 20 ms tick
+    would wake it some 150 times in the 3 s; a blocked wait, a handful. The server
+    is the run's front (``mcp.front``): starting a run wakes it too (the holder's
+    call, ``background.launch`` looking for the run's start), so what the 3 s add
+    is read against an exec of ``true`` (the same start, no wait), every thread counted."""
     marker = new_marker()
     async with mcp_server(tmp_path, marker) as call:
         server = (await call("list"))["server_pid"]
         before = voluntary_wakeups(server)
+        quick = await call("exec", cmd="true", yield_ms=10000)
+        started = voluntary_wakeups(server) - before
+        before = voluntary_wakeups(server)
         result = await call("exec", cmd="sleep 3", yield_ms=10000)
         woke = voluntary_wakeups(server) - before
-        assert result["exit_code"] == 0, result
-        assert woke < 60, f"the server woke {woke} times while its call waited 3 s"
+        assert quick["exit_code"] == 0 and result["exit_code"] == 0, (quick, result)
+        assert woke - started < 60, f"the server woke {woke} times while its call waited 3 s ({started} for a start)"
+
+
+async def test_an_exec_has_no_front_process_the_server_is_its_front(tmp_path):
+    """``exec`` starts no ``corral --yield`` of its own (``mcp.front``): while its call
+    waits out the yield, the server has no child (the kernel's children lists of its
+    threads); the run's corral is the session holder's. Its end and proof are as ever."""
+    async with mcp_server(tmp_path, new_marker()) as call:
+        server = (await call("list"))["server_pid"]
+        began = tmp_path / "began"
+        waiting = asyncio.ensure_future(call("exec", cmd=f"touch {began}; sleep 2", yield_ms=10000))
+        end = time.monotonic() + PATIENCE
+        while not began.exists() and not waiting.done() and time.monotonic() < end:
+            await _sleep(0.02)
+        assert began.exists() and not waiting.done()
+        children = set()
+        for tid in os.listdir(f"/proc/{server}/task"):
+            with open(f"/proc/{server}/task/{tid}/children") as f:
+                children.update(f.read().split())
+        result = await waiting
+        assert children == set(), f"the server's children while its exec waited: {children}"
+        assert result["exit_code"] == 0 and proven(result), result
+
+
+async def test_a_quick_exec_is_answered_with_its_record(tmp_path):
+    """An exec ending within its yield is answered once its corral has written its
+    record (the holder's word once it has reaped the corral; the token holder's pidfd
+    said some quick runs had ended before their record was there): its own exit code,
+    reason and proof, every time."""
+    async with mcp_server(tmp_path, new_marker()) as call:
+        for _ in range(5):
+            ended = await call("exec", cmd="echo said >&2; exit 3", workdir=str(tmp_path))
+            assert ended["exit_code"] == 3 and ended["reason"] == "exited" and proven(ended), ended
+            assert ended["output"] == "said\n"
+            missing = await call("exec", cmd="exec /nonexistent/program")
+            assert missing["exit_code"] == 127 and missing["proof"] is not None, missing
+            assert "no record" not in missing["reason"], missing
 
 
 def test_without_the_sdk_one_line_and_125(tmp_path):

@@ -1,6 +1,7 @@
 """``corralctl mcp``: an MCP server over stdio whose whole life is one corral session.
 
-    runs.py    the session's runs: exec (Session.aexec: corral --yield) and start (corral --background)
+    runs.py    the session's runs: exec (corral --yield's run) and start (corral --background)
+    front.py   an exec's front in this process: corral's parser and background.launch, no corral start
     output.py  a run's output: its log read with cursors, cut to head and tail
     tools.py   the tools: schemas, argument checks, what each does (no SDK import)
     tasks.py   MCP tasks: start and a long exec as tasks of their runs, where the client asks

@@ -4,10 +4,14 @@ The server never forks a command, nor keeps a run's pipes: both tools start
 runs through the library, on the mechanism the CLI uses, so a run is the
 same run as on the command line.
 
-- ``exec``: ``Session.aexec`` (``corral --yield``, docs/exec.md): a background run
-  of the session from its start, its stdin kept by its own corral (a pipe, or
-  its terminal's input with ``tty``), its output its log; ended within the
-  yield, its record; else handed back, still running, nothing moved.
+- ``exec``: ``corral --yield``'s run (docs/exec.md) with this server as its front
+  (``mcp.front``: its arguments read by corral's own parser, ``background.launch``
+  in this process, no corral process start): a background run of the session
+  from its start, its stdin kept by its own corral (a pipe, or its terminal's
+  input with ``tty``), its output its log; ended within the yield, its record;
+  else handed back, still running, nothing moved. (``Session.aexec``, a
+  ``corral --yield`` process, where the holder cannot start it with this
+  server's context.)
 - ``start``: ``Session.astart`` (``corral --background``), ready (port, file
   or log line) when the call returns; stdin /dev/null.
 
@@ -57,12 +61,31 @@ def reason_of(record: dict) -> str:
     return f"{outcome}: {detail}" if detail else outcome
 
 
+async def _readable(fd: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``fd`` to turn readable, in the event loop
+    (no thread, no tick); True if it did."""
+    loop = asyncio.get_running_loop()
+    woke = loop.create_future()
+    loop.add_reader(fd, lambda: woke.done() or woke.set_result(None))
+    try:
+        await asyncio.wait_for(woke, max(timeout, 0.001))
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+    return True
+
+
 class SessionRun:
     """One run of the server's session (``kind`` "exec" or "start").
 
     ``handle`` is the library's ``BackgroundRun`` (a ``HandedBack`` for an exec run
     that outlived its yield); None for an exec run that ended within it, or that
-    corral refused (``refused``: its one line, exit 125, nothing ran)."""
+    corral refused (``refused``: its one line, exit 125, nothing ran). ``corral``:
+    the run's corral as ``core.background.launch`` kept it (this server its front,
+    ``mcp.front``): its end is the holder's word once it has reaped it, so its
+    record is there when it says so (the token holder's pidfd answered some quick
+    runs before their record was written: "corral wrote no record")."""
 
     def __init__(
         self,
@@ -75,6 +98,7 @@ class SessionRun:
         record_path: str | None = None,
         ready: dict | None = None,
         refused: str | None = None,
+        corral=None,
     ):
         self.id = run_id
         self.kind = kind
@@ -84,6 +108,7 @@ class SessionRun:
         self.record_path = record_path
         self.ready = ready
         self.refused = refused
+        self.corral = corral
         #: Where the last answer that handed out output ended (the default cursor).
         self.handed = 0
         self.started = time.time()
@@ -110,13 +135,23 @@ class SessionRun:
 
     @property
     def running(self) -> bool:
+        if self.corral is not None:
+            return self.corral.ended() is None
         if self.handle is None or self.record() is not None:
             return False
         return self._corral() is not None
 
     async def ended(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the run's corral to exit (its pidfd,
-        read in the event loop); True when the run is over."""
+        """Wait up to ``timeout`` seconds for the run's corral to exit (the kept
+        corral's word, else its pidfd, read in the event loop); True when the run is over."""
+        loop = asyncio.get_running_loop()
+        if self.corral is not None:
+            deadline = loop.time() + timeout
+            if await self._kept_corral_ended(timeout):
+                return True
+            if self.corral is not None:  # the yield is over
+                return False
+            timeout = deadline - loop.time()  # the holder went quiet: its pidfd, for what is left
         pid = self._corral() if self.running else None
         if pid is None:
             return True
@@ -124,26 +159,25 @@ class SessionRun:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             return True
-        loop = asyncio.get_running_loop()
-        exited = loop.create_future()
         try:
             if self._corral() != pid:  # the pid was reused before the pidfd pinned it: that corral is gone
                 return True
-
-            def readable() -> None:
-                if not exited.done():
-                    exited.set_result(None)
-
-            loop.add_reader(pidfd, readable)
-            try:
-                await asyncio.wait_for(exited, max(timeout, 0.001))
-            except TimeoutError:
-                return False
-            finally:
-                loop.remove_reader(pidfd)
+            return await _readable(pidfd, timeout)
         finally:
             os.close(pidfd)
-        return True
+
+    async def _kept_corral_ended(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the holder's word on the kept corral's end (its
+        channel, read in the event loop); True once given (the corral let go). A wake
+        without it (the holder gone, its channel at its end): the corral is let go,
+        False, and the caller waits on the pidfd instead (no spin on that channel)."""
+        corral = self.corral
+        if corral.ended() is None and not await _readable(corral.wait_fd(), timeout):
+            return False
+        code = corral.ended()  # None: the holder went quiet
+        corral.close()
+        self.corral = None
+        return code is not None
 
     def end_facts(self) -> dict:
         """The run's end: exit code, reason, proof (its record; a start run's, or an exec

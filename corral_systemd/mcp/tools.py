@@ -282,12 +282,48 @@ class Tools:
 
     # -- the tools ----------------------------------------------------------------------
     async def tool_exec(self, args: dict) -> dict:
-        from ..common.errors import SetupError, UsageError
-        from ..session import HandedBack
+        """``corral --yield``'s run, this server its front (``mcp.front``: no corral process
+        start); where the session's holder cannot start it with this server's context,
+        a ``corral --yield`` front does (``Session.aexec``), which can start it itself."""
+        from . import front
 
         options, cwd = self._options(args), _workdir(args)
         run_id = self._new_id()
         record = os.path.join(self._records, f"{run_id}.json")
+        yield_s = args["yield_ms"] / 1000
+        log = None  # the run's log where this server is its front
+        try:
+            launched = await front.launch(
+                self.session, args["cmd"], yield_s=yield_s, pty=args["tty"], record=record, cwd=cwd, options=options
+            )
+        except front.Refused as exc:  # corral's 125 (a guarantee not to be had here): nothing ran
+            run = SessionRun(run_id, "exec", args["cmd"], None, record_path=record, refused=str(exc))
+        except front.Unstarted as exc:
+            raise RunFailed(str(exc)) from None
+        except front.FrontNeeded:
+            run = await self._exec_by_front(run_id, args, options, cwd, record)
+            yield_s = 0  # the front waited it out
+        else:
+            log, handle = launched.log, None
+            if launched.corral is not None:
+                from ..session import HandedBack
+
+                facts = {"run_id": launched.run_id, "log": launched.log, "cursor": 0}
+                handle = HandedBack(facts, self.session, b"", record)
+            run = SessionRun(
+                run_id, "exec", args["cmd"], launched.run_id, handle=handle, record_path=record, corral=launched.corral
+            )
+        self.runs[run_id] = run
+        ended = await run.ended(yield_s)
+        if ended and log is not None:  # its corral's own lines: the front's to take, as corral --yield's
+            front.take_report(log, run.corral_run_id)
+        return self._answer(run, ended, args["max_output_bytes"])
+
+    async def _exec_by_front(self, run_id: str, args: dict, options: dict, cwd: str | None, record: str) -> SessionRun:
+        """The exec run through a ``corral --yield`` front (``Session.aexec``)."""
+        from ..common.errors import SetupError, UsageError
+        from ..session import HandedBack
+
         refused = handle = None
         try:
             outcome = await self.session.aexec(
@@ -310,9 +346,9 @@ class Tools:
         if refused is None:
             with open(record) as f:
                 corral_run_id = json.load(f).get("run_id")
-        run = SessionRun(run_id, "exec", args["cmd"], corral_run_id, handle=handle, record_path=record, refused=refused)
-        self.runs[run_id] = run
-        return self._answer(run, await run.ended(0), args["max_output_bytes"])
+        return SessionRun(
+            run_id, "exec", args["cmd"], corral_run_id, handle=handle, record_path=record, refused=refused
+        )
 
     def _answer(self, run: SessionRun, ended: bool, limit: int) -> dict:
         facts: dict = {"run_id": run.id, "running": not ended}
