@@ -66,7 +66,12 @@ async def _readable(fd: int, timeout: float) -> bool:
     (no thread, no tick); True if it did."""
     loop = asyncio.get_running_loop()
     woke = loop.create_future()
-    loop.add_reader(fd, lambda: woke.done() or woke.set_result(None))
+
+    def readable() -> None:
+        if not woke.done():
+            woke.set_result(None)
+
+    loop.add_reader(fd, readable)
     try:
         await asyncio.wait_for(woke, max(timeout, 0.001))
     except TimeoutError:

@@ -315,8 +315,8 @@ class Tools:
             )
         self.runs[run_id] = run
         ended = await run.ended(yield_s)
-        if ended and log is not None:  # its corral's own lines: the front's to take, as corral --yield's
-            front.take_report(log, run.corral_run_id)
+        if ended and log is not None and run.corral_run_id is not None:  # its corral's own lines: the front's
+            front.take_report(log, run.corral_run_id)  # to take, as corral --yield's
         return self._answer(run, ended, args["max_output_bytes"])
 
     async def _exec_by_front(self, run_id: str, args: dict, options: dict, cwd: str | None, record: str) -> SessionRun:
