@@ -154,8 +154,11 @@ def test_a_run_from_a_login_session_lands_in_the_users_manager(tmp_path):
         pytest.skip("root opens the login session (system lane)")
     marker = new_marker()
     record = Path("/tmp") / f"corral-login-{marker}.json"
+    # CORRAL_SERVICE=installed: a login shell does not have the suite's (tests/conftest.py), and
+    # the first corral in it would leave a transient corral service in the user's manager.
     script = (
-        f"env {MARKER_ENV}={marker} {INSTALLED} --json {record} {' '.join(scale_walls(['--wall', '2s']))} -- "
+        f"env CORRAL_SERVICE=installed {MARKER_ENV}={marker} "
+        f"{INSTALLED} --json {record} {' '.join(scale_walls(['--wall', '2s']))} -- "
         "sh -c 'setsid sleep 300 & echo session=$XDG_SESSION_ID; cat /proc/self/cgroup; sleep 300'"
     )
     try:

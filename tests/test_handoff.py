@@ -421,6 +421,19 @@ def test_network_none_holds_against_systemd_run(corral, mode):
     assert host not in run.stdout and run.stdout.splitlines()[-1] != b"asked=0", run.stdout
 
 
+def moved_out_script(unit: str, seconds: str) -> str:
+    """A command whose `sleep SECONDS` moves itself out of the run into the
+    manager's scope UNIT.scope (`systemd-run --scope`), then waits until the
+    manager has that scope (within a scaled bound) and a little more."""
+    flag = " ".join(scope_flag())
+    bound = int(300 * TIME_SCALE)
+    return (
+        f"systemd-run {flag} --scope -q --unit {unit} sleep {seconds} & "
+        f"i=0; until systemctl {flag} is-active -q {unit}.scope || [ $i -ge {bound} ]; do sleep 0.1; i=$((i+1)); done; "
+        "sleep 0.5"
+    )
+
+
 @pytest.mark.systemd
 @pytest.mark.parametrize("mode", MANAGER_MODES)
 def test_a_process_the_manager_moves_out_is_a_hand_off_named(corral, mode):
@@ -430,14 +443,7 @@ def test_a_process_the_manager_moves_out_is_a_hand_off_named(corral, mode):
     if shutil.which("systemd-run") is None:
         pytest.skip("systemd-run")
     unit = f"handoff-test-{uuid.uuid4().hex[:8]}"
-    flag = " ".join(scope_flag())
-    bound = int(300 * TIME_SCALE)
-    script = (
-        f"systemd-run {flag} --scope -q --unit {unit} sleep 1007 & "
-        f"i=0; until systemctl {flag} is-active -q {unit}.scope || [ $i -ge {bound} ]; do sleep 0.1; i=$((i+1)); done; "
-        "sleep 0.5"
-    )
-    run = corral(mode_flags(mode) + ["--", "sh", "-c", script])
+    run = corral(mode_flags(mode) + ["--", "sh", "-c", moved_out_script(unit, "1007")])
     if mode == "fallback":
         # No manager watched: the moved process is still below corral, stopped
         # and proven gone with the rest; nothing is attributed.

@@ -199,6 +199,10 @@ class RunTracker:
         if pid not in self.moved_to and (path := proc_cgroup(pid, self.hierarchy)) is not None:
             self.moved_to[pid] = path
 
+    def pidfd_of(self, pid: int) -> int | None:
+        """The pidfd this tracker holds for ``pid`` (closed by the tracker), or None."""
+        return self._fds.get(pid)
+
     def new_escapers(self, known) -> list[int]:
         """Escaped pids not in ``known``, still alive (the engine asks its manager about them)."""
         return [p for p in sorted(self.escaped) if p not in known and p in self._fds and not _exited(self._fds[p])]

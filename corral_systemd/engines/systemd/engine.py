@@ -520,15 +520,17 @@ class SystemdEngine(CgroupLimits, Engine):
         (``systemd-run --scope`` inside the run moves itself into a scope of
         its own). systemd 252 records no requester of a unit (a job's
         requester only while the job runs, by bus name): this, the process
-        corral had tracked as the run's, is the evidence there is."""
+        corral had tracked as the run's, is the evidence there is. Asked by
+        the process's pidfd where the manager takes one (GetUnitByPIDFD, 253+)."""
         if self.tracker is None or self.manager.lost is not None:
             return
         for pid in self.tracker.new_escapers(self._asked):
             self._asked.add(pid)
             try:
-                unit = self.manager.unit_of_pid(pid)
+                unit, asked_by = self.manager.unit_of_process(pid, self.tracker.pidfd_of(pid))
             except BusError:
                 continue  # not in a unit of this manager (or gone): an escape, not a hand-off to it
+            self.unit_state.note_api("unit_lookup", asked_by)
             if unit != self.unit:
                 self._moved_into[pid] = unit
 

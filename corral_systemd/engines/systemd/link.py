@@ -55,7 +55,7 @@ class ManagerLink:
             self.open()
         else:
             self.manager_kind, self.conn = session.manager_kind, session.channel(unit, unit_path)
-            self.manager = Manager(self.conn)
+            self.manager = Manager(self.conn, session.apis)  # its version read once, by the session
         #: A peer-to-peer connection to the manager: no bus name, so no
         #: AddRef/UnrefUnit; the unit may be collected as soon as it ends,
         #: and what we need of it arrives in PropertiesChanged before UnitRemoved.

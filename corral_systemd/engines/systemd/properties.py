@@ -92,8 +92,13 @@ def slice_limit_properties(limits: dict) -> list:
     return [prop(*p) for limit in asked for p in limit.unit_properties(limits[limit.field])]
 
 
-def scope_properties(main_pid: int) -> list:
-    """A scope is made of processes that exist: the command, held at its gate."""
+def scope_properties(main_pid: int, *, by_pidfd: bool = False) -> list:
+    """A scope is made of processes that exist: the command, held at its gate.
+    ``by_pidfd``: named by the pidfd that is the call's first descriptor
+    (``PIDFDs=``, systemd 255+: no process number the manager could take for
+    another's), else by its number (``PIDs=``, every systemd)."""
+    if by_pidfd:
+        return [prop("PIDFDs", "ah", [0])]
     return [prop("PIDs", "au", [main_pid])]
 
 

@@ -31,7 +31,10 @@ class SystemdSession:
         self.slice = slice_
         self.manager_kind, conn = connect_manager(manager, START_TIMEOUT)
         try:
-            subscribe(conn, Manager(conn), all_units=True)
+            calls = Manager(conn)
+            subscribe(conn, calls, all_units=True)
+            #: What the manager offers beyond 252, read once for every run of the session.
+            self.apis = calls.apis
         except BusError as exc:
             conn.close()
             raise SetupError(f"{self.manager_kind} manager not usable: {_why(exc)}") from None

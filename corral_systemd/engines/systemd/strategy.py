@@ -107,7 +107,11 @@ class ScopeStrategy:
             engine._child = spawn_gated_by_shell(
                 argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, umask=engine.spec.umask
             )
-        return P.scope_properties(engine._child.pid), []
+        # By its pidfd where the manager takes one (read once per connection: Manager.apis).
+        pidfd = getattr(engine._child, "pidfd", -1)
+        by_pidfd = pidfd >= 0 and engine.manager.apis.scope_from_pidfds
+        engine.unit_state.note_api("scope_from", "pidfd" if by_pidfd else "pid")
+        return P.scope_properties(engine._child.pid, by_pidfd=by_pidfd), [pidfd] if by_pidfd else []
 
     def start_failed(self, result: str) -> None:
         raise SetupError(f"systemd could not start {self.engine.unit}: job {result}")

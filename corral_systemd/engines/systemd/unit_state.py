@@ -35,6 +35,8 @@ MANAGER_FIGURES = (
     ("IOReadBytes", "io_read_bytes"),
     ("IOWriteBytes", "io_write_bytes"),
 )
+#: Where the manager has it (``ManagerAPIs.memory_peak``, systemd 255+): its memory.peak reading.
+MEMORY_PEAK = ("MemoryPeak", "memory_peak")
 
 
 class UnitState:
@@ -83,11 +85,27 @@ class UnitState:
         return changed
 
     def keep_figures(self, props: dict) -> None:
-        """Keep the larger of each reading (systemd 252 has no MemoryPeak)."""
-        for prop_name, name in MANAGER_FIGURES:
+        """Keep the larger of each reading; the manager's MemoryPeak where it
+        has one (255+; 252's has none: the peak is then the cgroup's alone).
+        ``manager_apis.memory_peak`` in the record: the manager's last reading."""
+        figures: tuple[tuple[str, str], ...] = MANAGER_FIGURES
+        if self.link.manager.apis.memory_peak:
+            figures += (MEMORY_PEAK,)
+            peak = props.get(MEMORY_PEAK[0])
+            if peak is not None and peak < UNSET:
+                self.note_api("memory_peak", peak)
+        for prop_name, name in figures:
             value = props.get(prop_name)
             if value is not None and value < UNSET:
                 self.figures[name] = max(self.figures.get(name, 0), value)
+
+    def note_api(self, what: str, value) -> None:
+        """The record's ``manager_apis``: the manager's version and which of
+        its newer calls this run took (``scope_from``, ``unit_lookup``:
+        "pidfd" or "pid"; ``memory_peak``: its last MemoryPeak reading)."""
+        apis = self._facts.setdefault("manager_apis", {})
+        apis.setdefault("version", self.link.manager.apis.version)
+        apis[what] = value
 
     def read_back(self, loaded: bool, state: str | None) -> None:
         """A new connection's word on the unit (``ManagerLink.reconnect``).
