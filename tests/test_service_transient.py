@@ -1,4 +1,4 @@
-"""The corral service with no install step (issue 38; ``service/transient.py``).
+"""The corral service with no install step (``service/transient.py``).
 
 ``service_unit`` (run alone, in the harness: the transient pair listens at
 the default socket path, which every corral of the user would then use):
