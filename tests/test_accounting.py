@@ -260,6 +260,12 @@ class _FakeSession:
     manager_kind = "user"
     tether_unit = "corral-accounting-test-tether.scope"
 
+    @property
+    def apis(self):
+        from corral_systemd.dbus.systemd1 import ManagerAPIs
+
+        return ManagerAPIs(None)  # no version read: 252's paths
+
     def channel(self, unit, path):
         return _FakeConnection()
 

@@ -108,6 +108,9 @@ def test_network_none_that_cannot_be_had_never_runs_the_command(tmp_path, mode):
             f"PYTHONPATH={os.pathsep.join(sys.path)}",
             "--setenv",
             f"PATH={os.environ['PATH']}",
+            # the unit has the manager's environment, not the suite's: no transient service (tests/conftest.py)
+            "--setenv",
+            "CORRAL_SERVICE=installed",
             *argv,
         ],
         capture_output=True,
