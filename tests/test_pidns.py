@@ -171,6 +171,29 @@ def test_a_sigkilled_corral_leaves_nothing_of_its_run(who):
             shutil.rmtree(cwd, ignore_errors=True)
 
 
+def test_a_command_that_ends_at_once_leaving_a_child_is_seen_ending():
+    """The init's "run" and "exit STATUS" can come in one read when the command ends at
+    once: the exit waited in corral's buffer, where no poll of the channel woke, and
+    corral waited for the child it left (here 2 s) instead of stopping it; then the
+    namespace's end read as a SIGKILL (137). Raced 15 times: each run is the command's
+    own 3, its child stopped, nothing left."""
+    for _ in range(15):
+        marker = new_marker()
+        try:
+            r = subprocess.run(
+                [*CORRAL, "--no-registry", *PIDNS_FLAGS, "--", "sh", "-c", "sleep 2 & exit 3"],
+                env=_env(marker),
+                capture_output=True,
+                text=True,
+                timeout=60 * TIME_SCALE,
+            )
+            assert r.returncode == 3, r.stderr
+            assert "1 process stopped" in r.stderr and "init ended" not in r.stderr, r.stderr
+            assert marked_pids(marker) == []
+        finally:
+            kill_marked(marker)
+
+
 # -- another user -------------------------------------------------------------------------------
 
 

@@ -231,6 +231,9 @@ class PidnsEngine(ProcessTreeEngine):
         failed = None
         while (said := self._next_line(deadline=deadline)) is not None:
             if said == "run":
+                # A command that ended at once: its "exit STATUS" may have come in the same
+                # read as "run", and waits in the buffer, where no poll of the channel wakes.
+                self.reap()
                 return
             if failed is None and said.startswith(("exec ", "setup ")):
                 failed = said  # the init's only if it ends now, without a `run`
