@@ -390,6 +390,11 @@ class Supervisor:
         res, engine = self.result, self.engine
         if engine.main_status() is not None:
             self._step("command_exited", status=engine.main_status())
+            if deadline is not None and self._now() >= deadline and self.signals is not None and self.signals.continued:
+                # corral was stopped past the deadline, and its tether stopped the run in its
+                # place (engines/fallback_tether.py, tether.py): the run ended at its wall.
+                res.reason = R.TIMEOUT
+                return False
             # An OOM kill ends the main process like any SIGKILL: ask.
             res.reason = R.MEMORY if engine.oom_killed() else R.EXITED
             return False
