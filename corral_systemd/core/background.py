@@ -242,21 +242,14 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _fork_detached(request, run_here, log_fd: int) -> int:
-    import sys
+    from ..kernel.detach import fork_detached
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
+    # Its log is its stdout and stderr; none of the caller's descriptors stays open in the run.
+    pid = fork_detached(stdout=log_fd, stderr=log_fd)
     if pid:
         return pid
     code = 125
     try:  # the run's own corral, from here to os._exit
-        os.setsid()  # no terminal, no process group of the caller's: its signals are not ours
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.closerange(3, _fd_limit())  # none of the caller's descriptors stays open in the run
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         code = run_detached(request, run_here)
@@ -274,13 +267,6 @@ def _fork_detached(request, run_here, log_fd: int) -> int:
     finally:
         os._exit(code)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _fd_limit() -> int:
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return soft if 0 < soft < (1 << 20) else 1 << 20
 
 
 def _check_target_free(bg, own_network: bool) -> None:

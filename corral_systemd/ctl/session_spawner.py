@@ -79,21 +79,16 @@ class Spawner:
         # -P: the caller's working directory is not on the exec'd corral's module path.
         exe = [sys.executable, "-P", "-c", _DETACHED, default_mode, run_id, *argv]
         env = dict(ctx.env)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
+        from ..kernel.detach import fork_detached
+
+        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=(cwd_fd,))
         if pid == 0:  # the run's corral, from here to exec
             try:
                 from ..kernel.prctl import set_dumpable
 
                 set_dumpable(True)  # its own /proc/self files (oom_score_adj) are its to write only so
-                os.setsid()
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(log_fd, 1)
-                os.dup2(log_fd, 2)
                 ctx.apply(cwd_fd)
-                os.closerange(3, _fd_limit())
+                os.close(cwd_fd)
                 os.execve(exe[0], exe, env)
             except BaseException as exc:
                 try:
@@ -175,13 +170,6 @@ def own_descendants() -> list[int]:
                     found.append(kid)
                     stack.append(kid)
     return found
-
-
-def _fd_limit() -> int:
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return soft if 0 < soft < (1 << 20) else 1 << 20
 
 
 #: The exec'd corral: ``cli.detached_main([default_mode, run_id, *argv])``.

@@ -217,14 +217,13 @@ def _start_forked(directory: str, config: dict, owner_fd: int | None, why: str |
             f"{said} not enforced: no service manager ({why}), so no group holds all of its runs; "
             "each run's own limits still hold"
         )
+    from ..kernel.detach import fork_detached
+
     ready_r, ready_w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the holder, from here to os._exit
+    pid = fork_detached(keep=(ready_w, *(() if owner_fd is None else (owner_fd,))))
+    if pid == 0:  # the holder's intermediate, from here to os._exit
         code = 1
         try:
-            os.close(ready_r)
             code = _detached_holder(directory, config, owner_fd, ready_w, verdicts)
         finally:
             os._exit(code)
@@ -241,19 +240,8 @@ def _detached_holder(directory: str, config: dict, owner_fd: int | None, ready_w
     """The holder's life as a grandchild of ``session start`` (so no shell waits for it)."""
     from .session_holder import Holder
 
-    os.setsid()
     if os.fork():
         return 0  # the intermediate: ``session start`` reaps it at once
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    keep = {ready_w} | ({owner_fd} if owner_fd is not None else set())
-    for fd in range(3, 1024):
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
     return Holder(directory, config, owner_fd, verdicts).run(ready_w)
 
 

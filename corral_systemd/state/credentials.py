@@ -54,7 +54,6 @@ whichever registry (if any) the run is in.
 """
 
 import os
-import signal
 
 from ..common.credential_check import (  # noqa: F401  (the mechanism, documented here)
     CHECK_FAILED,
@@ -266,31 +265,12 @@ class PrivateCredentials:
             self._contents = []
 
     def _start_watcher(self) -> None:
+        from ..kernel.detach import fork_detached
+
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        pid = fork_detached(keep=(read_fd, self._lock_fd), ignore_terminal_signals=True)
         if pid == 0:  # the watcher
             try:
-                os.setsid()
-                for sig in (
-                    signal.SIGINT,
-                    signal.SIGTERM,
-                    signal.SIGHUP,
-                    signal.SIGQUIT,
-                    signal.SIGTSTP,
-                    signal.SIGPIPE,
-                ):
-                    signal.signal(sig, signal.SIG_IGN)
-                try:
-                    signal.set_wakeup_fd(-1)
-                except ValueError:
-                    pass
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(null, fd)
-                low, high = sorted((read_fd, self._lock_fd))
-                os.closerange(3, low)
-                os.closerange(low + 1, high)
-                os.closerange(high + 1, 65536)
                 while True:
                     try:
                         if not os.read(read_fd, 64):
