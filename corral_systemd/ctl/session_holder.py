@@ -49,6 +49,7 @@ import socket
 import sys
 import time
 
+from ..kernel.pidfd import exited, pid_of
 from ..state import registry as REG
 from ..state import sessions as S
 from ..varlink.wire import Channel, ProtocolError, close_fds, peer_credentials
@@ -348,7 +349,7 @@ class Holder:
                     "from there only a corral inside one of the session's runs may join",
                 )
             max_runs = self.config.get("max_runs")
-            running = [rid for fd, (rid, _) in self.live.items() if not _exited(fd)]
+            running = [rid for fd, (rid, _) in self.live.items() if not exited(fd)]
             if isinstance(max_runs, int) and len(running) >= max_runs:
                 raise Refused(
                     "TooManyRuns", f"session {self.session_id} has {len(running)} runs, its --max-runs {max_runs}"
@@ -376,7 +377,7 @@ class Holder:
         says: a corral nested in a member's ``pidns`` run, whose namespace hides
         this holder), or None. Such a run is stopped by that member's stop: its
         init's death ends every process of the namespace."""
-        corrals = {_pid_of(fd): run_id for fd, (run_id, _) in self.live.items() if not _exited(fd)}
+        corrals = {pid_of(fd): run_id for fd, (run_id, _) in self.live.items() if not exited(fd)}
         corrals.pop(None, None)
         seen = 0
         while pid > 1 and seen < 4096:
@@ -495,23 +496,6 @@ def user_namespace_view(pid: int) -> tuple[str, str, str] | None:
         )
     except OSError:
         return None
-
-
-def _exited(pidfd: int) -> bool:
-    return bool(select.select([pidfd], [], [], 0)[0])
-
-
-def _pid_of(pidfd: int) -> int | None:
-    """The pid a pidfd refers to, as the kernel says (its fdinfo), or None."""
-    try:
-        with open(f"/proc/self/fdinfo/{pidfd}") as f:
-            for line in f:
-                if line.startswith("Pid:"):
-                    pid = int(line.split()[1])
-                    return pid if pid > 0 else None
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _reply_error(channel: Channel, name: str, why: str) -> None:

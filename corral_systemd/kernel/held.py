@@ -11,6 +11,7 @@ the process has exited), ``session_pinned``, ``abandon``, ``close``.
 import os
 
 from .gate import READY, encode_request
+from .pidfd import exited, pid_of
 
 
 class Refused(ValueError):
@@ -135,7 +136,7 @@ class HeldProcess:
         if self.status is not None or self.lied is not None or self._exit < 0:
             return self.status
         self._read_exit_pipe()
-        if self.status is None and self.lied is None and self._exit >= 0 and not self._waited and _exited(self.pidfd):
+        if self.status is None and self.lied is None and self._exit >= 0 and not self._waited and exited(self.pidfd):
             self._waited = True
             import select
 
@@ -168,7 +169,7 @@ class HeldProcess:
             self.usage = _parse_usage(line.split(b" ")[1:])
             if status is None:
                 self.lied = f"the caller reported {self._report[:80]!r}, not a wait status"
-            elif not _exited(self.pidfd):
+            elif not exited(self.pidfd):
                 self.lied = "the caller reported an exit of a process that had not exited"
             else:
                 self.status = status
@@ -230,12 +231,10 @@ def _pidfd_pid(pidfd: int) -> int:
         link = os.readlink(f"/proc/self/fd/{pidfd}")
         if link != "anon_inode:[pidfd]" and not link.startswith("pidfd:"):  # pidfs since Linux 6.9
             raise Refused("the process descriptor is not a pidfd")
-        with open(f"/proc/self/fdinfo/{pidfd}") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        pid = int(fields["Pid"])
-    except (OSError, KeyError, ValueError) as exc:
+    except OSError as exc:
         raise Refused(f"the process descriptor cannot be read ({exc})") from None
-    if pid <= 0:
+    pid = pid_of(pidfd)
+    if pid is None:
         raise Refused("the caller's process is not visible in the service's pid namespace, or has ended")
     return pid
 
@@ -264,7 +263,7 @@ def _check_held(pid: int, pidfd: int, parent: int) -> None:
         raise Refused("the process descriptor names a process that is not the caller's child")
     if info.sid != pid:
         raise Refused("the caller's process is not in a session of its own")
-    if not _unreaped(pidfd) or _exited(pidfd):
+    if not _unreaped(pidfd) or exited(pidfd):
         raise Refused("the caller's process has ended")
 
 
@@ -278,14 +277,6 @@ def _unreaped(pidfd: int) -> bool:
         return False
     except PermissionError:
         return True  # exists (another uid's now: a setuid exec); not reaped
-
-
-def _exited(pidfd: int) -> bool:
-    import select
-
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _parse_usage(fields: list[bytes]) -> tuple[int, int] | None:

@@ -89,13 +89,28 @@ def _carries_run_id(pid: int, run_id: str) -> bool:
         return False
 
 
-def _exited(fd: int) -> bool:
+def exited(fd: int) -> bool:
     """A pidfd polls readable once its process has exited (every thread; a zombie counts)."""
     import select
 
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def pid_of(fd: int) -> int | None:
+    """The pid a pidfd names, as the kernel says it (its fdinfo's ``Pid``) in this
+    process's pid namespace; None once the process has been reaped, where it is
+    not visible from here (another pid namespace's), or if that cannot be read."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _limit() -> int:
@@ -205,7 +220,7 @@ class RunTracker:
 
     def new_escapers(self, known) -> list[int]:
         """Escaped pids not in ``known``, still alive (the engine asks its manager about them)."""
-        return [p for p in sorted(self.escaped) if p not in known and p in self._fds and not _exited(self._fds[p])]
+        return [p for p in sorted(self.escaped) if p not in known and p in self._fds and not exited(self._fds[p])]
 
     def observe(self, listed, relist) -> None:
         """``listed``: the group's pids as just read; ``relist()`` reads them again."""
@@ -213,9 +228,9 @@ class RunTracker:
             return
         listed_set = set(listed)
         for pid in [p for p in self._fds if p not in listed_set and p not in self.escaped]:
-            if _exited(self._fds[pid]):
+            if exited(self._fds[pid]):
                 self._drop(pid)
-            elif self.in_group(pid) is False and not _exited(self._fds[pid]):
+            elif self.in_group(pid) is False and not exited(self._fds[pid]):
                 self.mark_escaped(pid)
         opened = {}
         for pid in listed:
@@ -267,7 +282,7 @@ class RunTracker:
         children of its own (a client of the corral service). ``before_kill()``:
         called once they are found, before any is signalled (while each lives
         where it went)."""
-        live = [pid for pid, fd in self._fds.items() if not _exited(fd)]
+        live = [pid for pid, fd in self._fds.items() if not exited(fd)]
         if orphans_of is not None:
             live += self._adopt_orphans(orphans_of, not_orphans, run_id if orphans_marked else None)
         for pid in live:
@@ -275,7 +290,7 @@ class RunTracker:
         sids = set()
         for pid in live:
             info = read_stat(pid)
-            if info is not None and not _exited(self._fds[pid]):
+            if info is not None and not exited(self._fds[pid]):
                 sids.add(info.sid)
         own = os.getsid(0)
         sids.discard(own)
@@ -288,7 +303,7 @@ class RunTracker:
         left = []
         for pid in sorted(self.escaped):
             fd = self._fds.get(pid)
-            if fd is None or _exited(fd):
+            if fd is None or exited(fd):
                 continue
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
@@ -385,7 +400,7 @@ class RunTracker:
             if (
                 now is not None
                 and now.starttime == info.starttime
-                and (now.sid in sids or (now.ppid in self._fds and not _exited(self._fds[now.ppid])))
+                and (now.sid in sids or (now.ppid in self._fds and not exited(self._fds[now.ppid])))
             ):
                 self._fds[pid] = fd
                 self.escaped.add(pid)
@@ -400,14 +415,14 @@ class RunTracker:
         an escaper is dead its session id may be reused and its children
         are reparented, so ``sweep`` could no longer tell them from
         strangers (a moved process's children then outlived the run)."""
-        live = {pid for pid in self.escaped if pid in self._fds and not _exited(self._fds[pid])}
+        live = {pid for pid in self.escaped if pid in self._fds and not exited(self._fds[pid])}
         if live:
             sids = {info.sid for pid in live if (info := read_stat(pid)) is not None}
             sids.discard(os.getsid(0))
             self._find_members(sids, live)
         for pid in self.escaped:
             fd = self._fds.get(pid)
-            if fd is not None and not _exited(fd):
+            if fd is not None and not exited(fd):
                 try:
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
