@@ -41,12 +41,15 @@ async def mcp_server(tmp_path, marker: str, *, modern: bool = False, **session_o
     the 2026-07-28 protocol (``server/discover``, no handshake); ``session_options``:
     the SDK's ``ClientSession``'s (its extensions, their result claims)."""
     state = tmp_path / "state"
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(exist_ok=True)
     params = StdioServerParameters(
         command=CTL[0],
         args=[*CTL[1:], "mcp"],
         # CORRAL_SERVICE=installed: the SDK passes a minimal environment, not the suite's
         # (tests/conftest.py): no run of a test may start the transient service other tests' runs would use.
-        env={"CORRAL_STATE_DIR": str(state), MARKER_ENV: marker, "CORRAL_SERVICE": "installed"},
+        # TMPDIR: the server's records directory in the test's own (never the machine's /tmp).
+        env={"CORRAL_STATE_DIR": str(state), MARKER_ENV: marker, "CORRAL_SERVICE": "installed", "TMPDIR": str(tmpdir)},
         cwd=str(tmp_path),
     )
     try:
@@ -243,6 +246,35 @@ async def test_the_server_killed_ends_every_run_of_its_session(tmp_path, tier):
         left = gone(marker, within=PATIENCE)
         assert left == [], f"still alive after the server's SIGKILL: {left}"
         assert not port_accepts(port)
+
+
+async def test_a_killed_servers_records_directory_is_removed_by_the_next_server(tmp_path):
+    """A SIGKILLed server cannot remove its runs' records directory: the next server to
+    start does (no process holds its lock any more), and never one a live server holds."""
+    records = tmp_path / "tmp"
+    async with mcp_server(tmp_path, new_marker()) as call:
+        await call("list")
+        (live,) = records.glob("corral-mcp-*")
+        marker = new_marker()
+        env = dict(os.environ, TMPDIR=str(records), CORRAL_STATE_DIR=str(tmp_path / "state"), **{MARKER_ENV: marker})
+        killed = subprocess.Popen(
+            [*CTL, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        try:
+            deadline = time.monotonic() + PATIENCE
+            while len(dirs := set(records.glob("corral-mcp-*"))) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            (left_behind,) = dirs - {live}
+            killed.kill()
+            killed.wait()
+        finally:
+            killed.kill()
+        assert gone(marker, within=PATIENCE) == []  # its session ended with it (its holder saw its owner die)
+        assert left_behind.is_dir()
+        async with mcp_server(tmp_path, new_marker()) as next_server:
+            await next_server("list")
+            assert not left_behind.exists()
+            assert live.is_dir()  # its server lives
 
 
 async def test_bad_arguments_are_one_line_mcp_errors_and_the_server_goes_on(tmp_path):

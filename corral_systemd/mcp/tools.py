@@ -241,13 +241,59 @@ def _workdir(args: dict) -> str | None:
     return workdir
 
 
+RECORDS_PREFIX = "corral-mcp-"
+_LOCK = "lock"
+
+
+def _records_directory() -> tuple[str, int]:
+    """A directory of this server's own for its runs' records (under $TMPDIR, 0700),
+    and the descriptor of the lock it holds on it for as long as it lives.
+
+    A server that ended without ``close`` (SIGKILLed) cannot remove its own: each
+    server removes, as it starts, every directory of this user's whose lock no
+    process holds (the kernel drops a dead process's flock), never one in use, in
+    whatever pid namespace its server runs."""
+    import fcntl
+    import shutil
+    import stat
+
+    base = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(RECORDS_PREFIX)]
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # not a server's (no lock file), or gone meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its server lives
+        finally:
+            os.close(fd)  # (a lock taken is dropped with it: the directory is removed next)
+        shutil.rmtree(path, ignore_errors=True)
+    # Made under a name no other server prunes, and given its own once locked.
+    staging = tempfile.mkdtemp(prefix="." + RECORDS_PREFIX)
+    fd = os.open(os.path.join(staging, _LOCK), os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    path = os.path.join(base, os.path.basename(staging)[1:])
+    os.rename(staging, path)
+    return path, fd
+
+
 class Tools:
     """The tools over one corral session (``corral_systemd.Session``, opened by the caller)."""
 
     def __init__(self, session):
         self.session = session
         self.runs: dict[str, SessionRun] = {}
-        self._records = tempfile.mkdtemp(prefix="corral-mcp-")
+        self._records, self._records_lock = _records_directory()
         self._next = 0
 
     async def call(self, tool: str, arguments: dict | None) -> dict:
@@ -262,6 +308,7 @@ class Tools:
         import shutil
 
         shutil.rmtree(self._records, ignore_errors=True)
+        os.close(self._records_lock)
 
     def _new_id(self) -> str:
         self._next += 1
