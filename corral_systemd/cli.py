@@ -52,7 +52,7 @@ def detached_main(args: list[str]) -> int:
     from .common.errors import UsageError
     from .core.background import detach, run_detached
     from .kernel import startup
-    from .state.registry import state_dir
+    from .state.registry import output_path, state_dir
 
     startup.prepare()
     default_mode, run_id, *args = args
@@ -60,7 +60,7 @@ def detached_main(args: list[str]) -> int:
         request = parse_command_line(args, default_mode=default_mode)
         if request.background is None:
             raise UsageError("not a --background command line")
-        detach(request, run_id, os.path.join(state_dir(), f"{run_id}.out"))
+        detach(request, run_id, output_path(state_dir(), run_id))
         return run_detached(request, run)  # its log held to --log-max on disk (core.logkeeper)
     except CorralError as exc:
         print(f"corral: {exc}", file=sys.stderr)

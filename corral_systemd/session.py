@@ -379,7 +379,7 @@ class HandedBack(BackgroundRun):
         from .state import registry as REG
 
         run_id = facts["run_id"]
-        log = facts.get("log") or os.path.join(REG.state_dir(), f"{run_id}.out")
+        log = facts.get("log") or REG.output_path(REG.state_dir(), run_id)
         super().__init__({"run_id": run_id, "log": log}, session)
         self.output = output
         self.cursor: int = facts.get("cursor", len(output))

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tethers import tether_kind  # noqa: F401  (the fixture: both tether programs)
 
 from conftest import CORRAL, TIME_SCALE
 from corral_systemd.core.spec import new_run_id
@@ -365,7 +366,7 @@ def test_ps_shows_ten_concurrent_runs(state, tmp_path, markers):
     assert ctl(state, "ps", "--json").stdout.strip() == "[]"
 
 
-def test_gc_after_sigkilled_fallback_corral(state, tmp_path, markers):
+def test_gc_after_sigkilled_fallback_corral(state, tmp_path, markers, tether_kind):
     """What gc can do for a fallback run whose corral and tether were both
     SIGKILLed (the tether alone stops the run of a SIGKILLed corral:
     test_rough_edges): stop every process that carries the run's mark, in the
@@ -471,6 +472,21 @@ def test_gc_removes_old_finished_runs_with_their_logs_keeps_recent_ones(state, d
     r = ctl(state, "gc", "--keep-finished", "30m")
     assert r.returncode == 0 and f"{recent}: finished 1h00m ago" in r.stdout and "removed" in r.stdout, r.stdout
     assert files_of(state, recent) == set()
+
+
+def test_gc_removes_a_background_runs_output_log_and_report_with_it(state):
+    """A background run's output log (and a --yield run's report its front never read)
+    go with its entry and event log: nothing of a pruned run is left in the state directory."""
+    r = subprocess.run([*CORRAL, *FB, "--background", "--", "echo", "hello"], env=env_for(state), capture_output=True)
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.decode().strip()
+    assert ctl(state, "wait", run_id).returncode == 0
+    assert "hello" in ctl(state, "logs", run_id).stdout
+    (state / f"{run_id}.report").write_text("corral: the run's own lines\n")
+    assert files_of(state, run_id) == {".json", ".log", ".out", ".report"}
+    r = ctl(state, "gc", "--keep-finished", "0s")
+    assert r.returncode == 0 and f"{run_id}: finished" in r.stdout, r.stdout + r.stderr
+    assert files_of(state, run_id) == set()
 
 
 def test_gc_never_removes_active_or_expired_runs_or_live_owners(state, dead_pid):

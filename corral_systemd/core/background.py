@@ -144,7 +144,7 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
             if entry.get("name") == request.name and REG.effective_state(entry)[0] != "finished":
                 raise UsageError(f"--name {request.name!r}: run {entry.get('run_id')} of that name is still going")
     run_id = request.spec.run_id
-    bg.log = os.path.join(directory, f"{run_id}.out")
+    bg.log = REG.output_path(directory, run_id)
     log_fd = os.open(bg.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     # Asked to stop while waiting (SIGINT, SIGTERM, SIGHUP): the run is stopped
     # too. Caught from before the fork, so no moment leaves it running unready.
@@ -194,13 +194,10 @@ def detach(request, run_id: str, log: str) -> None:
     request.background, request.output_log = None, log
     request.keep_stdin = bg.keep_stdin
     if request.yield_after is not None:  # its front shows these lines if the run ends within the yield
+        from ..state.registry import report_path
+
         request.report_path = report_path(os.path.dirname(log), run_id)
         request.yield_after = None
-
-
-def report_path(directory: str, run_id: str) -> str:
-    """Where a --yield run's corral writes its own lines (warnings, reason, summary)."""
-    return os.path.join(directory, f"{run_id}.report")
 
 
 def run_detached(request, run_here) -> int:

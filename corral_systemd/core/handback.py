@@ -134,7 +134,7 @@ def _copy_log(path: str, start: int, sink: Callable[[bytes], None]) -> int:
 
 def _take_report(log: str, run_id: str) -> bytes:
     """The run's corral's own lines, read once and removed (the front shows them)."""
-    from .background import report_path
+    from ..state.registry import report_path
 
     path = report_path(os.path.dirname(log), run_id)
     try:

@@ -55,7 +55,7 @@ def find_run(text: str, directory: str) -> dict:
 
 def output_log(directory: str, run_id: str) -> int:
     """The run's output log, open for reading; CtlError if it has none."""
-    path = os.path.join(directory, f"{run_id}.out")
+    path = REG.output_path(directory, run_id)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:

@@ -106,7 +106,7 @@ def _no_record(log: str, run_id: str, code: int) -> None:
 
 
 def take_report(log: str, run_id: str) -> bytes:
-    """The run's corral's own lines (``background.report_path``), read once and removed,
+    """The run's corral's own lines (``state.registry.report_path``), read once and removed,
     as ``corral --yield`` takes them for a run that ended within the yield."""
     from ..core.handback import _take_report
 

@@ -217,7 +217,7 @@ class SessionRun:
 
         start = self.handed if cursor is None else cursor
         try:
-            path = os.path.join(REG.state_dir(), f"{self.corral_run_id}.out")
+            path = REG.output_path(REG.state_dir(), self.corral_run_id)
             facts = read_log(path, start, limit, window=window, running=self.running)
         except OSError as exc:
             raise RunFailed(f"{self.id}: cannot read its log: {exc.strerror or exc}") from None

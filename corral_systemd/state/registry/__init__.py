@@ -68,8 +68,10 @@ from .files import (  # noqa: F401
     list_entries,
     log_path,
     log_tail,
+    output_path,
     read_entry,
     read_events,
+    report_path,
 )
 from .identity import (  # noqa: F401
     MARK_ENV,

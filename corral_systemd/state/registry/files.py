@@ -39,6 +39,16 @@ def log_path(directory: str, run_id: str) -> str:
     return os.path.join(directory, run_id + ".log")
 
 
+def output_path(directory: str, run_id: str) -> str:
+    """A --background run's output log (its command's stdout and stderr, corral's lines)."""
+    return os.path.join(directory, run_id + ".out")
+
+
+def report_path(directory: str, run_id: str) -> str:
+    """Where a --yield run's corral writes its own lines (warnings, reason, summary)."""
+    return os.path.join(directory, run_id + ".report")
+
+
 def read_entry(directory: str, run_id: str) -> dict | None:
     try:
         with open(entry_path(directory, run_id), "rb") as f:

@@ -4,7 +4,7 @@ import os
 import time
 from typing import TypeGuard
 
-from .files import entry_path, log_path, read_entry
+from .files import entry_path, log_path, output_path, read_entry, report_path
 from .identity import owner_alive
 from .paths import valid_run_id
 
@@ -37,12 +37,18 @@ def prunable(entry, mtime: float, cutoff: float) -> "TypeGuard[dict]":
 
 
 def remove_run(directory: str, run_id: str) -> None:
-    """Remove a run's event log, then its entry.
+    """Remove a run's output log and report (a background run's), its event
+    log, then its entry.
 
-    In this order, an interruption leaves a finished entry without a log,
-    which the next pruning removes; never a log without its entry.
+    In this order, an interruption leaves a finished entry, which the next
+    pruning removes with what is left of the rest; never a file without its entry.
     """
-    for path in (log_path(directory, run_id), entry_path(directory, run_id)):
+    for path in (
+        output_path(directory, run_id),
+        report_path(directory, run_id),
+        log_path(directory, run_id),
+        entry_path(directory, run_id),
+    ):
         try:
             os.unlink(path)
         except FileNotFoundError:
