@@ -12,8 +12,9 @@ import re
 import time
 
 import pytest
-from test_sessions import agent, gone_within  # noqa: F401  (the fixture)
+from test_sessions import agent, gone_within, start_session  # noqa: F401  (the fixture)
 
+from modes import all_modes, mode_flags
 from procscan import MARKER_ENV, marked_pids, new_marker
 
 HANDED_BACK = 119
@@ -76,6 +77,39 @@ def test_a_run_that_outlives_the_yield_is_handed_back_and_nothing_is_lost(agent,
     rest = agent.ctl("logs", run_id, "--since", str(cursor))
     assert r.stdout + rest.stdout == "first\nsecond\n"  # every byte once
     assert json.loads(record.read_text())["exit_code"] == 7  # its record replaced the hand-back facts
+    assert gone_within(agent) == []
+
+
+@pytest.mark.parametrize("mode", all_modes())
+def test_a_yielded_run_is_the_same_run_on_every_path(agent, mode, tmp_path):  # noqa: F811
+    """One --yield case through each tier (and a manager's scope and service): ended within
+    the yield it is the plain run (its exit code, its record's outcome, mode and proof);
+    outliving it, 119, every byte once, its exit code from ``corralctl wait`` and its record
+    verified with the daemon it left stopped; nothing of either left."""
+    flags = mode_flags(mode)
+    sid = start_session(agent, mode=mode)
+    quick = "echo out; sh -c 'sleep 600' & exit 3"
+    yielded = agent.corral(
+        [*flags, "--yield", "60s", "--session", sid, "--json", str(tmp_path / "y.json"), "sh", "-c", quick]
+    )
+    plain = agent.corral([*flags, "--session", sid, "--json", str(tmp_path / "p.json"), "sh", "-c", quick])
+    assert yielded.returncode == plain.returncode == 3, yielded.stderr + plain.stderr
+    y, p = (json.loads((tmp_path / name).read_text()) for name in ("y.json", "p.json"))
+    for key in ("outcome", "exit_code", "verified", "guarantee", "mode", "proof"):
+        assert y[key] == p[key], key
+    gate = tmp_path / "go"
+    slow = f"echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second; sh -c 'sleep 600' & exit 7"
+    record = tmp_path / "r.json"
+    r = agent.corral([*flags, "--yield", "500ms", "--session", sid, "--json", str(record), "sh", "-c", slow])
+    assert r.returncode == HANDED_BACK, r.stderr
+    run_id, cursor = _handed_back_id(r.stderr)
+    assert r.stdout == "first\n" and marked_pids(r.marker), "handed back: the run goes on"
+    gate.touch()
+    assert agent.ctl("wait", run_id).returncode == 7
+    assert r.stdout + agent.ctl("logs", run_id, "--since", str(cursor)).stdout == "first\nsecond\n"
+    done = json.loads(record.read_text())
+    assert done["exit_code"] == 7 and done["verified"] is True and done["mode"] == p["mode"], done
+    assert done["processes_stopped"] >= 1 and done["remaining_pids"] == []  # the sleep it left
     assert gone_within(agent) == []
 
 
