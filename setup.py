@@ -1,5 +1,5 @@
 """Build steps pyproject.toml cannot declare: the compiled corral client,
-and the pidns tier's compiled init.
+the pidns tier's compiled init and the compiled tether.
 
 ``corral`` and ``corral-enforced`` are built from packaging/client/corral.c
 when a C compiler is there (``$CC``, else ``cc``), replacing the Python
@@ -13,9 +13,10 @@ tagged for the platform (py3-none-linux_*), since it may hold the binary.
 
 The init (packaging/pidns-init/init.c, built by packaging/pidns-init/build)
 goes into the package as corral_systemd/libexec/corral-pidns-init, where
-engines/pidns.py looks for it; not built, the pidns tier's init is the
-Python one (a clone of corral) as before (CORRAL_NO_COMPILED_CLIENT skips
-it too).
+engines/pidns.py looks for it, and the tether (packaging/tether/tether.c)
+as corral_systemd/libexec/corral-tether, where engines/tether.py does; not
+built, each has its Python twin (a clone or fork of corral) as before
+(CORRAL_NO_COMPILED_CLIENT skips them too).
 """
 
 import os
@@ -73,28 +74,32 @@ class BuildScripts(build_scripts):
         compile_client(self.build_dir)
 
 
-def compile_pidns_init(package_dir: str) -> bool:
-    """The pidns tier's init built into ``package_dir``/libexec; False (and why on stderr) if not."""
+#: The programs built into the package's libexec (the name there: its packaging/ directory).
+LIBEXEC = {"corral-pidns-init": "pidns-init", "corral-tether": "tether"}
+
+
+def compile_libexec(package_dir: str) -> None:
+    """Each of ``LIBEXEC`` built into ``package_dir``/libexec; one that does not
+    build is left out (and why on stderr): its Python twin serves instead."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None or os.environ.get("CORRAL_NO_COMPILED_CLIENT"):
-        print("corral-systemd: no compiled pidns init: the Python one serves", file=sys.stderr)
-        return False
-    target = os.path.join(package_dir, "libexec", "corral-pidns-init")
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    command = ["sh", os.path.join(HERE, "packaging", "pidns-init", "build"), target]
-    try:
-        subprocess.run(command, check=True, timeout=300, env=dict(os.environ, CC=compiler))
-    except (OSError, subprocess.SubprocessError) as exc:
-        print(f"corral-systemd: the pidns init did not build ({exc}): the Python one serves", file=sys.stderr)
-        return False
-    return True
+        print("corral-systemd: no compiled pidns init or tether: the Python ones serve", file=sys.stderr)
+        return
+    for name, source in LIBEXEC.items():
+        target = os.path.join(package_dir, "libexec", name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        command = ["sh", os.path.join(HERE, "packaging", source, "build"), target]
+        try:
+            subprocess.run(command, check=True, timeout=300, env=dict(os.environ, CC=compiler))
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"corral-systemd: {name} did not build ({exc}): the Python one serves", file=sys.stderr)
 
 
 class BuildPy(build_py):
     def run(self):
         super().run()
         if not getattr(self, "editable_mode", False):  # an editable install's package is the tree
-            compile_pidns_init(os.path.join(self.build_lib, "corral_systemd"))
+            compile_libexec(os.path.join(self.build_lib, "corral_systemd"))
 
 
 cmdclass: dict = {"build_scripts": BuildScripts, "build_py": BuildPy}

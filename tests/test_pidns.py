@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tethers import build_program
 
 from conftest import CORRAL, TIME_SCALE
 from modes import PIDNS_FLAGS, pidns_unavailable
@@ -69,13 +70,7 @@ INIT_SOURCE = Path(__file__).resolve().parents[1] / "packaging" / "pidns-init"
 def _build_init() -> None:
     """packaging/pidns-init/build into the package (as setup.py does for an
     install; an editable one's tree has none until then), rebuilt when stale."""
-    source = INIT_SOURCE / "init.c"
-    if not INIT_PROGRAM.exists() or INIT_PROGRAM.stat().st_mtime < source.stat().st_mtime:
-        if shutil.which(os.environ.get("CC", "cc")) is None:
-            pytest.skip("no C compiler: the compiled init cannot be built")
-        built = INIT_PROGRAM.with_name(f".{INIT_PROGRAM.name}.{os.getpid()}")
-        subprocess.run(["sh", str(INIT_SOURCE / "build"), str(built)], check=True)
-        os.replace(built, INIT_PROGRAM)  # atomic: a run beside never execs half a file
+    build_program(INIT_PROGRAM, INIT_SOURCE / "init.c")
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])

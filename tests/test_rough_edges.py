@@ -10,6 +10,7 @@ import time
 import uuid
 
 import pytest
+from tethers import tether_kind  # noqa: F401  (the fixture: both tether programs)
 
 from conftest import CORRAL, TIME_SCALE
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
@@ -214,7 +215,7 @@ def test_a_hard_limit_under_what_corral_needs_ends_in_120_and_one_line(corral):
 # -- a fallback corral SIGKILLed -----------------------------------------------------------------
 
 
-def test_a_sigkilled_fallback_corral_still_stops_its_run_within_the_grace():
+def test_a_sigkilled_fallback_corral_still_stops_its_run_within_the_grace(tether_kind):
     """corral -- sh -c 'setsid sleep 600 & sleep 600', then kill -9 corral:
     its tether stops every process carrying the run's mark, TERM-ignoring
     ones included, within the grace period (before: all of them lived on
@@ -243,7 +244,7 @@ def test_a_sigkilled_fallback_corral_still_stops_its_run_within_the_grace():
         kill_marked(marker)
 
 
-def test_a_fallback_run_that_ends_normally_leaves_no_tether(corral):
+def test_a_fallback_run_that_ends_normally_leaves_no_tether(corral, tether_kind):
     run = corral([*FB, "--", "true"])
     assert run.returncode == 0 and not run.survivors
 

@@ -6,6 +6,7 @@ import subprocess
 import time
 
 import pytest
+from tethers import tether_kind  # noqa: F401  (the fixture: both tether programs)
 
 from conftest import CORRAL, FAULTS, TIME_SCALE, scale_walls
 from modes import KERNEL_LIMITS, LAYOUT, MANAGER, mode_flags, needs_user_manager, unit_property
@@ -93,7 +94,7 @@ def _start_daemon_run(unit_type, tmp_path, *extra, **popen):
 
 
 @pytest.mark.parametrize("unit_type", UNIT_TYPES)
-def test_corral_sigkilled_without_wall_still_stops_run(unit_type, tmp_path):
+def test_corral_sigkilled_without_wall_still_stops_run(unit_type, tmp_path, tether_kind):
     proc, marker = _start_daemon_run(unit_type, tmp_path, "--grace", "1s")
     try:
         proc.kill()

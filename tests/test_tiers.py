@@ -16,6 +16,7 @@ import sys
 
 import delegated
 import pytest
+from tethers import tether_kind  # noqa: F401  (the fixture: both tether programs)
 
 from conftest import CORRAL
 
@@ -203,7 +204,7 @@ def test_an_empty_leaf_a_corral_left_is_removed_by_the_next(corral, subtree):
     _ran_in_the_tier(run)
 
 
-def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree):
+def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree, tether_kind):
     """kill -9 corral mid-run: its tether (a child of corral holding a pipe
     only corral writes) runs the stop sequence on the run group, TERM-ignoring
     processes included; the wrapper sees the subtree empty by itself (96 if
@@ -219,7 +220,8 @@ def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree):
     script = "trap '' TERM; setsid sh -c \"trap '' TERM; exec sleep 600\" & sleep 600"
     argv = [*CORRAL, *AUTO, "--grace", "1s", "--wall", "60s", "--", "sh", "-c", script]
     try:
-        proc = subprocess.Popen(subtree.program(argv, wait_empty=10 * TIME_SCALE), env={**NO_BUS, MARKER_ENV: marker})
+        env = {**NO_BUS, MARKER_ENV: marker, "CORRAL_TETHER": tether_kind}  # NO_BUS: os.environ at import
+        proc = subprocess.Popen(subtree.program(argv, wait_empty=10 * TIME_SCALE), env=env)
         deadline = time.monotonic() + 30 * TIME_SCALE
         while len(marked_pids(marker)) < 6 and time.monotonic() < deadline:  # wrapper, corral, tether, 3 of the run
             time.sleep(0.05)

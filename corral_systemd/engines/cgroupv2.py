@@ -25,8 +25,9 @@ from ..kernel import cgroupfs
 from ..kernel.pidfd import RunTracker, signal_cgroup_members
 from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_fact, usage_facts
 from .cgroup_limits import asked
-from .cgroup_target import CgroupTarget, remove_group
+from .cgroup_target import remove_group
 from .fallback_tether import FallbackTether
+from .tether import tether_facts
 from .unitcgroup import UnitCgroup
 
 if TYPE_CHECKING:
@@ -69,10 +70,9 @@ class CgroupEngine(CgroupLimits, Engine):
         self.group.arm(oom_eventfd=False)  # memory.events (if delegated) and cgroup.events
         # If corral dies (SIGKILL, a crash), its tether stops the run: the stop
         # sequence on the group (``CgroupTarget``), as corralctl would.
-        path = self.path
         try:
             self._tether = FallbackTether(
-                spec.run_id, spec.grace, spec.verify_timeout, target=lambda: CgroupTarget(path), wall=spec.wall
+                spec.run_id, spec.grace, spec.verify_timeout, cgroup=self.path, wall=spec.wall
             )
         except BaseException:
             self._rmdir()
@@ -244,6 +244,7 @@ class CgroupEngine(CgroupLimits, Engine):
             "accounting_final": self.group.final,
             **network_fact(self.spec),
             **self.tracker.facts(),
+            **tether_facts(self._tether),
         }
         if (events := self.group.memory_events()) is not None:
             info["memory_events"] = events

@@ -26,6 +26,7 @@ from ..kernel.prctl import set_child_subreaper
 from .base import fork_run_command, network_fact
 from .fallback_tether import FallbackTether
 from .proctree import ProcessTreeEngine
+from .tether import tether_facts
 
 
 class FallbackEngine(ProcessTreeEngine):
@@ -183,7 +184,7 @@ class FallbackEngine(ProcessTreeEngine):
             self._child.pidfd = -1
 
     def describe(self):
-        info = {**self.tree_facts(), **network_fact(self.spec)}
+        info = {**self.tree_facts(), **network_fact(self.spec), **tether_facts(self._tether)}
         if self._thawed:
             info["thawed"] = list(self._thawed)
         return info

@@ -4,7 +4,7 @@ A systemd run dies with corral through its unit (``tether.py``: the manager
 stops what is bound to it). A fallback run has no manager: corral is the
 subreaper that finds the run's processes, and once it is SIGKILLed nothing
 would stop them. So a fallback run gets a tether of its own: a child of
-corral, forked before the command (so the engine counts it foreign), in a
+corral, started before the command (so the engine counts it foreign), in a
 session of its own (terminal signals are corral's), holding the read end of
 a pipe only corral writes to. corral ends the run and writes ``d`` (done):
 the tether exits. corral dies without it (SIGKILL, a crash): end of file,
@@ -27,36 +27,62 @@ grace, stops the run itself, so nothing of the run is left to stop corral
 again, and continues it once more: corral ends the run as at its deadline,
 and its record says it was stopped (``SIGCONT`` reaches its signal watch).
 Waiting costs nothing: no tick, one timeout.
+
+The waiting is the compiled ``corral-tether`` where it was built
+(``tether.tether_program``, packaging/tether/tether.c: about 1 MiB resident
+instead of a copy of corral's interpreter): it holds the pipe, corral's
+pidfd and the timeout, and continues a late corral; to stop the run it
+execs ``tether_stop`` (this module's ``stop_run`` or ``stop_late``, the
+same code the Python tether runs), with the pipe at fd 3 and corral's
+pidfd at fd 4. Where it was not built (or ``CORRAL_TETHER=python``, or
+this process is not ``sys.executable``: an embedding host, no interpreter
+to exec the stop with) the tether is a fork of corral that does it all in
+Python. Its ``program`` says which (the record's ``engine.tether_program``).
 """
 
 import os
 import select
 import signal
+import sys
 import time
 
-_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP, signal.SIGPIPE)
+from .tether import PYTHON, spawn_tether, tether_program
+
 _DONE = b"d"
+#: The compiled tether's descriptors, kept across its exec of the stop: the done pipe, corral's pidfd.
+DONE_FD, CORRAL_FD = 3, 4
 
 
 class FallbackTether:
-    """``target``: what the tether stops when corral dies, made in the tether
-    (a ``common.stopping.StopTarget``; default: ``MarkedProcesses(run_id)``);
-    the cgroup engine's is its run group (``cgroup_target.CgroupTarget``)."""
+    """``cgroup``: the run group the tether stops when corral dies (the cgroup
+    engine's: ``cgroup_target.CgroupTarget``); else every process carrying the
+    run's mark (``MarkedProcesses(run_id)``). SetupError: ``CORRAL_TETHER``
+    names no program, or insists on the compiled one where it was not built."""
 
-    def __init__(self, run_id: str, grace: float, verify_timeout: float, target=None, wall: float | None = None):
-        parent = os.getpid()
+    def __init__(
+        self, run_id: str, grace: float, verify_timeout: float, cgroup: str | None = None, wall: float | None = None
+    ):
+        target = ("cgroup", cgroup) if cgroup is not None else ("marked", run_id)
+        program = tether_program()
+        if program is not None and not _is_this_interpreter(sys.executable):
+            program = None  # an embedding host's: no interpreter to exec the stop with
         done_r, done_w = os.pipe2(os.O_CLOEXEC)
         # When corral is late: its deadline and grace passed, and a second more (a loaded machine).
         deadline = None if wall is None else wall + grace + 1.0
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover  (the tether; tested by killing corral)
-            try:
-                target = target or (lambda: MarkedProcesses(run_id))
-                _tether(parent, done_r, target, grace, verify_timeout, deadline)
-            finally:
-                os._exit(0)
-        os.close(done_r)
-        self.pid = pid
+        resume = grace + verify_timeout + 1.0  # how long a continued corral has to say something
+        try:
+            if program is not None:
+                late = "-" if deadline is None else str(round(deadline * 1000))
+                stop = _stop_argv(target, grace, verify_timeout)
+                self.pid = spawn_tether(program, [late, str(round(resume * 1000)), *stop], done_r)
+            else:
+                self.pid = _fork_tether(done_r, target, grace, verify_timeout, deadline, resume)
+        except BaseException:
+            os.close(done_w)
+            raise
+        finally:
+            os.close(done_r)
+        self.program = program or PYTHON
         self._done_w = done_w
 
     def close(self) -> None:
@@ -75,43 +101,106 @@ class FallbackTether:
             pass
 
 
-def _tether(parent, done_r, target, grace: float, verify_timeout: float, deadline) -> None:  # pragma: no cover
-    corral = os.pidfd_open(parent)  # before anything else: its pid is corral's now
-    signal.set_wakeup_fd(-1)
-    os.setsid()
-    for sig in _IGNORED:
-        signal.signal(sig, signal.SIG_IGN)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.dup2(done_r, 3)
-    os.dup2(corral, 4)
-    os.closerange(5, 65536)
-    corral = 4
-    poller = select.poll()
-    poller.register(3, select.POLLIN)
+def _stop_argv(target: tuple[str, str], grace: float, verify_timeout: float) -> list[str]:
+    """How the compiled tether runs the stop (``tether_stop``; it adds the
+    phase): this interpreter, isolated and without site (its start is part
+    of the grace), with this package's directory on its path."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    boot = "import sys; sys.path.insert(0, sys.argv[1]); from corral_systemd.engines.tether_stop import main; main()"
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        boot,
+        package_parent,
+        target[0],
+        target[1],
+        repr(grace),
+        repr(verify_timeout),
+    ]
+
+
+def _is_this_interpreter(path: str) -> bool:
+    """``path`` is the program this process runs (the kernel's /proc/self/exe)."""
+    try:
+        return bool(path) and os.path.samefile(path, "/proc/self/exe")
+    except OSError:
+        return False
+
+
+def stop_target(kind: str, what: str):
+    """What a tether stops (a ``common.stopping.StopTarget``), made in the tether:
+    ``("marked", run id)`` or ``("cgroup", its run group's path)``."""
+    if kind == "cgroup":
+        from .cgroup_target import CgroupTarget
+
+        return CgroupTarget(what)
+    if kind == "marked":
+        return MarkedProcesses(what)
+    raise ValueError(f"no such tether target: {kind!r}")
+
+
+def _fork_tether(done_r, target, grace, verify_timeout, deadline, resume) -> int:
+    """The Python tether: a fork of corral that waits and stops (no compiled one),
+    detached (``kernel.detach``) with the pipe and corral's pidfd, opened here
+    (the pid is corral's: it is this process)."""
+    from ..kernel.detach import fork_detached
+
+    corral = os.pidfd_open(os.getpid())
+    try:
+        pid = fork_detached(keep=(done_r, corral), ignore_terminal_signals=True)
+        if pid == 0:  # pragma: no cover  (the tether; tested by killing corral)
+            try:
+                if deadline is not None and not _said_within(done_r, deadline):
+                    # corral is late: stopped by what it runs (a process of its uid), or hung.
+                    _continue(corral)
+                    if not _said_within(done_r, resume):
+                        stop_late(target, grace, verify_timeout, done_r, corral)
+                        return 0
+                if not _done(done_r):
+                    stop_run(target, grace, verify_timeout)
+            finally:
+                os._exit(0)
+    finally:
+        os.close(corral)
+    return pid
+
+
+def stop_run(target: tuple[str, str], grace: float, verify_timeout: float) -> None:
+    """corral is gone (however it died): the stop sequence on what it ran."""
     from ..common.stopping import stop_and_verify
 
-    if deadline is not None and not _said_within(poller, deadline):
-        # corral is late: stopped by what it runs (a process of its uid), or hung.
-        _continue(corral)
-        if not _said_within(poller, grace + verify_timeout + 1.0):
-            stop_and_verify(target(), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
-            _continue(corral)  # nothing of the run is left to stop it again
+    stop_and_verify(stop_target(*target), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
+
+
+def stop_late(target: tuple[str, str], grace: float, verify_timeout: float, done: int, corral: int) -> None:
+    """corral, continued, still said nothing within the grace: the run is
+    stopped in its place, so nothing of it is left to stop corral again, and
+    corral (its pidfd ``corral``) continued once more; then as ever: its
+    "done" on the pipe ``done``, or the stop again at its end of file."""
+    stop_run(target, grace, verify_timeout)
+    _continue(corral)
+    if not _done(done):
+        stop_run(target, grace, verify_timeout)
+
+
+def _done(done: int) -> bool:
+    """Wait for corral's word on the pipe: True for "done", False at its end of file."""
+    poller = select.poll()
+    poller.register(done, select.POLLIN)
     while not poller.poll():
         pass
     try:
-        said = os.read(3, 1)
+        return os.read(done, 1) == _DONE
     except OSError:
-        said = b""
-    if said == _DONE:
-        return
-    # End of file without "done": corral is gone (however it died).
-    stop_and_verify(target(), grace=grace, verify_timeout=verify_timeout, wait=_sleep)
+        return False
 
 
-def _said_within(poller, seconds: float) -> bool:
+def _said_within(done: int, seconds: float) -> bool:
     """Did corral write or close the pipe within ``seconds``?"""
+    poller = select.poll()
+    poller.register(done, select.POLLIN)
     give_up = time.monotonic() + seconds
     while (left := give_up - time.monotonic()) > 0:
         if poller.poll(left * 1000 + 1):
@@ -119,9 +208,9 @@ def _said_within(poller, seconds: float) -> bool:
     return False
 
 
-def _continue(pidfd: int) -> None:
+def _continue(corral: int) -> None:
     try:
-        signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+        signal.pidfd_send_signal(corral, signal.SIGCONT)
     except OSError:
         pass
 

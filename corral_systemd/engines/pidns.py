@@ -70,6 +70,7 @@ from typing import NoReturn
 from ..common.errors import SetupError
 from ..kernel import procfs
 from .base import network_fact, refuse_unmaskable
+from .libexec import compiled_helper, libexec_path
 from .proctree import ProcessTreeEngine
 
 
@@ -434,10 +435,8 @@ class PidnsEngine(ProcessTreeEngine):
         return info
 
 
-#: Where the compiled init sits: beside the package's modules, put there by
-#: setup.py (pip, and so the .deb's venv) from packaging/pidns-init/init.c.
-#: A path the package computes, never one looked up on $PATH.
-INIT_PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libexec", "corral-pidns-init")
+#: Where the compiled init sits (``libexec``): built from packaging/pidns-init/init.c.
+INIT_PROGRAM = libexec_path("corral-pidns-init")
 
 
 def _init_program(spec) -> str | None:
@@ -445,15 +444,8 @@ def _init_program(spec) -> str | None:
     not built (no C compiler), for a sealed run (the seal is Python's:
     ``kernel.seal``), or with ``CORRAL_PIDNS_INIT=python`` (the tests run
     both; ``=c`` insists on the compiled one: SetupError where it is not)."""
-    choice = os.environ.get("CORRAL_PIDNS_INIT", "")
-    if choice not in ("", "c", "python"):
-        raise SetupError(f"CORRAL_PIDNS_INIT={choice!r}: 'c' or 'python'")
-    built = os.access(INIT_PROGRAM, os.X_OK)
-    if choice == "c" and not built:
-        raise SetupError(f"CORRAL_PIDNS_INIT=c: no compiled init at {INIT_PROGRAM} (not built)")
-    if choice == "python" or not built or spec.sealed:
-        return None
-    return INIT_PROGRAM
+    program = compiled_helper(INIT_PROGRAM, "CORRAL_PIDNS_INIT", "compiled init")
+    return None if spec.sealed else program
 
 
 def _status_channel() -> tuple[int, int]:

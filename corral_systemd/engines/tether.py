@@ -10,43 +10,63 @@ systemd-native way to make a run die with its supervisor.
 
 The tether watches a pidfd of its parent *process* (not PR_SET_PDEATHSIG,
 which fires when the forking *thread* exits: wrong for a library that
-forks from worker threads). It ignores terminal signals and holds no
-descriptor of corral's but its own pidfd.
+forks from worker threads). It is in a session of its own, ignores
+terminal signals and holds no descriptor of corral's but its own pidfd.
+
+It is the compiled ``corral-tether`` (``TETHER_PROGRAM``, packaging/tether:
+about 1 MiB resident, most of it libc's shared pages, where a fork of corral
+is a copy of its interpreter) where the package was built with a C
+compiler, spawned (posix_spawn: no fork of a threaded library host); else a
+fork of corral (``tether_program``: ``CORRAL_TETHER=python|c``). The
+fallback's tether is the same program (``fallback_tether``). ``program``
+says which (the record's ``engine.tether_program``: ``tether_facts``).
+Either way ``pid`` is corral's child, which the engine moves into the
+tether scope; SetupError where ``CORRAL_TETHER`` asks for what cannot be.
 """
 
 import os
 import select
-import signal
 
 from ..kernel.pidfd import kill_and_reap
+from .libexec import compiled_helper, libexec_path
 
-_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP, signal.SIGPIPE)
+#: Where the compiled tether sits (``libexec``): built from packaging/tether/tether.c.
+TETHER_PROGRAM = libexec_path("corral-tether")
+
+#: The record's ``engine.tether_program`` for a tether that is a fork of corral.
+PYTHON = "python"
+
+
+def tether_program() -> str | None:
+    """The compiled tether's path, or None for the Python one: where it was
+    not built (no C compiler), or with ``CORRAL_TETHER=python`` (the tests
+    run both; ``=c`` insists on the compiled one: SetupError where it is not)."""
+    return compiled_helper(TETHER_PROGRAM, "CORRAL_TETHER", "compiled tether")
+
+
+def spawn_tether(program: str, args: list[str], done_r: int | None = None) -> int:
+    """``program`` (the compiled tether) spawned as corral's child in a session
+    of its own with ``args`` after corral's pid, ``done_r`` as its fd 3; its pid.
+    The program closes every other descriptor and ignores the terminal signals
+    (``kernel.detach.TERMINAL_SIGNALS``) itself."""
+    actions = [] if done_r is None else [(os.POSIX_SPAWN_DUP2, done_r, 3)]
+    return os.posix_spawn(program, [program, str(os.getpid()), *args], os.environ, file_actions=actions, setsid=True)
+
+
+def tether_facts(tether) -> dict:
+    """The record's word on which tether served (``engine.tether_program``)."""
+    return {"tether_program": tether.program}
 
 
 class Tether:
     def __init__(self):
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.set_wakeup_fd(-1)
-                os.setsid()  # terminal signals are for corral, not the tether
-                for sig in _IGNORED:
-                    signal.signal(sig, signal.SIG_IGN)
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(null, fd)
-                os.closerange(3, 65536)
-                watch = os.pidfd_open(parent)
-                if os.getppid() == parent:  # else the parent died before we watched it
-                    poller = select.poll()
-                    poller.register(watch, select.POLLIN)
-                    while not poller.poll():
-                        pass
-            finally:
-                os._exit(0)
-        self.pid = pid
-        self.pidfd = os.pidfd_open(pid)
+        program = tether_program()
+        self.program = program or PYTHON
+        if program is not None:
+            self.pid = spawn_tether(program, [])
+        else:
+            self.pid = _fork_tether()
+        self.pidfd = os.pidfd_open(self.pid)
 
     def close(self) -> None:
         """End the tether (its scope then stops; bound units are already gone)."""
@@ -54,3 +74,23 @@ class Tether:
             return
         kill_and_reap(self.pid, self.pidfd)
         self.pidfd = None
+
+
+def _fork_tether() -> int:
+    """The Python tether: a fork of corral (no compiled one), detached
+    (``kernel.detach``: its session, terminal signals ignored, no descriptor)."""
+    from ..kernel.detach import fork_detached
+
+    parent = os.getpid()
+    pid = fork_detached(ignore_terminal_signals=True)
+    if pid == 0:  # pragma: no cover  (the tether; tested by killing corral)
+        try:
+            watch = os.pidfd_open(parent)
+            if os.getppid() == parent:  # else the parent died before we watched it
+                poller = select.poll()
+                poller.register(watch, select.POLLIN)
+                while not poller.poll():
+                    pass
+        finally:
+            os._exit(0)
+    return pid

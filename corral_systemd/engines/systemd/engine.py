@@ -48,7 +48,7 @@ from ...dbus.systemd1 import NO_SUCH_UNIT, interface_for, unit_path
 from ...kernel import cgroupfs
 from ...kernel.pidfd import RunTracker
 from ..base import CgroupLimits, Engine, main_rusage, usage_facts
-from ..tether import Tether
+from ..tether import Tether, tether_facts
 from ..unitcgroup import UnitCgroup, cgroup_of
 from . import properties as P
 from .link import RUNTIME_CALL_TIMEOUT, ManagerLink
@@ -160,6 +160,7 @@ class SystemdEngine(CgroupLimits, Engine):
         aux = []
         if self.session is None:
             self._tether = Tether()
+            self.facts.update(tether_facts(self._tether))
             aux = [(self.tether_unit, P.tether_properties(self._tether.pid, self._tether_slice, self.unit))]
         props = P.unit_properties(
             spec,
