@@ -77,6 +77,10 @@ def start_to_ready(rounds: int, env: dict, session: str) -> dict:
             times[name].append(time.perf_counter() - t)
             assert run.returncode == 0, run.stderr
             subprocess.run([*CTL, "stop", run.stdout.strip()], capture_output=True, env=env, check=True)
+            # The stop returns once the run is proven gone; its corral (marked too) may still be exiting.
+            gone_by = time.monotonic() + 10
+            while marked_pids(marker) and time.monotonic() < gone_by:
+                time.sleep(0.02)
             assert marked_pids(marker) == [], "corral --background left a process"
             ratios[name].append(times[name][-1] / times["nohup+nc"][-1])
     out: dict = {name: {"p50_ms": statistics.median(v) * 1e3, "max_ms": max(v) * 1e3} for name, v in times.items()}

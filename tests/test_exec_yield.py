@@ -68,7 +68,8 @@ def test_a_run_that_outlives_the_yield_is_handed_back_and_nothing_is_lost(agent,
     r = agent.corral(["--yield", "500ms", "--session", sid, "--json", str(record), "sh", "-c", script])
     assert r.returncode == HANDED_BACK, r.stderr
     run_id, cursor = _handed_back_id(r.stderr)
-    assert r.stdout == "first\n" and cursor == len(b"first\n")
+    # (what the yield showed: "first", or nothing yet on a loaded machine)
+    assert r.stdout in ("", "first\n") and cursor == len(r.stdout.encode())
     facts = json.loads(record.read_text())
     assert facts == {"run_id": run_id, "running": True, "cursor": cursor, "log": facts["log"]}
     assert marked_pids(r.marker), "handed back: the run goes on"
@@ -103,7 +104,8 @@ def test_a_yielded_run_is_the_same_run_on_every_path(agent, mode, tmp_path):  # 
     r = agent.corral([*flags, "--yield", "500ms", "--session", sid, "--json", str(record), "sh", "-c", slow])
     assert r.returncode == HANDED_BACK, r.stderr
     run_id, cursor = _handed_back_id(r.stderr)
-    assert r.stdout == "first\n" and marked_pids(r.marker), "handed back: the run goes on"
+    assert r.stdout in ("", "first\n") and cursor == len(r.stdout.encode())  # "first" or nothing yet, if loaded
+    assert marked_pids(r.marker), "handed back: the run goes on"
     gate.touch()
     assert agent.ctl("wait", run_id).returncode == 7
     assert r.stdout + agent.ctl("logs", run_id, "--since", str(cursor)).stdout == "first\nsecond\n"
