@@ -42,8 +42,11 @@ RLIMITS = {
     "RLIMIT_RTPRIO": (14, 0),
     "RLIMIT_RTTIME": (15, 999_999),
 }
+#: The capability sets as exec left them.
+CAPABILITIES = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 #: The status lines the probe reports.
 STATUS = ("Groups", "NoNewPrivs", "Seccomp", "Seccomp_filters", "SigBlk", "SigIgn", "Cpus_allowed_list", "Umask")
+STATUS += CAPABILITIES
 NAMESPACES = ("net", "mnt", "pid", "user", "uts", "ipc", "cgroup")
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from context_probe import CAPABILITIES
 from test_context_parity import PROBE, ROWS
 
 from conftest import CORRAL
@@ -108,12 +109,20 @@ def _wrong(rows: list[str], got: dict, bare: dict, started: dict, caller: dict) 
     return wrong
 
 
+def capabilities_differ(got: dict, bare: dict) -> list[str]:
+    """The capability sets the command started with that are not its caller's own
+    command's (a holder with more, as systemd 257's user manager gives its services
+    CapInh, lowers them in its child: never more, never less)."""
+    return [f"{k}: {got.get(k)} != {bare.get(k)}" for k in CAPABILITIES if got.get(k) != bare.get(k)]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_background_run_is_the_holders_child_with_the_callers_context(tmp_path, mode):
     bare, got, started, stderr, caller = _case(tmp_path, mode, CARRIED)
     assert started["started_by"] == "holder" and started["warnings"] == [], stderr
     assert "warning" not in stderr
     wrong = _wrong(CARRIED_ROWS, got, bare, started, caller)
+    wrong += capabilities_differ(got["status"], bare["status"])
     assert not wrong, "\n".join(wrong)
 
 

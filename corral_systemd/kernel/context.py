@@ -7,14 +7,19 @@ the caller's own fork would have given the run must then be carried over:
 - carried (``ProcessContext``, set in the holder's child by ``apply``): the
   environment, working directory (a descriptor, so a renamed or unreachable
   path still works), umask, every rlimit, nice, CPU affinity,
-  ``oom_score_adj`` and which signals are ignored (an ignored signal stays
-  ignored across exec; the others start at their default);
+  ``oom_score_adj``, which signals are ignored (an ignored signal stays
+  ignored across exec; the others start at their default), and the
+  inheritable and ambient capability sets, lowered to the caller's
+  (``kernel.capabilities``: what exec passes on; systemd 257's user manager
+  gives its services an inheritable CAP_WAKE_ALARM a login shell lacks);
 - not carried, so compared (``cannot_carry``): what a child of the holder
   cannot be given without privilege or at all: the uid, gids and groups,
-  the capabilities, no-new-privs and a seccomp filter, the namespaces and the
-  root directory, an rlimit above the holder's hard limit, a nice value or an
-  ``oom_score_adj`` below the holder's. Where any differs, the caller's own
-  fork is the only faithful way: the front then starts the run itself.
+  the bounding, permitted and effective capabilities, an inheritable or
+  ambient capability the holder lacks (never raised), no-new-privs and a
+  seccomp filter, the namespaces and the root directory, an rlimit above
+  the holder's hard limit, a nice value or an ``oom_score_adj`` below the
+  holder's. Where any differs, the caller's own fork is the only faithful
+  way: the front then starts the run itself.
 
 Descriptors 3 and up, the terminal and the session are a background run's
 own by design (none of the caller's, its own session).
@@ -44,7 +49,9 @@ RLIMITS = {
     "RLIMIT_RTTIME": 15,
 }
 #: What /proc/PID/status lines must read the same in the caller and the holder.
-_SAME_STATUS = ("Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+_SAME_STATUS = ("Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp", "CapPrm", "CapEff", "CapBnd")
+#: The capability sets the holder's child lowers to the caller's: the caller's must be within the holder's.
+_LOWERED_STATUS = ("CapInh", "CapAmb")
 _NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts", "cgroup", "time")
 
 
@@ -58,12 +65,18 @@ class ProcessContext:
     affinity: list[int] | None
     oom_score_adj: int | None
     ignored: list[int] = field(default_factory=list)
+    #: The inheritable and ambient capability sets (None: a peer that did not say; the holder's own are kept).
+    cap_inheritable: int | None = None
+    cap_ambient: int | None = None
 
     @classmethod
     def here(cls, env: dict[str, str]) -> "ProcessContext":
         """This process's context, with ``env`` as its environment."""
+        from .capabilities import status_sets
+
         umask = os.umask(0o022)
         os.umask(umask)
+        inheritable, ambient = status_sets(_status(os.getpid()) or {})
         return cls(
             env=dict(env),
             cwd=os.getcwd(),
@@ -73,6 +86,8 @@ class ProcessContext:
             affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             oom_score_adj=_read_int(f"/proc/{os.getpid()}/oom_score_adj"),
             ignored=_ignored_signals(os.getpid()),
+            cap_inheritable=inheritable,
+            cap_ambient=ambient,
         )
 
     def to_json(self) -> dict:
@@ -92,6 +107,8 @@ class ProcessContext:
             raise ValueError("cwd, umask, nice: of the wrong type")
         if not isinstance(ctx.rlimits, dict) or not all(k in RLIMITS for k in ctx.rlimits):
             raise ValueError("rlimits: unknown names")
+        if not all(v is None or (type(v) is int and 0 <= v < 1 << 64) for v in (ctx.cap_inheritable, ctx.cap_ambient)):
+            raise ValueError("cap_inheritable, cap_ambient: not capability sets")
         return ctx
 
     def apply(self, cwd_fd: int) -> None:
@@ -119,6 +136,11 @@ class ProcessContext:
             except (OSError, ValueError):
                 pass  # a number with no signal behind it
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if self.cap_inheritable is not None and self.cap_ambient is not None:
+            from .capabilities import lower_to, status_sets
+
+            # Last: nothing above needs them, and exec passes these two sets on.
+            lower_to(self.cap_inheritable, self.cap_ambient, status_sets(_status(os.getpid()) or {})[1])
 
 
 def own_place() -> dict:
@@ -140,6 +162,13 @@ def cannot_carry(pid: int, ctx: ProcessContext, place: dict | None = None) -> st
     for key in _SAME_STATUS:
         if mine.get(key) != theirs.get(key):
             return f"its {key} differs ({mine.get(key)} here, {theirs.get(key)} there)"
+    lowered = (ctx.cap_inheritable, ctx.cap_ambient)
+    for key, wanted in zip(_LOWERED_STATUS, lowered, strict=True):
+        if None in lowered:  # not carried: the holder's own would be the child's
+            if mine.get(key) != theirs.get(key):
+                return f"its {key} differs ({mine.get(key)} here, {theirs.get(key)} there)"
+        elif wanted is not None and wanted & ~int(theirs.get(key, "0"), 16):
+            return f"its {key} lacks capabilities of this process ({wanted:016x} here, {theirs.get(key)} there)"
     stated = place.get("ns") if isinstance(place, dict) and isinstance(place.get("ns"), dict) else None
     for ns in _NAMESPACES:
         here = _link(f"/proc/self/ns/{ns}")

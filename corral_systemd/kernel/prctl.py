@@ -9,8 +9,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
-def _prctl(option: int, arg: int) -> None:
-    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+def _prctl(option: int, arg: int, arg3: int = 0) -> None:
+    if _libc.prctl(option, arg, arg3, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -38,3 +38,11 @@ def set_dumpable(dumpable: bool) -> None:
     corral's own processes, whose command runs as their uid. A child is dumpable
     again after its execve (a plain executable), or when it says so (True)."""
     _prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
+
+
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER = 47, 3
+
+
+def lower_ambient(cap: int) -> None:
+    """Drop capability number ``cap`` from this process's ambient set (always allowed)."""
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap)

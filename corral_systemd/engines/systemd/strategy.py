@@ -497,24 +497,33 @@ class ServiceStrategy:
         return (self._main_pid,) if self._main_pid else ()
 
     def _status_from(self, props: dict) -> None:
+        """The main process's wait status from one answer of the manager that
+        holds both ExecMainCode and ExecMainStatus (the first such wins)."""
         engine = self.engine
         code = props.get("ExecMainCode", 0)
-        if code and engine._status is None:  # CLD_EXITED=1, CLD_KILLED=2, CLD_DUMPED=3
-            status = props.get("ExecMainStatus", 0)
+        if code and "ExecMainStatus" in props and engine._status is None:  # CLD_EXITED=1, CLD_KILLED=2, CLD_DUMPED=3
+            status = props["ExecMainStatus"]
             engine._status = (status & 0xFF) << 8 if code == 1 else (status & 0x7F) | (0x80 if code == 3 else 0)
 
     def refresh_status(self) -> None:
-        """Ask the manager for the main process's status (a signal may have been missed)."""
+        """Ask the manager for the main process's status (a signal may have been missed).
+
+        One GetAll, never a Get per property: a service stopped from outside
+        ends and is collected at once (ExitType=cgroup: the group empties with
+        the main process), and a Get that comes after the collection loads a
+        new, empty unit of that name (ExecMainStatus 0): ExecMainCode 2
+        (killed) from before it and a status 0 from after it read as "exited
+        0" (systemd 257's system manager, seen in CI). A collected unit's
+        answer has no ExecMainCode: the PropertiesChanged sent before its
+        UnitRemoved tells the status."""
         engine = self.engine
         if engine._status is not None:
             return
-        interface = interface_for(engine.unit)
         try:
-            code = engine.manager.get(engine.unit, interface, "ExecMainCode")
-            status = engine.manager.get(engine.unit, interface, "ExecMainStatus") if code else 0
+            props = engine.manager.get_all(engine.unit, interface_for(engine.unit))
         except BusError:
             return
-        self._status_from({"ExecMainCode": code, "ExecMainStatus": status})
+        self._status_from(props)
 
     def close(self) -> None:
         self.remove_env_file()  # a service adopted after a lost reply: kept until now
