@@ -474,12 +474,16 @@ def test_gc_removes_old_finished_runs_with_their_logs_keeps_recent_ones(state, d
     assert files_of(state, recent) == set()
 
 
-def test_gc_removes_a_background_runs_output_log_and_report_with_it(state):
+def test_gc_removes_a_background_runs_output_log_and_report_with_it(state, tmp_path):
     """A background run's output log (and a --yield run's report its front never read)
     go with its entry and event log: nothing of a pruned run is left in the state directory."""
-    r = subprocess.run([*CORRAL, *FB, "--background", "--", "echo", "hello"], env=env_for(state), capture_output=True)
+    gate = tmp_path / "go"  # it lasts until told: a run that ended before it was ready would give no id
+    script = f"echo hello; while [ ! -e {gate} ]; do sleep 0.05; done"
+    argv = [*CORRAL, *FB, "--background", "--", "sh", "-c", script]
+    r = subprocess.run(argv, env=env_for(state), capture_output=True)
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.decode().strip()
+    gate.touch()
     assert ctl(state, "wait", run_id).returncode == 0
     assert "hello" in ctl(state, "logs", run_id).stdout
     (state / f"{run_id}.report").write_text("corral: the run's own lines\n")
