@@ -98,7 +98,7 @@ def test_readme_says_how_long_the_tests_take_and_what_they_run():
     text = _readme_section("Run the tests")
     for needle in (
         "./tests/run ",
-        "about 60 minutes on 2 cores",
+        "about 50 minutes on 2 cores",
         "both VM guests and the container lane included",
         "CORRAL_VM_LANE=0 CORRAL_CONTAINER_LANE=0 ./tests/run",
         "about 15 minutes",
@@ -106,7 +106,7 @@ def test_readme_says_how_long_the_tests_take_and_what_they_run():
     ):
         assert needle in text, needle
     for needle in (
-        "about 60 minutes",
+        "about 50 minutes",
         "CORRAL_VM_TRIXIE=0",
         "CORRAL_VM_LANE=0",
         "CORRAL_CONTAINER_LANE=0",
