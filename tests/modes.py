@@ -87,6 +87,15 @@ def delegated_cgroup_parent() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+def without_pid_namespaces(corral: list[str]) -> list[str]:
+    """``corral``'s argv run where no pid namespace can be had: in a user namespace
+    of its own (root mapped to root, so the cgroup files stay its own) whose
+    ``user.max_pid_namespaces`` is 0 (ENOSPC, as where user namespaces are
+    forbidden). The cgroup tier then runs the command in corral's pid namespace."""
+    setup = 'echo 0 >/proc/sys/user/max_pid_namespaces && exec "$@"'
+    return ["unshare", "--user", "--map-root-user", "sh", "-c", setup, "sh", *corral]
+
+
 #: The pid namespace tier, forced.
 PIDNS_FLAGS = ["--guarantee", "pidns"]
 

@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from modes import mode_flags
+from conftest import CORRAL
+from modes import mode_flags, without_pid_namespaces
 
 #: How long an escaper stays in the run's cgroup before it moves: corral
 #: reads the group 0.1 s after the start and while it is busy (each escaper
@@ -33,6 +34,8 @@ MODES = [
     pytest.param("scope", marks=pytest.mark.systemd),
     pytest.param("service", marks=pytest.mark.systemd),
     pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
+    # Where no pid namespace can be had: the command in corral's, the tracking alone.
+    pytest.param("cgroup-parent-without-pidns", marks=pytest.mark.cgroupv2),
 ]
 #: A container lane cell whose auto mode gives the cgroup tier (a delegated
 #: cgroup v2 subtree found without being named) runs these in auto mode too
@@ -94,6 +97,13 @@ def escape(tmp_path):
                 time.sleep(0.05)  # its processes are still being killed (the corral fixture's cleanup)
 
 
+def _run(corral, mode: str, args: list[str]):
+    """``corral args`` in ``mode`` (``-without-pidns``: where no pid namespace can be had)."""
+    bare = mode.removesuffix("-without-pidns")
+    program = without_pid_namespaces(CORRAL) if bare != mode else None
+    return corral([*mode_flags(bare), *args], program=program)
+
+
 def _moved(escape) -> bool:
     return escape.log.exists() and "moved" in escape.log.read_text().splitlines()
 
@@ -103,8 +113,14 @@ def _check(run, escape, *, expect_pids: int = 1):
     if not _moved(escape):
         pytest.fail(f"the escaper could not move itself (no write access to cgroupfs?): {out}")
     assert run.survivors == [], f"escaped process alive after corral returned: {run.survivors}; {out}"
-    assert run.returncode == 120, out
     facts = (run.record or {}).get("engine", {}).get("escape_tracking", {})
+    if "namespace" in run.record["engine"].get("pid_namespace", {}):
+        # The cgroup tier's pid namespace: the escaper never left it, and the init's
+        # end (reaped by corral) proves it gone. Said, when corral saw it leave.
+        assert run.record["verified"] is True and run.returncode != 120, out
+        assert not facts.get("escaped_pids") or "ended with its pid namespace" in out, out
+        return
+    assert run.returncode == 120, out
     assert len(facts.get("escaped_pids", [])) >= expect_pids, run.record
     assert run.record["verified"] is False
     assert "left its control group" in out
@@ -117,7 +133,7 @@ def test_seen_process_that_moves_out_is_killed(corral, escape, mode, every_hiera
     sleeps; the command exits 0 after it moved: 120, and it is gone."""
     inner = escape(f"sleep {SEEN}; escape; exec sleep 600", every_hierarchy)
     cmd = f"setsid sh -c {shlex.quote(inner)} & sleep {SEEN + 1.5}"
-    run = corral([*mode_flags(mode), "--", "sh", "-c", cmd])
+    run = _run(corral, mode, ["--", "sh", "-c", cmd])
     _check(run, escape)
 
 
@@ -132,7 +148,7 @@ def test_moved_process_that_forks_loses_its_children_too(corral, escape, mode):
     inner = escape(f"sleep {SEEN}; escape; sleep 600 & setsid sleep 600 & echo forked >>{log}; exec sleep 600")
     wait = f"i=0; until grep -qx forked {log} 2>/dev/null || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done"
     cmd = f"setsid sh -c {shlex.quote(inner)} & {wait}"
-    run = corral([*mode_flags(mode), "--", "sh", "-c", cmd])
+    run = _run(corral, mode, ["--", "sh", "-c", cmd])
     _check(run, escape, expect_pids=3)
 
 
@@ -141,7 +157,7 @@ def test_escape_then_wall_limit(corral, escape, mode):
     """The same escape, the run stopped at its wall limit: 120, nothing left."""
     inner = escape(f"sleep {SEEN}; escape; exec sleep 600")
     cmd = f"setsid sh -c {shlex.quote(inner)} & exec sleep 600"
-    run = corral(["--wall", f"{SEEN + 1.5}s", *mode_flags(mode), "--", "sh", "-c", cmd])
+    run = _run(corral, mode, ["--wall", f"{SEEN + 1.5}s", "--", "sh", "-c", cmd])
     _check(run, escape)
 
 
@@ -154,14 +170,14 @@ def test_unseen_process_in_the_commands_session_is_found(corral, escape, mode):
     is the manager's child."""
     inner = escape("escape; exec sleep 600")
     cmd = f"sh -c {shlex.quote(inner)} & sleep 1"
-    run = corral([*mode_flags(mode), "--", "sh", "-c", cmd])
+    run = _run(corral, mode, ["--", "sh", "-c", cmd])
     _check(run, escape)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_no_escape_stays_verified(corral, mode):
     """The tracking costs a clean run nothing in its outcome: exit 0, verified."""
-    run = corral([*mode_flags(mode), "--", "sh", "-c", "setsid sleep 0.3 & sleep 0.2 & wait"])
+    run = _run(corral, mode, ["--", "sh", "-c", "setsid sleep 0.3 & sleep 0.2 & wait"])
     assert run.returncode == 0, run.stderr
     assert run.record["verified"] is True
     assert "escape_tracking" not in run.record["engine"]

@@ -552,10 +552,12 @@ def test_lines_forged_into_the_inits_channels_from_the_start_never_hang_corral_n
     (corral gave up on an init whose answer it could not trust). Never a hang
     (a corral waiting for its init, which waits for corral), never an exec
     error for a command that ran."""
-    witness = tmp_path / "ran"
+    witness, go = tmp_path / "ran", tmp_path / "go"
     forge = "; ".join(
         [
             f"touch {witness}",
+            # Until the test has seen its init (a quick run would end before it looks).
+            f"until [ -e {go} ]; do sleep 0.01; done",
             "trap '' PIPE",  # the init's gate, an instant after it opened, has no reader left
             "i=0",
             "while [ $i -lt 100 ]; do "
@@ -566,6 +568,7 @@ def test_lines_forged_into_the_inits_channels_from_the_start_never_hang_corral_n
     )
     for _ in range(5):
         witness.unlink(missing_ok=True)
+        go.unlink(missing_ok=True)
         marker = new_marker()
         argv = [*CORRAL, "--no-registry", *PIDNS_FLAGS, "--grace", "1s", "--", "sh", "-c", forge]
         proc = subprocess.Popen(argv, env=_env(marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -579,6 +582,7 @@ def test_lines_forged_into_the_inits_channels_from_the_start_never_hang_corral_n
                     _forge_into(pidfd, init, proc.pid)
             finally:
                 os.close(pidfd)
+                go.touch()
             try:
                 out, err = proc.communicate(timeout=20 * TIME_SCALE)
             except subprocess.TimeoutExpired:

@@ -1345,28 +1345,81 @@ signal.pause()
 
 
 @pytest.mark.pidns
-def test_a_session_runs_command_sees_neither_its_corral_nor_the_holder(agent, tmp_path):
-    """auto takes the pidns tier for a session's run too: its command cannot stop
-    (or kill) the session's holder or any corral, so the session still ends at its
-    idle timeout -- a holder stopped by what it held, with no member left to
-    continue it, would keep the session open forever (the subreaper tier's gap)."""
+def test_a_session_run_whose_command_can_reach_the_holder_says_so(agent):
+    """Where the command shares the holder's pid namespace (the subreaper tier) it can
+    stop the holder, which a process of the same uid may: the run says what that costs
+    the session; in a pid namespace of its own it cannot, and nothing is said."""
+    mode_flags("pidns")  # skips where no pid namespace can be had
+    if manager_reachable():
+        pytest.skip("a manager answers: the session's holder is a unit, its watchdog the manager's")
+    sid = start_session(agent, mode="fallback")
+    said = {}
+    for tier in ("subreaper", "pidns"):
+        r = agent.corral(["--session", sid, "--guarantee", tier, "--", "true"])
+        assert r.returncode == 0, r.stderr
+        said[tier] = "can reach the session's holder" in r.stderr
+    assert said == {"subreaper": True, "pidns": False}, said
+    assert agent.ctl("session", "end", sid).returncode == 0
+
+
+@pytest.fixture
+def run_group_parent():
+    """A cgroup v2 directory for ``--cgroup-parent`` (the harness's, or one made below
+    this host's cgroup2 mount as root, its groups killed and removed after)."""
+    import uuid
+
+    import delegated
+
+    from corral_systemd.kernel.cgroupfs import Mounts
+    from modes import delegated_cgroup_parent
+
+    if (given := delegated_cgroup_parent()) is not None:
+        yield given
+        return
+    if (why := delegated.unavailable()) is not None:
+        pytest.skip(why)
+    path = os.path.join(Mounts().unified, f"corral-test-{uuid.uuid4().hex[:12]}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+        for _ in range(100):
+            subprocess.run(["find", path, "-mindepth", "1", "-depth", "-type", "d", "-delete"], capture_output=True)
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+@pytest.mark.pidns
+@pytest.mark.parametrize("tier", ["pidns", "cgroup"])
+def test_a_session_runs_command_sees_neither_its_corral_nor_the_holder(agent, tmp_path, tier, request):
+    """auto takes the pidns tier for a session's run too, and the cgroup tier gives its
+    run a pid namespace where it can: its command cannot stop (or kill) the session's
+    holder or any corral, so the session still ends at its idle timeout -- a holder
+    stopped by what it held, with no member left to continue it, would keep the
+    session open forever (the subreaper tier's gap)."""
     mode_flags("pidns")  # skips where no pid namespace can be had
     if manager_reachable():
         pytest.skip("a manager answers: auto takes a unit here")
+    flags = ["--cgroup-parent", request.getfixturevalue("run_group_parent")] if tier == "cgroup" else []
     idle = 2 * TIME_SCALE
     sid = start_session(agent, "--idle-timeout", f"{idle:g}s", mode="pidns")
     holder = agent.session_entry(sid)["holder"]["pid"]
     script = tmp_path / "reach.py"
     script.write_text(REACH_FOR_CORRAL)
     r = agent.corral(
-        ["--session", sid, "--background", "--json", "-", "--"]
+        ["--session", sid, *flags, "--background", "--json", "-", "--"]
         + [sys.executable, str(script), str(agent.directory), str(holder)]
     )
     assert r.returncode == 0, r.stderr
     started = json.loads(r.stdout)
     try:
         entry = json.loads((agent.directory / f"{started['run_id']}.json").read_text())
-        assert entry["mode"] == "pidns", entry["mode"]
+        assert entry["mode"] == ("cgroup" if tier == "cgroup" else "pidns"), entry["mode"]
         deadline = time.monotonic() + 20 * TIME_SCALE
         while not (said := agent.ctl("logs", started["run_id"]).stdout.strip()):
             assert time.monotonic() < deadline, "the command never said what it reached"

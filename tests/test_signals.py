@@ -144,23 +144,34 @@ STOP_CORRAL = {
         "subreaper",
         pytest.param("pidns", marks=pytest.mark.pidns),
         pytest.param("cgroup-parent", marks=pytest.mark.cgroupv2),
+        "cgroup-without-pidns",
     ],
 )
 def test_a_command_that_stops_corral_still_meets_its_deadline(tmp_path, tier, how, tether_kind):
     """corral SIGSTOPped by its own command: the run still ends at its deadline and
     the caller gets its answer (124, the run's processes gone). In the subreaper and
     cgroup tiers the tether's one timed wake continues corral (and, stopped again,
-    stops the run itself), and the record says corral was stopped; in the pidns tier
-    the command cannot reach corral at all ($PPID is the namespace's init)."""
+    stops the run itself), and the record says corral was stopped; in a pid namespace
+    (the pidns tier, the cgroup tier where it can have one) the command cannot reach
+    corral at all ($PPID is the namespace's init)."""
     from modes import mode_flags
 
     if tier == "pidns" and tether_kind == "python":
         pytest.skip("the pidns tier has no tether: once")
-    flags = ["--guarantee", "subreaper"] if tier == "subreaper" else mode_flags(tier)
+    flags = {"subreaper": ["--guarantee", "subreaper"], "cgroup-without-pidns": ["--guarantee", "cgroup"]}
     marker = new_marker()
     record = tmp_path / "record.json"
+    argv = [*CORRAL, *(flags.get(tier) or mode_flags(tier)), "--wall", "2s", "--grace", "0.5s", "--json", str(record)]
+    argv += ["--", "sh", "-c", STOP_CORRAL[how]]
+    if tier == "cgroup-without-pidns":
+        # A delegated subtree of its own below which no pid namespace can be had: the command reaches corral.
+        import delegated
+
+        if (why := delegated.unavailable()) is not None:
+            pytest.skip(why)
+        argv = delegated.program(argv, pid_namespaces=False)
     proc = subprocess.Popen(
-        [*CORRAL, *flags, "--wall", "2s", "--grace", "0.5s", "--json", str(record), "--", "sh", "-c", STOP_CORRAL[how]],
+        argv,
         env=dict(os.environ, **{MARKER_ENV: marker}),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -171,7 +182,7 @@ def test_a_command_that_stops_corral_still_meets_its_deadline(tmp_path, tier, ho
         assert proc.returncode == 124, err
         r = json.loads(record.read_text())
         assert r["verified"] is True and r["outcome"] == "timeout", r
-        if tier != "pidns":
+        if "namespace" not in r["engine"].get("pid_namespace", {}):  # else its $PPID is the namespace's init
             assert any("corral itself was stopped" in w for w in r["warnings"]), r["warnings"]
         assert marked_pids(marker) == []
     finally:

@@ -120,14 +120,33 @@ def test_a_nested_corral_stays_in_the_outer_runs_group(corral, subtree):
 
 
 def test_a_process_that_moves_out_of_the_run_group_is_killed_and_unverified(corral, subtree):
+    """Without a pid namespace (none to be had below the wrapper), a process that
+    left the run group could have started others anywhere: killed, and 120."""
     d = "/sys/fs/cgroup/escape-$$"
     escape = f"mkdir -p {d} && sleep 1 && echo $$ >{d}/cgroup.procs && sleep 600"
-    run = corral([*AUTO, "--", "sh", "-c", f"sh -c '{escape}' & sleep 2"], env=NO_BUS, program=subtree.program(CORRAL))
+    program = subtree.program(CORRAL, pid_namespaces=False)
+    run = corral([*AUTO, "--", "sh", "-c", f"sh -c '{escape}' & sleep 2"], env=NO_BUS, program=program)
     out = run.stdout.decode() + run.stderr.decode()
     assert run.survivors == [], out
+    assert "namespace" not in run.record["engine"]["pid_namespace"], run.record["engine"]
     assert run.returncode == 120, out
     assert run.record["engine"]["escape_tracking"]["escaped_pids"], run.record["engine"]
     assert "left its control group" in out
+
+
+def test_a_process_that_moves_out_of_the_run_group_stays_in_its_pid_namespace(corral, subtree):
+    """With the pid namespace the tier gives where it can, a process that left the run
+    group is still in the namespace: the init's end (reaped by corral) proves it gone,
+    so the run is verified; it was outside the group's limits, which the run says."""
+    d = "/sys/fs/cgroup/escape-$$"
+    escape = f"mkdir -p {d} && sleep 1 && echo $$ >{d}/cgroup.procs && exec sleep 600"
+    run = corral([*AUTO, "--", "sh", "-c", f"sh -c '{escape}' & sleep 2"], env=NO_BUS, program=subtree.program(CORRAL))
+    out = run.stdout.decode() + run.stderr.decode()
+    assert run.survivors == [], out
+    assert run.record["engine"]["pid_namespace"]["namespace"].startswith("pid:"), run.record["engine"]
+    assert run.record["engine"]["escape_tracking"]["escaped_pids"], run.record["engine"]
+    assert run.returncode == 0 and run.record["verified"] is True, out
+    assert "left its control group while alive" in out and "ended with its pid namespace" in out, out
 
 
 def test_groups_the_command_made_in_its_own_group_do_not_keep_it(corral, subtree):
@@ -204,11 +223,14 @@ def test_an_empty_leaf_a_corral_left_is_removed_by_the_next(corral, subtree):
     _ran_in_the_tier(run)
 
 
-def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree, tether_kind):
+@pytest.mark.parametrize("pid_namespaces", [False, True], ids=["tether", "namespace"])
+def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree, tether_kind, pid_namespaces):
     """kill -9 corral mid-run: its tether (a child of corral holding a pipe
     only corral writes) runs the stop sequence on the run group, TERM-ignoring
     processes included; the wrapper sees the subtree empty by itself (96 if
-    not within 10 s of corral's death; 137 is corral's own SIGKILL)."""
+    not within 10 s of corral's death; 137 is corral's own SIGKILL). With the
+    pid namespace the tier gives where it can, the namespace's init dies with
+    corral and the kernel ends the run first."""
     import signal
     import subprocess
     import time
@@ -221,7 +243,8 @@ def test_a_sigkilled_corral_still_stops_its_run_through_its_tether(subtree, teth
     argv = [*CORRAL, *AUTO, "--grace", "1s", "--wall", "60s", "--", "sh", "-c", script]
     try:
         env = {**NO_BUS, MARKER_ENV: marker, "CORRAL_TETHER": tether_kind}  # NO_BUS: os.environ at import
-        proc = subprocess.Popen(subtree.program(argv, wait_empty=10 * TIME_SCALE), env=env)
+        program = subtree.program(argv, wait_empty=10 * TIME_SCALE, pid_namespaces=pid_namespaces)
+        proc = subprocess.Popen(program, env=env)
         deadline = time.monotonic() + 30 * TIME_SCALE
         while len(marked_pids(marker)) < 6 and time.monotonic() < deadline:  # wrapper, corral, tether, 3 of the run
             time.sleep(0.05)

@@ -66,20 +66,20 @@ READS = 6
 NOTIFYING = ("cgroup.events", "memory.events")
 
 
-def _group_dirs(pid: int) -> list[str]:
-    """The directories of ``pid``'s cgroup corral reads: the unified
+def _group_dirs(cgroup: str) -> list[str]:
+    """The directories of a process's cgroup (its /proc/PID/cgroup, as it read
+    it: in a pid namespace its pid is not this one's) corral reads: the unified
     hierarchy's and, in the hybrid layout, the v1 memory controller's."""
     from corral_systemd.kernel import cgroupfs
 
     mounts = cgroupfs.Mounts()
     dirs = []
-    with open(f"/proc/{pid}/cgroup") as f:
-        for line in f.read().splitlines():
-            number, controllers, path = line.split(":", 2)
-            if number == "0" and mounts.unified is not None:
-                dirs.append(cgroupfs.unified_dir(mounts, path))
-            elif "memory" in controllers.split(",") and "memory" in mounts.v1:
-                dirs.append(cgroupfs.v1_dir(mounts, "memory", path))
+    for line in cgroup.splitlines():
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and mounts.unified is not None:
+            dirs.append(cgroupfs.unified_dir(mounts, path))
+        elif "memory" in controllers.split(",") and "memory" in mounts.v1:
+            dirs.append(cgroupfs.v1_dir(mounts, "memory", path))
     return [d for d in dirs if d and os.path.isdir(d)]
 
 
@@ -151,7 +151,8 @@ def test_a_waiting_run_reads_its_group_a_handful_of_times(mode, limits, tmp_path
         env = service.env()
     marker = env[MARKER_ENV] = new_marker()
     ready = tmp_path / "ready"
-    command = f"echo $$ > {ready}.tmp && mv {ready}.tmp {ready}; exec sleep {(SETTLE + WINDOW) * TIME_SCALE + 2}"
+    sleep = (SETTLE + WINDOW) * TIME_SCALE + 2
+    command = f"cat /proc/$$/cgroup > {ready}.tmp && mv {ready}.tmp {ready}; exec sleep {sleep}"
     proc = subprocess.Popen(
         [*CORRAL, *flags, *limits, "--quiet", "--wall", "60s", "--", "sh", "-c", command],
         env=env,
@@ -161,7 +162,7 @@ def test_a_waiting_run_reads_its_group_a_handful_of_times(mode, limits, tmp_path
     )
     try:
         wait_for(ready.exists, timeout=30)
-        dirs = _group_dirs(int(ready.read_text()))
+        dirs = _group_dirs(ready.read_text())
         assert dirs, "the command's cgroup is not to be found"
         time.sleep(SETTLE * TIME_SCALE)
         reads = _reads_of(dirs, WINDOW * TIME_SCALE)

@@ -166,6 +166,14 @@ class RunGuard:
         in_slice = S.token_slice(token)
         if in_slice is None:
             why = "without a service manager corral has no group over all of a session's runs"
+            if engine.command_reaches_corral:
+                # The holder is a plain process of the caller's uid, in the command's pid namespace.
+                self._warnings.append(
+                    f"session {session_id}: this run's command can reach the session's holder (the "
+                    f"{engine.guarantee} tier shares its pid namespace): stopped by it, the holder acts on its "
+                    "idle timeout and its owner's exit only once the next corral of the session or "
+                    "`corralctl session end` continues it"
+                )
         elif engine.slice_manager != in_slice[1]:
             why = f"the session is the {in_slice[1]} manager's; this run has " + (
                 f"the {engine.slice_manager} manager's unit" if engine.slice_manager else f"no unit ({engine.mode})"

@@ -30,6 +30,10 @@ class Engine:
     #: The guarantee tier it gives (``kinds.GUARANTEES``: "unit", "cgroup",
     #: "pidns", "subreaper"), recorded as the run's ``guarantee``.
     guarantee = "?"
+    #: The command shares corral's pid namespace, so it can signal corral's own
+    #: processes of its uid (its corral, the tether, a session's holder); False
+    #: where it runs in a pid namespace of its own (``pidns.PidNamespace``).
+    command_reaches_corral = True
     #: Set by ``open_engine`` when auto's ladder took a weaker tier than the
     #: strongest: why each stronger one could not be had (the record's
     #: ``engine.auto_fallback_reason``, the summary line).

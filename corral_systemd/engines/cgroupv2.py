@@ -8,6 +8,16 @@ is one write to cgroup.kill; the run is proven gone when cgroup.events
 says ``populated 0`` and the group's rmdir succeeds. If corral dies, its
 tether (``fallback_tether``, with the group as its target) stops the run.
 
+Where the kernel allows one (``pidns.PidNamespace``: root, or unprivileged
+user namespaces), the command also runs in a pid namespace of its own,
+forked by the namespace's init and moved into the group while held before
+its exec: it then sees no process outside the run, so it can neither stop
+nor kill its corral, its tether or a session's holder (which share its uid),
+and a process of the run that leaves the group stays in the namespace,
+which the kernel ends with its init (SIGKILLed at the stop's last step, and
+with corral). The proof then also needs the init reaped. Where none can be
+had, the run is as before, and the record's ``engine.pid_namespace`` says why.
+
 Only corral removes the group, and only after the last reads: its
 ``memory.events`` (OOM kills) and resource figures are read from the group
 itself (``UnitCgroup``, the same reader the systemd engine uses).
@@ -27,6 +37,7 @@ from .base import CgroupLimits, Engine, fork_run_command, main_rusage, network_f
 from .cgroup_limits import asked
 from .cgroup_target import remove_group
 from .fallback_tether import FallbackTether
+from .pidns import PidNamespace
 from .tether import tether_facts
 from .unitcgroup import UnitCgroup
 
@@ -77,16 +88,45 @@ class CgroupEngine(CgroupLimits, Engine):
         except BaseException:
             self._rmdir()
             raise
+        self._ns: PidNamespace | None = None
+        self._said_escape = False
+        try:
+            self._ns = PidNamespace(spec, self.warnings)
+            self._ns_absent = None
+        except SetupError as exc:
+            self._ns_absent = str(exc)
+        except BaseException:
+            self._tether.close()
+            self._rmdir()
+            raise
+
+    # A class attribute elsewhere: here it depends on the namespace had.
+    @property
+    def command_reaches_corral(self) -> bool:  # type: ignore[override]
+        return self._ns is None
 
     def helper_pids(self):
-        return [self._tether.pid]
+        return [self._tether.pid] + ([self._ns.init] if self._ns is not None else [])
 
     def ignore_child(self, pid):
         self._foreign.add(pid)
 
     def reap(self):
-        super().reap()
+        if self._ns is None:
+            super().reap()
+        elif self._status is None:
+            self._status = self._ns.main_status()
         self._reap_adopted(*self._foreign)
+
+    @property
+    def main_pid(self):
+        return self._ns.main if self._ns is not None else super().main_pid
+
+    def wait_fds(self):
+        if self._ns is None:
+            return super().wait_fds()
+        fd = self._ns.wait_fd() if self._status is None else None
+        return [] if fd is None else [fd]
 
     def _apply_limits(self, parent):
         enforced, warnings = write_limits(self.path, self.spec, parent)
@@ -104,31 +144,43 @@ class CgroupEngine(CgroupLimits, Engine):
 
     # -- start ---------------------------------------------------------
     def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
-        child = fork_run_command(
-            self.spec, argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, gated=True, survey=survey
-        )
-        try:
-            self._write("cgroup.procs", str(child.pid))
-        except BaseException:
-            child.abandon()
-            raise
-        self._child = child
-        self.seen.add(child.pid)
+        stdio = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "env": env, "cwd": cwd, "survey": survey}
+        if self._ns is not None:
+            # Held before its exec until it is in the group (``admit``): nothing it starts is outside.
+            self._ns.start(argv, **stdio, admit=self._admit)
+            pid = self._ns.main
+        else:
+            child = fork_run_command(self.spec, argv, **stdio, gated=True)
+            try:
+                self._admit(child.pid)
+            except BaseException:
+                child.abandon()
+                raise
+            self._child = child
+            pid = child.pid
+        self.seen.add(pid)
         # The group as /proc/PID/cgroup names it (relative to our cgroup namespace).
-        path = cgroupfs.proc_cgroup(child.pid, "0")
+        path = cgroupfs.proc_cgroup(pid, "0")
         if path and path.endswith("/" + os.path.basename(self.path)):
             self.tracker.cgroup = path
-            self._track([child.pid])
+            self._track([pid])
         else:
             self.warnings.append(
-                f"cannot tell {self.path} in /proc/{child.pid}/cgroup ({path!r}): "
+                f"cannot tell {self.path} in /proc/{pid}/cgroup ({path!r}): "
                 "processes that leave the group are not tracked"
             )
+        if self._ns is not None:
+            self.reap()  # a command that ended at once: its status may be read already
+            return
         try:
             child.release()
         except SetupError:
             self._child = None  # it never ran and is reaped (its seal not in place)
             raise
+
+    def _admit(self, pid: int) -> None:
+        """Move the command's held process into the run group."""
+        self._write("cgroup.procs", str(pid))
 
     # -- limits --------------------------------------------------------
     def _has_group(self) -> bool:
@@ -193,13 +245,22 @@ class CgroupEngine(CgroupLimits, Engine):
         self._stopped.update(pids)
         if self._removed or not self.group.kill(use_cgroup_kill=True):
             self.signal_all(signal.SIGKILL)
+        if self._ns is not None:
+            self._ns.kill()  # and whatever of the run left the group: it is still in the namespace
 
     def verify_empty(self):
         self.reap()
         if not self._removed and (left := self.group.remaining()[0]):
             return left
+        if self._ns is not None:
+            # The group is empty; a process of the run that left it is still in the
+            # namespace, which ends with its init: reaped, the kernel has ended them all.
+            self._ns.kill()
+            if not self._ns.reap_init():
+                return [self._ns.init]
+            self.reap()  # the init's last lines (the main process's status)
         # The group is empty: whatever of the run still lives is outside it.
-        if escaped := self.tracker.sweep(self._pinned_sessions()):
+        elif escaped := self.tracker.sweep(self._pinned_sessions()):
             self._stopped.update(escaped)
             return escaped
         if self._removed:
@@ -223,7 +284,27 @@ class CgroupEngine(CgroupLimits, Engine):
         self.group.close()  # a removed group's files would poll ready forever
         return True
 
+    def unproven(self):
+        why = super().unproven()
+        if why is None or self._ns is None or not self._ns.reaped:
+            return why
+        # They never left the namespace, whose end the kernel showed: gone, but not
+        # held by the group's limits while they lived. Said once, not a lack of proof.
+        if not self._said_escape:
+            self._said_escape = True
+            pids = " ".join(map(str, sorted(self.tracker.escaped)))
+            self.warnings.append(
+                f"processes of the run left its control group while alive (pids {pids}): outside its limits "
+                "from then on, and ended with its pid namespace"
+            )
+        return None
+
+    def kill_without_descriptors(self) -> bool:
+        return self._ns.kill_without_descriptors() if self._ns is not None else False
+
     def close(self):
+        if self._ns is not None:
+            self._ns.close()
         self.group.close()
         if not self._removed:
             self._rmdir()
@@ -245,6 +326,7 @@ class CgroupEngine(CgroupLimits, Engine):
             **network_fact(self.spec),
             **self.tracker.facts(),
             **tether_facts(self._tether),
+            "pid_namespace": self._ns.facts() if self._ns is not None else {"none": self._ns_absent},
         }
         if (events := self.group.memory_events()) is not None:
             info["memory_events"] = events

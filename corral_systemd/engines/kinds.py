@@ -17,7 +17,8 @@ GUARANTEES = ("unit", "cgroup", "pidns", "subreaper")
 #: What each tier guarantees, in one line (for --help, the docs and messages).
 GUARANTEE_MEANINGS = {
     "unit": "a systemd unit's cgroup: kernel limits; the manager stops the run if corral dies",
-    "cgroup": "a child group of a delegated cgroup v2 subtree: kernel limits where delegated, cgroup.kill",
+    "cgroup": "a child group of a delegated cgroup v2 subtree: kernel limits where delegated, cgroup.kill; "
+    "a PID namespace too where one can be had",
     "pidns": "a PID namespace whose init dies with corral: no process can leave it or outlive it",
     "subreaper": "corral as child subreaper: processes found in /proc and stopped through pidfds; limits watched",
 }
@@ -29,7 +30,8 @@ GUARANTEE_PROOFS = {
     "unit": "the unit's control group empty as the kernel reports it and the unit inactive or gone; "
     "processes corral saw leave the group stopped too",
     "cgroup": "the run's control group reported unpopulated by the kernel and removed; "
-    "processes corral saw leave the group stopped too",
+    "processes corral saw leave the group stopped too (in a PID namespace: its init reaped by corral, "
+    "every process of the namespace gone first)",
     "pidns": "the namespace's init reaped by corral: the kernel reports it only after every process "
     "of the namespace is gone, those corral never saw included",
     "subreaper": "no process of the run left below corral in /proc (corral is the child subreaper: "

@@ -52,7 +52,9 @@ mapped to themselves): a set-user-ID program does not gain its owner's
 rights there, and groups it has but that are not mapped read as
 ``nobody``'s (65534).
 
-``PidnsEngine(spec)`` raises SetupError (one line: why) when no pid
+The namespace (``PidNamespace``) serves the cgroup tier as well, where a
+run group holds the run's processes (``cgroupv2``). ``PidNamespace(spec)``
+raises SetupError (one line: why) when no pid
 namespace can be had: not root and unprivileged user namespaces forbidden
 (sysctl, AppArmor, a seccomp filter: EPERM), a namespace limit (ENOSPC),
 or no /proc of its own can be mounted in it (a container's masked /proc);
@@ -74,26 +76,34 @@ from .libexec import compiled_helper, libexec_path
 from .proctree import ProcessTreeEngine
 
 
-class PidnsEngine(ProcessTreeEngine):
-    mode = "pidns"
-    guarantee = "pidns"
-    #: Nothing of the run outlives corral (``kinds``: "namespace"): no mark needed.
-    marks_processes = False
-    _tier_words = "the pid namespace tier"
+class PidNamespace:
+    """A pid namespace whose init is corral's child, and the command's main
+    process in it: the module's guarantees, for whichever engine holds the
+    run's processes (``PidnsEngine``: the namespace is the run; the cgroup
+    tier's ``CgroupEngine``: a run group holds them, the namespace hides
+    corral and every process outside the run from the command).
 
-    def __init__(self, spec):
-        super().__init__(spec)
+    ``PidNamespace(spec)`` clones the init and waits for its ``ready``, or
+    raises SetupError saying why no namespace can be had. ``start`` forks the
+    command through it; ``main_status`` reads its end; ``kill`` SIGKILLs the
+    init (the kernel kills the whole namespace); ``reap_init`` is the proof.
+    Engines never print: what is worth saying goes to ``warnings`` (the
+    engine's list)."""
+
+    def __init__(self, spec, warnings: list[str]):
         from ..kernel import namespaces as ns
 
         if len(os.listdir("/proc/self/task")) > 1:
             # The init is a clone of this process: other threads' locks would be
             # held for good in it, and its PR_SET_PDEATHSIG would follow this thread.
             raise SetupError("this process runs other threads (a library's host): the init is only cloned from one")
-        self._uid, self._gid = os.geteuid(), os.getegid()
+        self.spec = spec
+        self.warnings = warnings
+        uid, gid = os.geteuid(), os.getegid()
         # Root makes the namespaces as itself; root without the capability over
         # its pid namespace (uid 0 of a user namespace) and any other user in a
         # user namespace of their own first, which owns them.
-        self._userns = self._uid != 0
+        self.userns = uid != 0
         lib = ns.libc()
         import socket
 
@@ -107,18 +117,18 @@ class PidnsEngine(ProcessTreeEngine):
         me = os.pidfd_open(os.getpid())
         try:
             try:
-                pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | (ns.CLONE_NEWUSER if self._userns else 0))
+                pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | (ns.CLONE_NEWUSER if self.userns else 0))
             except PermissionError:
-                if self._userns:
+                if self.userns:
                     raise
-                self._userns = True
+                self.userns = True
                 pid, pidfd = ns.clone_into(ns.CLONE_NEWPID | ns.CLONE_NEWNS | ns.CLONE_NEWUSER)
         except OSError as exc:
             for fd in (status_r, status_w, me):
                 os.close(fd)
             mine.close()
             theirs.close()
-            raise SetupError(_refused(exc, self._userns)) from None
+            raise SetupError(_refused(exc, self.userns)) from None
         if pid == 0:  # pragma: no cover  (the init; tested through the runs it serves)
             mine.close()
             os.close(status_r)
@@ -127,31 +137,33 @@ class PidnsEngine(ProcessTreeEngine):
                 status=status_w,
                 control=theirs.detach(),
                 corral_pidfd=me,
-                uid=self._uid,
-                gid=self._gid,
-                userns=self._userns,
+                uid=uid,
+                gid=gid,
+                userns=self.userns,
                 lib=lib,
                 helper=helper,
             )
         os.close(status_w)
         os.close(me)
         theirs.close()
-        self._init, self._init_fd = pid, pidfd
-        self._init_program = helper or "python"
-        self._init_reaped = False
-        self._init_killed = False
+        #: The init: its pid (corral's child) and pidfd.
+        self.init, self._init_fd = pid, pidfd
+        self.program = helper or "python"
+        #: The init has been reaped: every process of the namespace had ended first.
+        self.reaped = False
+        self._killed = False
         self._status_r = status_r
         self._control = mine
         self._buffer = b""
         self._eof = False
-        self._main: int | None = None
+        #: The command's main process, as corral's /proc numbers it and as the namespace does.
+        self.main: int | None = None
+        self.main_inside: int | None = None
         self._main_fd = -1
-        self._helpers: set[int] = set()
-        self._main_ns: int | None = None
-        self._namespace = _ns_link(pid)
+        self._link = _ns_link(pid)
         said = self._next_line()  # nothing but the init runs in the namespace yet
         if said != "ready":
-            self._reap_init(block=True)
+            self.reap_init(block=True)
             why = said[len("setup ") :] if said and said.startswith("setup ") else "its init ended before it was ready"
             self._close_channels()
             raise SetupError(why)
@@ -188,7 +200,12 @@ class PidnsEngine(ProcessTreeEngine):
         self._control.close()
 
     # -- start ---------------------------------------------------------
-    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None, admit=None) -> None:
+        """Fork the command in the namespace; return once it has exec'd
+        (``main`` names it). ``admit(pid)``: called while it is held before
+        its exec, corral holding a pidfd for it (the cgroup tier moves it
+        into the run's group there, so nothing it starts is outside); its
+        SetupError ends the namespace, the command never ran."""
         import socket
 
         from ..kernel.spawn import ExecError
@@ -214,16 +231,20 @@ class PidnsEngine(ProcessTreeEngine):
             if said is not None and said.startswith("setup "):
                 self._give_up(said[len("setup ") :])
             self._give_up(self._silence(said, deadline))
-        self._main_ns = int(word)
-        self._main = self._host_pid(self._main_ns)
-        if self._main is None:
-            self._give_up(f"its init's command process ({self._main_ns}) is not its child")
+        self.main_inside = int(word)
+        self.main = self._host_pid(self.main_inside)
+        if self.main is None:
+            self._give_up(f"its init's command process ({self.main_inside}) is not its child")
         try:
             # Before it may exec (or be reaped): the kernel keeps its end for a pidfd opened first.
-            self._main_fd = os.pidfd_open(self._main)
+            self._main_fd = os.pidfd_open(self.main)
         except ProcessLookupError:
             self._give_up("its init ended first")  # killed from outside, and the namespace with it
-        self.seen.add(self._main)
+        if admit is not None:
+            try:
+                admit(self.main)
+            except SetupError as exc:
+                self._give_up(str(exc))
         try:
             self._control.send(b"k")  # the gate opens
         except OSError:
@@ -234,13 +255,12 @@ class PidnsEngine(ProcessTreeEngine):
             if said == "run":
                 # A command that ended at once: its "exit STATUS" may have come in the same
                 # read as "run", and waits in the buffer, where no poll of the channel wakes.
-                self.reap()
                 return
             if failed is None and said.startswith(("exec ", "setup ")):
                 failed = said  # the init's only if it ends now, without a `run`
         why = self._silence(None, deadline)
-        self._kill_init()
-        self._reap_init(block=True)
+        self.kill()
+        self.reap_init(block=True)
         if failed is not None and self._eof and self._failed_before_exec(failed):
             if failed.startswith("exec ") and failed[5:].isdigit():
                 raise ExecError(int(failed[5:]), argv[0])
@@ -258,8 +278,8 @@ class PidnsEngine(ProcessTreeEngine):
     def _give_up(self, why: str) -> NoReturn:
         """The command never ran (the gate stays shut): the init SIGKILLed and
         reaped, the namespace with it; SetupError ``why``."""
-        self._kill_init()
-        self._reap_init(block=True)
+        self.kill()
+        self.reap_init(block=True)
         raise SetupError(f"pid namespace: {why}; the command never ran")
 
     def _failed_before_exec(self, said: str) -> bool:
@@ -275,43 +295,31 @@ class PidnsEngine(ProcessTreeEngine):
     def _host_pid(self, ns_pid: int) -> int | None:
         """The main process's pid as corral's /proc numbers it: the init's child
         whose innermost pid (``NSpid``) is ``ns_pid``."""
-        children = procfs.children(self._init)
+        children = procfs.children(self.init)
         if children is None:
-            children = [p.pid for p in procfs.scan().values() if p.ppid == self._init]
+            children = [p.pid for p in procfs.scan().values() if p.ppid == self.init]
         for pid in children:
             if procfs.innermost_pid(pid) == ns_pid:
                 return pid
         return None
 
-    @property
-    def main_pid(self) -> int | None:
-        return self._main
-
-    # -- events --------------------------------------------------------
-    def wait_fds(self) -> list[int]:
-        return [self._status_r] if self._status is None and not self._eof and self._status_r >= 0 else []
-
-    def poll_events(self) -> None:
-        self.reap()
+    # -- the main process's end -----------------------------------------
+    def wait_fd(self) -> int | None:
+        """Readable when the init has something to say (or has ended)."""
+        return self._status_r if not self._eof and self._status_r >= 0 else None
 
     def main_status(self) -> int | None:
-        return self._status
-
-    def ignore_child(self, pid):
-        self._helpers.add(pid)
-
-    def reap(self) -> None:
-        # A container's pid 1: orphans outside the run (a `podman exec`'s) are corral's children now.
-        self._reap_adopted(*self._helpers)  # the init: helper_pids
-        while self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
-            if self._status is None:
-                self._status = self._ended(said)
-        if self._eof and self._status is None and self._main is not None:
-            # The init ended before the command's main process did: the kernel
-            # SIGKILLed it with the namespace.
-            self._status = int(signal.SIGKILL)
-            if not self._init_killed:
+        """The main process's wait status once it has ended (read from the
+        init's lines, checked against the kernel: ``_ended``), else None;
+        SIGKILL's when the init ended first (the kernel killed the namespace)."""
+        status = None
+        while status is None and self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
+            status = self._ended(said)
+        if status is None and self._eof and self.main is not None:
+            status = int(signal.SIGKILL)
+            if not self._killed:
                 self.warnings.append("the pid namespace's init ended before the command did (killed from outside?)")
+        return status
 
     def _ended(self, said: str) -> int | None:
         """The main process's wait status, on a line from the init's channel
@@ -338,26 +346,119 @@ class PidnsEngine(ProcessTreeEngine):
         word = said[len("exit ") :] if said.startswith("exit ") else ""
         return int(word) if word.isdigit() else None
 
+    # -- the end of the namespace -----------------------------------------
+    def kill(self) -> None:
+        """SIGKILL the init: the kernel kills every process of the namespace at once."""
+        if self.reaped or self._killed:
+            return
+        try:
+            signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._killed = True
+
+    def kill_without_descriptors(self) -> bool:
+        """``kill`` by pid (the init is corral's unreaped child: the pid is still its own)."""
+        if self.reaped:
+            return False
+        os.kill(self.init, signal.SIGKILL)
+        self._killed = True
+        return True
+
+    def reap_init(self, block: bool = False) -> bool:
+        """Reap the init if it has exited (``block``: wait for it); True once
+        reaped: the kernel reports an init's exit only after every other
+        process of its namespace has exited and been reaped."""
+        if not self.reaped:
+            try:
+                pid, _ = os.waitpid(self.init, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pid = self.init
+            if pid:
+                self.reaped = True
+                os.close(self._init_fd)
+                self._init_fd = -1
+        return self.reaped
+
+    def close(self) -> None:
+        if not self.reaped:
+            self.kill()
+            self.reap_init(block=True)
+        self._close_channels()
+        if self._main_fd >= 0:
+            os.close(self._main_fd)
+            self._main_fd = -1
+
+    def facts(self) -> dict:
+        """The record's ``engine.pid_namespace``."""
+        return {
+            "namespace": self._link,
+            "init_pid": self.init,
+            "init_program": self.program,
+            "main_pid_inside": self.main_inside,
+            "user_namespace": "own, uid and gid mapped to themselves" if self.userns else "corral's",
+            "proof": "the namespace's init reaped by corral: the kernel ends and reaps every process of the "
+            "namespace first, those corral never saw included",
+        }
+
+
+class PidnsEngine(ProcessTreeEngine):
+    mode = "pidns"
+    guarantee = "pidns"
+    #: Nothing of the run outlives corral (``kinds``: "namespace"): no mark needed.
+    marks_processes = False
+    command_reaches_corral = False
+    _tier_words = "the pid namespace tier"
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._ns = PidNamespace(spec, self.warnings)
+        self._helpers: set[int] = set()
+
+    def start(self, argv, *, stdin, stdout, stderr, env, cwd, survey=None):
+        self._ns.start(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, survey=survey)
+        if self._ns.main is not None:  # always, once start returned
+            self.seen.add(self._ns.main)
+        self.reap()
+
+    @property
+    def main_pid(self) -> int | None:
+        return self._ns.main
+
+    # -- events --------------------------------------------------------
+    def wait_fds(self) -> list[int]:
+        fd = self._ns.wait_fd() if self._status is None else None
+        return [] if fd is None else [fd]
+
+    def ignore_child(self, pid):
+        self._helpers.add(pid)
+
+    def reap(self) -> None:
+        # A container's pid 1: orphans outside the run (a `podman exec`'s) are corral's children now.
+        self._reap_adopted(*self._helpers)  # the init: helper_pids
+        if self._status is None:
+            self._status = self._ns.main_status()
+
     # -- membership ----------------------------------------------------
     def _members(self) -> list[procfs.ProcInfo]:
-        if self._init_reaped:
+        if self._ns.reaped:
             return []
         # The init's tree only (every process of the namespace is below it);
         # all of /proc only where the kernel lists no children.
-        tree = procfs.subtree(self._init)
+        tree = procfs.subtree(self._ns.init)
         if tree is None:
-            tree = procfs.descendants(procfs.scan(), self._init)
+            tree = procfs.descendants(procfs.scan(), self._ns.init)
         members = [p for p in tree if p.alive]
         self.seen.update(p.pid for p in members)
         return members
 
     def _reaper_child(self, current) -> bool:
-        return current.ppid == self._init and not self._init_reaped
+        return current.ppid == self._ns.init and not self._ns.reaped
 
     def _reaper_cpu_ticks(self) -> tuple[int, int]:
-        if self._init_reaped:
+        if self._ns.reaped:
             return (0, 0)  # its figures are corral's reaped children's now
-        return procfs.cpu_ticks(self._init) or (0, 0)
+        return procfs.cpu_ticks(self._ns.init) or (0, 0)
 
     # -- stopping ------------------------------------------------------
     def signal_all(self, *sigs):
@@ -367,72 +468,29 @@ class PidnsEngine(ProcessTreeEngine):
     def kill_all(self):
         """SIGKILL the init: the kernel kills every process of the namespace at once."""
         self._signalled.update((p.pid, p.starttime) for p in self._last_infos if p.alive)
-        self._kill_init()
-
-    def _kill_init(self) -> None:
-        if self._init_reaped or self._init_killed:
-            return
-        try:
-            signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._init_killed = True
+        self._ns.kill()
 
     def kill_without_descriptors(self) -> bool:
-        if self._init_reaped:
-            return False
-        os.kill(self._init, signal.SIGKILL)  # our unreaped child: the pid is still the init's
-        self._init_killed = True
-        return True
-
-    def _reap_init(self, block: bool = False) -> bool:
-        """Reap the init if it has exited (``block``: wait for it); True once reaped."""
-        if not self._init_reaped:
-            try:
-                pid, _ = os.waitpid(self._init, 0 if block else os.WNOHANG)
-            except ChildProcessError:
-                pid = self._init
-            if pid:
-                self._init_reaped = True
-                os.close(self._init_fd)
-                self._init_fd = -1
-        return self._init_reaped
+        return self._ns.kill_without_descriptors()
 
     def verify_empty(self):
-        """[] once corral has reaped the init: the kernel reports an init's exit
-        only after every other process of its namespace has exited and been
-        reaped. Until then the init is SIGKILLed (the stop is over)."""
+        """[] once corral has reaped the init (``PidNamespace.reap_init``).
+        Until then the init is SIGKILLed (the stop is over)."""
         left = self.remaining()
-        self._kill_init()
-        if self._reap_init():
+        self._ns.kill()
+        if self._ns.reap_init():
             self.reap()  # the init's last lines (the main process's status)
             return []
-        return left or [self._init]
+        return left or [self._ns.init]
 
     def helper_pids(self) -> list[int]:
-        return [self._init]
+        return [self._ns.init]
 
     def close(self):
-        if not self._init_reaped:
-            self._kill_init()
-            self._reap_init(block=True)
-        self._close_channels()
-        if self._main_fd >= 0:
-            os.close(self._main_fd)
-            self._main_fd = -1
+        self._ns.close()
 
     def describe(self):
-        info = {**self.tree_facts(), **network_fact(self.spec)}
-        info["pid_namespace"] = {
-            "namespace": self._namespace,
-            "init_pid": self._init,
-            "init_program": self._init_program,
-            "main_pid_inside": self._main_ns,
-            "user_namespace": "own, uid and gid mapped to themselves" if self._userns else "corral's",
-            "proof": "the namespace's init reaped by corral: the kernel ends and reaps every process of the "
-            "namespace first, those corral never saw included",
-        }
-        return info
+        return {**self.tree_facts(), **network_fact(self.spec), "pid_namespace": self._ns.facts()}
 
 
 #: Where the compiled init sits (``libexec``): built from packaging/pidns-init/init.c.

@@ -1,6 +1,6 @@
 """The init of a run's PID namespace: corral's child, pid 1 of the namespace.
 
-It runs in the process ``PidnsEngine`` cloned (``kernel.namespaces.clone_into``),
+It runs in the process ``PidNamespace`` cloned (``kernel.namespaces.clone_into``),
 never returns. Steps 1 to 4 (but the second user namespace) are done here
 in any case (``_prepare``: the maps and the mounts need the capabilities the
 clone gave, which a non-root uid loses at an exec); then, where it was built,
@@ -71,7 +71,7 @@ In order:
 
 A command running as root can still reach ``status`` (pidfd_getfd(2),
 ptrace): corral takes no line written after the gate opened on its word
-alone (``PidnsEngine.start``, ``PidnsEngine._ended``).
+alone (``PidNamespace.start``, ``PidNamespace._ended``).
 """
 
 import os
@@ -81,7 +81,7 @@ import socket
 from typing import NamedTuple
 
 # At the top, not in the functions: corral imports this module before it
-# clones the init (``PidnsEngine``), so the init finds all of it loaded.
+# clones the init (``PidNamespace``), so the init finds all of it loaded.
 from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, errno_error, map_self, mount_own_proc, set_dumpable
 from ..kernel.prctl import set_parent_death_signal
 from ..kernel.signals import stop_signals
