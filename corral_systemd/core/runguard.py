@@ -170,9 +170,9 @@ class RunGuard:
                 # The holder is a plain process of the caller's uid, in the command's pid namespace.
                 self._warnings.append(
                     f"session {session_id}: this run's command can reach the session's holder (the "
-                    f"{engine.guarantee} tier shares its pid namespace): stopped by it, the holder acts on its "
-                    "idle timeout and its owner's exit only once the next corral of the session or "
-                    "`corralctl session end` continues it"
+                    f"{engine.guarantee} tier shares its pid namespace): stopped again and again, the holder is "
+                    "late to end the session; killed, the session's end cannot be proven (120); a pid "
+                    "namespace (--guarantee pidns) hides it"
                 )
         elif engine.slice_manager != in_slice[1]:
             why = f"the session is the {in_slice[1]} manager's; this run has " + (
@@ -191,8 +191,6 @@ class RunGuard:
 
     #: Pidfds of the joined session's holder and owner, with their warnings: either's end stops the run.
     session_ends: dict[int, str] = {}
-    #: The holder's pidfd (fallback: among ``session_ends``), continued as the run leaves.
-    _holder_pidfd: int | None = None
 
     def _join_holder(self, engine, session_id: str, watch: bool) -> None:
         """Be admitted by the session's holder, once registered (it checks this
@@ -220,7 +218,6 @@ class RunGuard:
         ends = {}
         if watch:
             ends[pidfd] = f"its session ended (session {session_id}'s holder exited): stopped"
-            self._holder_pidfd = pidfd
         else:
             os.close(pidfd)
         owner = reply.get("owner")
@@ -248,16 +245,6 @@ class RunGuard:
             result.warnings.extend(w for w in self.creds.warnings if w not in result.warnings)
 
     def __exit__(self, exc_type, exc, tb):
-        if self._holder_pidfd is not None:
-            # A member leaving continues its holder: one a run's command stopped (a process of
-            # its uid may) acts again on what it missed -- its owner's death, its idle timeout.
-            import signal
-
-            try:
-                signal.pidfd_send_signal(self._holder_pidfd, signal.SIGCONT)
-            except OSError:
-                pass
-            self._holder_pidfd = None
         for fd in self.session_ends:
             os.close(fd)
         self.session_ends = {}

@@ -29,7 +29,10 @@ Either way the holder
   corral's pidfd and a signal pipe: a member is busy exactly while its corral
   lives, as the kernel says; no file is read to decide who joined or who is busy;
 - ends the session when its owner exits, when idle for its idle timeout, or when
-  asked (``End``, or SIGTERM);
+  asked (``End``, or SIGTERM); stopped (SIGSTOP, which a run's command of its uid
+  may send), it is continued within ``CONTINUE_EVERY`` by a timer of its own
+  (``kernel.selfcontinue``; a holder unit by the manager's watchdog), and acts on
+  what passed meanwhile;
 - ends it: "ending" first (no run joins from then), every member stopped with
   its own stop sequence, in parallel, then the slice stopped (every unit still
   in it), then every process still below it killed until ``waitpid`` reports
@@ -60,6 +63,8 @@ SWEEP_GRACE = 10.0
 REWRITE_DELAY = 0.2
 #: How long a connection may take to send its call (the holder serves one at a time).
 CALL_TIMEOUT = 2.0
+#: How soon a fallback holder that was SIGSTOPped is continued by its own timer (``kernel.selfcontinue``).
+CONTINUE_EVERY = 2.0
 
 
 class Refused(Exception):
@@ -144,6 +149,15 @@ class Holder:
             poller.register(self._entry_watch.fileno(), select.POLLIN)
         rewrite_at: float | None = None
         watchdog = _Watchdog.from_environment()
+        if watchdog is None:
+            # No manager starts it again: a process of its uid that stopped it (its runs'
+            # commands share the uid) is undone by the kernel within CONTINUE_EVERY.
+            from ..kernel.selfcontinue import continue_every
+
+            try:
+                continue_every(CONTINUE_EVERY)
+            except OSError:
+                pass  # no timer to be had (RLIMIT_SIGPENDING): the holder as before, unguarded
         while why is None:
             busy = any(not background for _, background in self.live.values())
             timeout = None if busy else max(0.0, last_activity + idle_timeout - time.monotonic())

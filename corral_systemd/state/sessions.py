@@ -30,7 +30,6 @@ until then the session's end says its holder is gone (``ctl/sessions.py``).
 
 import json
 import os
-import signal
 import time
 
 from ..common.programs import SESSION_ADDRESS_PREFIX as ADDRESS_PREFIX
@@ -241,9 +240,6 @@ def join(session_id: str, run_id: str) -> tuple[int | None, dict]:
     if pid:
         try:
             pidfd = os.pidfd_open(pid)
-            # The holder the kernel names, continued: one a process of this uid stopped acts
-            # on what it missed (its idle timeout, its owner's death) before it answers.
-            signal.pidfd_send_signal(pidfd, signal.SIGCONT)
         except OSError:
             if pidfd is not None:
                 os.close(pidfd)

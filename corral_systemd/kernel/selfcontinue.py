@@ -1,0 +1,64 @@
+"""A kernel timer that continues this process if something stopped it.
+
+SIGSTOP cannot be caught, blocked or ignored, and any process of the same
+uid may send it: a process that must act on its own (a session's holder,
+whose idle timeout and owner's exit nothing else acts on) can be frozen by
+what it holds. Only SIGCONT resumes it, and the kernel resumes a stopped
+process when a SIGCONT is *generated* for it, whatever its mask. A POSIX
+timer of its own (``timer_create``, CLOCK_MONOTONIC) generates one every
+``seconds``: a stopped process is resumed within that long, and its next
+wait returns at once on whatever passed meanwhile (a deadline, a pidfd).
+
+No other process can disarm the timer (it is the process's own, gone only at
+its exit or exec; not inherited by a fork) and a process that is not
+dumpable cannot be made to by ptrace. What it does not defeat: a process of
+the uid that sends SIGSTOP again and again, faster than the resumed process
+can act between two (the resumed one makes progress at each tick, no more).
+
+SIGCONT gets a handler that does nothing: an ignored signal's periodic timer
+is parked by Linux 6.13 and later until the signal is no longer ignored (and
+SIGCONT's default action counts as ignored), so each tick wakes the process
+once (a signal, and the wakeup fd of a ``signal.set_wakeup_fd`` caller).
+"""
+
+import ctypes
+import os
+import signal
+
+_CLOCK_MONOTONIC = 1
+_SIGEV_SIGNAL = 0
+
+
+class _SigEvent(ctypes.Structure):
+    """``struct sigevent`` (64 bytes: its value, signal, kind, then a union)."""
+
+    _fields_ = [
+        ("sigev_value", ctypes.c_void_p),
+        ("sigev_signo", ctypes.c_int),
+        ("sigev_notify", ctypes.c_int),
+        ("_rest", ctypes.c_int * 12),
+    ]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+def continue_every(seconds: float) -> None:
+    """Have the kernel send this process SIGCONT every ``seconds`` from now
+    on (see the module). OSError where the timer cannot be had."""
+    signal.signal(signal.SIGCONT, lambda signum, frame: None)
+    libc = ctypes.CDLL(None, use_errno=True)
+    event = _SigEvent(sigev_signo=int(signal.SIGCONT), sigev_notify=_SIGEV_SIGNAL)
+    timer = ctypes.c_void_p()
+    if libc.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    every = _Timespec(int(seconds), int(seconds % 1 * 1_000_000_000))
+    if libc.timer_settime(timer, 0, ctypes.byref(_ITimerSpec(every, every)), None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
