@@ -13,13 +13,14 @@ test_registry, test_waiting, test_systemd), each with both programs.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
 from test_registry import wait_for
-from tethers import TETHER_PROGRAM, tether_kind  # noqa: F401  (the fixture)
+from tethers import TETHER_PROGRAM, TETHER_SOURCE, build_program, tether_kind  # noqa: F401  (the fixture)
 
 from conftest import CORRAL, TIME_SCALE
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
@@ -151,6 +152,44 @@ def test_a_waiting_run_is_one_python_process_and_the_compiled_tether(tether_kind
         proc.kill()
         proc.wait()
         kill_marked(marker)
+
+
+#: As corral spawns it: from a process that is not dumpable, posix_spawn, the done pipe at 3.
+SPAWN_AS_CORRAL = r"""
+import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0, as corral is
+done_r, _done_w = os.pipe()
+program = sys.argv[1]
+pid = os.posix_spawn(program, [program, str(os.getpid()), "-", "-", "/bin/true"], os.environ,
+                     file_actions=[(os.POSIX_SPAWN_DUP2, done_r, 3)], setsid=True)
+print(pid, flush=True)
+sys.stdin.read()  # until the test has looked
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="root, to be another user")
+def test_the_compiled_tether_is_not_dumpable():
+    """Its exec made it dumpable again, and the run's commands are of its uid: did it
+    not say otherwise, one could ptrace it or open its descriptors (corral's pidfd
+    among them) and so undo the backstop. The kernel shows a process that is not
+    dumpable with /proc files of root's, whoever runs it."""
+    build_program(TETHER_PROGRAM, TETHER_SOURCE / "tether.c")
+    uid = 57000 + os.getpid() % 1000
+    spawner = subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", SPAWN_AS_CORRAL]
+        + [str(TETHER_PROGRAM)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        tether = int(spawner.stdout.readline())
+        with open(f"/proc/{tether}/status") as f:
+            assert f"Uid:\t{uid}\t" in f.read()  # the tether, running as the other user
+        assert os.stat(f"/proc/{tether}/environ").st_uid == 0, "the compiled tether is dumpable"
+    finally:
+        spawner.communicate("", timeout=30)
 
 
 @pytest.mark.parametrize(

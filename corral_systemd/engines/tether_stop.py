@@ -25,6 +25,9 @@ from .fallback_tether import CORRAL_FD, DONE_FD, stop_late, stop_run
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ..kernel.prctl import set_dumpable
+
+    set_dumpable(False)  # its exec made it dumpable: the run's commands are of its uid (corral's pidfd at fd 4)
     args = sys.argv[2:] if argv is None else argv
     for sig in TERMINAL_SIGNALS:  # kept across the exec; said again, not relied upon
         signal.signal(sig, signal.SIG_IGN)

@@ -23,7 +23,9 @@
  * fd 4 corral's pidfd (absent where the kernel gave none), the same layout as
  * the Python tether's.
  *
- * Guarantees: a session of its own (the spawn's), terminal signals ignored
+ * Guarantees: not dumpable (the run's commands are of its uid: none may
+ * ptrace it or open its descriptors; the stop program says so again after
+ * its exec), a session of its own (the spawn's), terminal signals ignored
  * (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGPIPE; kept across the exec),
  * no signal blocked, stdio on /dev/null and no descriptor but the done pipe
  * and corral's pidfd. Waiting is a blocked poll: no tick.
@@ -40,6 +42,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -126,6 +129,9 @@ int main(int argc, char **argv)
     int fallback = argc >= 5;
     long long late = fallback ? milliseconds(argv[2]) : -1, resume = fallback ? milliseconds(argv[3]) : -1;
 
+    /* Its exec made it dumpable again: the run's commands are of its uid, and
+     * none may ptrace it or open its descriptors (corral's pidfd among them). */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
