@@ -66,10 +66,7 @@ def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None
     with the call and closed in the held child."""
     import _signal
     import _socket
-
-    from .kernel.gate import fork_held
-    from .kernel.signals import stop_signals
-    from .varlink import wire
+    import gc
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     pipes: list[int] = []  # control_r, control_w, exit_r, exit_w: closed on the way out
@@ -80,6 +77,13 @@ def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None
             sock.connect(path)
         except OSError as exc:
             raise _Declined(f"{path}: {exc.strerror or exc}", absent=True) from None
+        # Only once a service answers: where none listens (most runs without
+        # one), the run goes on in-process without them.
+        from .kernel.gate import fork_held
+        from .kernel.signals import stop_signals
+        from .varlink import wire
+
+        gc.enable()  # main's: the modules of this path are loaded
         try:
             if wire.peer_credentials(sock)[1] not in (0, os.getuid()):
                 raise _Declined("the socket is not served by this user or root")
@@ -263,6 +267,9 @@ def _finish(parameters: dict, prog: str) -> int:
 
 
 def main(argv: list[str] | None = None, *, prog: str = "corral") -> int:
+    import gc
+
+    gc.disable()  # while the modules load (see _in_process); on again once a path is taken
     from .kernel import startup
 
     startup.prepare()  # stdio open, the environment as given (kernel/startup.py)
@@ -321,11 +328,13 @@ def _in_process(args: list[str], prog: str) -> int:
 
     # The CLI's modules allocate tens of thousands of objects and free none of
     # them: the cyclic collector's passes over them while they load are wasted
-    # (~5 ms of every start). It runs again for the run's own life.
+    # (~5 ms of every start). It runs again for the run's own life, with those
+    # objects frozen out of its passes (else the first pass scans them all).
     gc.disable()
     try:
         from .cli import main as in_process
     finally:
+        gc.freeze()
         gc.enable()
     return in_process(args, prog=prog, default_mode=PROGRAMS[prog])
 

@@ -79,7 +79,9 @@ def program(
     ``wait_empty``: once corral is gone, wait up to that many seconds for the
     subtree to empty by itself before killing what is left (exit 96 then)."""
     how = "shared" if shared else "alone"
-    namespaces = "pidns" if pid_namespaces else "nopidns"
+    from modes import pid_namespaces_to_refuse
+
+    namespaces = "pidns" if pid_namespaces or not pid_namespaces_to_refuse() else "nopidns"
     return ["sh", "-c", _WRAP, "sh", Mounts().unified, how, str(int(wait_empty * 10)), namespaces, *corral]
 
 

@@ -87,13 +87,41 @@ def delegated_cgroup_parent() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+#: A user namespace of its own (root mapped to root, so the cgroup files stay its own)
+#: whose ``user.max_pid_namespaces`` is 0: no pid namespace below it (ENOSPC, as where
+#: user namespaces are forbidden). Then the command, and its argv.
+NO_PID_NAMESPACES = ["unshare", "--user", "--map-root-user", "sh", "-c"]
+NO_PID_NAMESPACES_SETUP = "echo 0 >/proc/sys/user/max_pid_namespaces"
+
+
+def pid_namespaces_to_refuse() -> bool:
+    """Must a test refuse corral its pid namespaces (``NO_PID_NAMESPACES``) to see a
+    cgroup tier run without one? False where none can be had anyway
+    (``pidns_unavailable``: a container's); the test is skipped where the limit
+    cannot be set (a read-only /proc/sys). Asked once."""
+    if pidns_unavailable() is not None:
+        return False
+    if not _REFUSAL_PROBE:
+        import subprocess
+
+        probe = subprocess.run(
+            [*NO_PID_NAMESPACES, f"{NO_PID_NAMESPACES_SETUP} && exec true"], capture_output=True, text=True, timeout=30
+        )
+        _REFUSAL_PROBE.append(None if probe.returncode == 0 else probe.stderr.strip() or f"exit {probe.returncode}")
+    if _REFUSAL_PROBE[0] is not None:
+        pytest.skip(f"no pid namespace can be refused to corral here: {_REFUSAL_PROBE[0]}")
+    return True
+
+
+_REFUSAL_PROBE: list[str | None] = []
+
+
 def without_pid_namespaces(corral: list[str]) -> list[str]:
-    """``corral``'s argv run where no pid namespace can be had: in a user namespace
-    of its own (root mapped to root, so the cgroup files stay its own) whose
-    ``user.max_pid_namespaces`` is 0 (ENOSPC, as where user namespaces are
-    forbidden). The cgroup tier then runs the command in corral's pid namespace."""
-    setup = 'echo 0 >/proc/sys/user/max_pid_namespaces && exec "$@"'
-    return ["unshare", "--user", "--map-root-user", "sh", "-c", setup, "sh", *corral]
+    """``corral``'s argv run where no pid namespace can be had (``pid_namespaces_to_refuse``):
+    the cgroup tier then runs the command in corral's pid namespace."""
+    if not pid_namespaces_to_refuse():
+        return list(corral)
+    return [*NO_PID_NAMESPACES, f'{NO_PID_NAMESPACES_SETUP} && exec "$@"', "sh", *corral]
 
 
 #: The pid namespace tier, forced.

@@ -27,3 +27,23 @@ def test_bad_input_is_one_line_and_125(tmp_path):
     proc = subprocess.run([*ENTRY, "--wall", "soon", "--", "true"], capture_output=True, cwd=tmp_path, text=True)
     assert proc.returncode == 125
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_run_loads_only_what_it_uses(tmp_path):
+    # Start-up is product speed (issue 38): a subreaper run writing its --json
+    # record loads neither tempfile (random, shutil) nor threading, socket or pwd
+    # (but where screen keeps its sockets: the user's directory there is looked up),
+    # nor the client's service modules when no service listens.
+    unused = ["tempfile", "threading", "socket", "corral_systemd.varlink.wire"]
+    if not os.path.isdir("/run/screen"):
+        unused.append("pwd")
+    script = (
+        "import sys; from corral_systemd.client import main\n"
+        "code = main(['--guarantee', 'subreaper', '--quiet', '--json', "
+        f"{str(tmp_path / 'r.json')!r}, '--', 'true'])\n"
+        f"print(sorted(m for m in {unused!r} if m in sys.modules), code)"
+    )
+    env = {**os.environ, "CORRAL_SERVICE_SOCKET": str(tmp_path / "nobody-listens")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "[] 0", out
+    assert (tmp_path / "r.json").exists()

@@ -6,6 +6,7 @@ Processes are found by the test's marker in their environment (procscan),
 never by name; every one started here is SIGKILLed by pid at the end.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +83,36 @@ def test_no_tree_to_read_is_none():
     dead = subprocess.Popen(["true"])
     dead.wait()
     assert procfs.subtree(dead.pid) is None
+
+
+#: corral in-process with procfs.scan refused: the subreaper tier must find its run without it.
+NO_SCAN = """
+import sys
+from corral_systemd.kernel import procfs
+
+
+def scan():
+    raise AssertionError("the subreaper tier scanned all of /proc")
+
+
+procfs.scan = scan
+from corral_systemd.client import main
+
+print(main(sys.argv[1:]))
+"""
+
+
+def test_the_subreaper_tier_reads_its_tree_not_all_of_proc(marker, tmp_path):
+    # Its daemons (a session of their own, a double fork) re-parent to corral, the
+    # subreaper: found and stopped through the kernel's children lists, from corral down.
+    if procfs.subtree(os.getpid()) is None:
+        pytest.skip("no children lists on this kernel (CONFIG_PROC_CHILDREN): the tier scans")
+    record = tmp_path / "r.json"
+    daemons = "setsid sleep 60 & (sleep 60 &); echo started"
+    argv = ["--guarantee", "subreaper", "--quiet", "--json", str(record), "--", "sh", "-c", daemons]
+    env = {**os.environ, MARKER_ENV: marker, "CORRAL_SERVICE": "0"}
+    out = subprocess.run([sys.executable, "-c", NO_SCAN, *argv], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout == "started\n0\n", out
+    got = json.loads(record.read_text())
+    assert got["verified"] is True and got["processes_stopped"] == 2, got
+    assert marked_pids(marker) == []

@@ -187,6 +187,8 @@ def test_the_compiled_tether_is_not_dumpable():
         tether = int(spawner.stdout.readline())
         with open(f"/proc/{tether}/status") as f:
             assert f"Uid:\t{uid}\t" in f.read()  # the tether, running as the other user
+        # Once its stdio is /dev/null, which it sets after it has said it is not dumpable.
+        wait_for(lambda: os.readlink(f"/proc/{tether}/fd/0") == os.devnull)
         assert os.stat(f"/proc/{tether}/environ").st_uid == 0, "the compiled tether is dumpable"
     finally:
         spawner.communicate("", timeout=30)

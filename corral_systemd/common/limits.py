@@ -27,6 +27,8 @@ TIMINGS = ("grace", "verify_timeout")
 
 @dataclass(frozen=True)
 class Limit:
+    """A limit a run may be given (``LIMITS``)."""
+
     #: RunSpec field; key in the record's ``limits`` and ``limits_enforced``.
     field: str
     #: The CLI option (the library's keyword is ``field``).

@@ -62,6 +62,8 @@ class StopTarget(Protocol):
 
 @dataclass
 class StopOutcome:
+    """How a stop ended: every process proven gone, or what was left."""
+
     verified: bool
     #: What was left when verification gave up (``[]`` when verified or unproven).
     remaining: list[int] = field(default_factory=list)

@@ -25,11 +25,11 @@ import re
 PREFIX = "corral-"
 UNIT_TYPES = ("scope", "service")
 _ID = "[0-9a-f]{1,64}"
-_RUN_ID = re.compile(_ID)
-_RUN_UNIT = re.compile(rf"corral-({_ID})\.(scope|service)")
-_RUNNER_TETHER = re.compile(r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope")
+# Patterns, compiled (and cached by re) on first use: a run reads few of them.
+_RUN_UNIT = rf"corral-({_ID})\.(scope|service)"
+_RUNNER_TETHER = r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope"
 #: A path component of a run's cgroup: its unit, or its --cgroup-parent group.
-_RUN_COMPONENT = re.compile(rf"corral-({_ID})(\.scope|\.service)?")
+_RUN_COMPONENT = rf"corral-({_ID})(\.scope|\.service)?"
 
 
 def new_run_id() -> str:
@@ -37,7 +37,7 @@ def new_run_id() -> str:
 
 
 def is_run_id(text) -> bool:
-    return isinstance(text, str) and _RUN_ID.fullmatch(text) is not None
+    return isinstance(text, str) and re.fullmatch(_ID, text) is not None
 
 
 def looks_like_run(text: str) -> bool:
@@ -92,7 +92,7 @@ def runner_tether_unit() -> str:
 def is_tether(name: str, run_id: str | None = None) -> bool:
     """``name`` is a tether's: ``run_id``'s own, or any Runner's (a Runner's
     tether holds many runs); with ``run_id`` None, any run's too."""
-    if _RUNNER_TETHER.fullmatch(name):
+    if re.fullmatch(_RUNNER_TETHER, name):
         return True
     if run_id is not None:
         return name == tether_unit(run_id)
@@ -101,14 +101,14 @@ def is_tether(name: str, run_id: str | None = None) -> bool:
 
 def run_of_unit(name) -> str | None:
     """The run id a run unit's name carries (``corral-<id>.scope``/``.service``), else None."""
-    m = _RUN_UNIT.fullmatch(name) if isinstance(name, str) else None
+    m = re.fullmatch(_RUN_UNIT, name) if isinstance(name, str) else None
     return m.group(1) if m else None
 
 
 def run_of_cgroup(path: str) -> str | None:
     """The run whose unit or group ``path`` (a cgroup path) is in, else None."""
     for part in path.split("/"):
-        if m := _RUN_COMPONENT.fullmatch(part):
+        if m := re.fullmatch(_RUN_COMPONENT, part):
             return m.group(1)
     return None
 

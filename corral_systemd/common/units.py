@@ -8,9 +8,10 @@ infinite, empty, or with an unknown suffix).
 import math
 import re
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h)")
+# Patterns, compiled (and cached by re) on first use: most runs parse none.
+_DURATION = r"(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h)"
 _DURATION_SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_SIZE = re.compile(r"(\d+)([KMG]?)")
+_SIZE = r"(\d+)([KMG]?)"
 _SIZE_SCALE = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
@@ -18,7 +19,7 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
     """``"1.5s"`` -> 1.5. A unit (ms, s, m, h) is required, but for zero (``"0"``)."""
     if text.strip() == "0":
         return 0.0
-    match = _DURATION.fullmatch(text.strip())
+    match = re.fullmatch(_DURATION, text.strip())
     if match is None:
         raise ValueError(f"invalid {what} {text!r}: expected a number with ms, s, m or h (e.g. 500ms, 2s)")
     value = float(match.group(1)) * _DURATION_SCALE[match.group(2)]
@@ -29,7 +30,7 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
 
 def parse_size(text: str, *, what: str = "size") -> int:
     """``"64M"`` -> 67108864. Powers of 1024; a bare number is bytes."""
-    match = _SIZE.fullmatch(text.strip())
+    match = re.fullmatch(_SIZE, text.strip())
     if match is None:
         raise ValueError(f"invalid {what} {text!r}: expected bytes with an optional K, M or G suffix (e.g. 64M)")
     value = int(match.group(1)) * _SIZE_SCALE[match.group(2)]

@@ -18,6 +18,8 @@ COMMAND_METAVAR = "-- COMMAND [ARG...]"
 
 @dataclass(frozen=True)
 class Option:
+    """One option of corral's command line (``OPTIONS``)."""
+
     #: The keyword its value is kept under (``parse_options``, the click command's parameter).
     name: str
     flags: tuple[str, ...]

@@ -24,6 +24,8 @@ NEVER_RAN = (SPAWN_FAILED, SETUP_FAILED)
 
 @dataclass
 class RunOutcome:
+    """What became of a run: the record's facts (``record_json``), its exit code and summary."""
+
     run_id: str
     mode: str
     #: The guarantee tier the run had (``engines.kinds.GUARANTEES``).

@@ -49,6 +49,8 @@ _BOUNDS = {"size": f"{MAX_SIZE} bytes (8 EiB)", "count": f"{MAX_PIDS} (the kerne
 
 @dataclass
 class RunSpec:
+    """A run as asked for: the command and its limits, checked when made (``validate``)."""
+
     argv: list[str]
     wall: float | None = None  # seconds
     grace: float = 2.0

@@ -43,7 +43,7 @@ class FallbackEngine(ProcessTreeEngine):
         # now, before the foreign children are listed, so it is one of them.
         self._tether = FallbackTether(spec.run_id, spec.grace, spec.verify_timeout, wall=spec.wall)
         # Children corral already had are not the run's: never signal them.
-        self._foreign = {p.pid for p in procfs.scan().values() if p.ppid == self._self_pid}
+        self._foreign = {p.pid for p in self._tree() if p.ppid == self._self_pid}
         #: cgroup v1 freezer groups thawed to stop the run (the record's ``thawed``).
         self._thawed: list[str] = []
 
@@ -79,14 +79,20 @@ class FallbackEngine(ProcessTreeEngine):
             self._child.reap(exited=self._status is not None)
 
     # -- membership ----------------------------------------------------
+    def _tree(self) -> list[procfs.ProcInfo]:
+        """Every process below corral: its subtree as the kernel links it
+        (``procfs.subtree``: what corral's tree holds, never all of /proc, so
+        its cost grows with the run, not with the machine); a scan of /proc
+        where the kernel lists no children. Either is one snapshot: every
+        orphan of the run re-parents to corral, so the run is in it."""
+        tree = procfs.subtree(self._self_pid)
+        return procfs.descendants(procfs.scan(), self._self_pid) if tree is None else tree
+
     def _members(self) -> list[procfs.ProcInfo]:
-        table = procfs.scan()
+        tree = self._tree()
+        table = {p.pid: p for p in tree}
         main = self.main_pid
-        members = [
-            p
-            for p in procfs.descendants(table, self._self_pid)
-            if not self._under_foreign(p, table) and not (p.pid == main and not p.alive)
-        ]
+        members = [p for p in tree if not self._under_foreign(p, table) and not (p.pid == main and not p.alive)]
         self.seen.update(p.pid for p in members)
         return members
 

@@ -41,6 +41,8 @@ GUARANTEE_PROOFS = {
 
 @dataclass(frozen=True)
 class EngineKind:
+    """An engine's mode, and how its runs' processes are found once their corral is gone."""
+
     mode: str
     #: Where a registered run's processes are found, and how they are stopped,
     #: once its corral is gone (corralctl ps, stop, reclaim):

@@ -54,6 +54,8 @@ VARIABLES = (
 
 @dataclass(frozen=True)
 class Mask:
+    """A path a sealed run hides, and how (``HOW``)."""
+
     path: str
     how: str
 
@@ -253,12 +255,15 @@ def _tmux_dirs(env: dict, uid: int) -> list[str]:
 def _screen_dirs(env: dict, uid: int) -> list[str]:
     """screen's socket directories: ``$SCREENDIR``, ``/run/screen/S-USER``."""
     dirs = [env["SCREENDIR"]] if env.get("SCREENDIR") else []
-    try:
-        import pwd
+    # The user's name only where screen made its directory: a lookup costs
+    # every run NSS's files (nsswitch.conf, passwd), or a directory server.
+    if os.path.isdir("/run/screen"):
+        try:
+            import pwd
 
-        dirs.append(f"/run/screen/S-{pwd.getpwuid(uid).pw_name}")
-    except (KeyError, ImportError):
-        pass
+            dirs.append(f"/run/screen/S-{pwd.getpwuid(uid).pw_name}")
+        except (KeyError, ImportError):
+            pass
     return [d for d in dirs if os.path.isabs(d) and os.path.isdir(d) and d not in ("/", "/tmp")]
 
 

@@ -9,7 +9,7 @@ the signal sent through it.
 
 import os
 import signal
-import threading
+from _thread import LockType, allocate_lock  # not threading: the CLI's start-up need not load it
 from collections.abc import Callable
 
 from .fsread import SHORTAGE, raise_shortage
@@ -154,13 +154,13 @@ class RunTracker:
     before corral first saw it is beyond its reach.
     """
 
-    _lock: "threading.Lock | None" = None
+    _lock: LockType | None = None
     _open = 0
     _max: int | None = None
 
     def __init__(self, hierarchy: str = "0"):
         if RunTracker._lock is None:
-            RunTracker._lock = threading.Lock()
+            RunTracker._lock = allocate_lock()
         #: The group's path as /proc/PID/cgroup shows it (set once known), and
         #: which line of that file to read: "0" (cgroup v2) or "name=systemd".
         self.cgroup: str | None = None

@@ -251,11 +251,11 @@ def fork_command(
 def _report_channel() -> tuple[int, int]:
     """The exec report's (read, write) ends, close-on-exec: a socket pair,
     which no process can reopen through /proc/PID/fd (see the module's docstring)."""
-    import socket
+    import _socket  # not socket: its enums cost every start a few ms
 
-    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    w.shutdown(socket.SHUT_RD)
-    r.shutdown(socket.SHUT_WR)
+    r, w = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    w.shutdown(_socket.SHUT_RD)
+    r.shutdown(_socket.SHUT_WR)
     return r.detach(), w.detach()
 
 

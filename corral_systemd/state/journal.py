@@ -68,10 +68,10 @@ def decode(data: bytes) -> dict[str, bytes]:
 
 class Sender:
     def __init__(self, path: str):
-        import socket
+        import _socket  # not socket (its enums): every run of a machine with journald sends
 
         self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
 
     def send(self, fields) -> bool:
         data = encode(fields)
@@ -84,9 +84,9 @@ class Sender:
         return self._send_memfd(data)
 
     def _send_memfd(self, data: bytes) -> bool:
+        import _socket
         import array
         import fcntl
-        import socket
 
         fd = os.memfd_create("corral-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
@@ -94,7 +94,7 @@ class Sender:
             fcntl.fcntl(
                 fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
             )
-            self.sock.sendmsg([], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0, self.path)
+            self.sock.sendmsg([], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))], 0, self.path)
             return True
         except OSError:
             return False

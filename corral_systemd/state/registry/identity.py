@@ -121,11 +121,11 @@ class SealedToken:
         self._data = b""
 
     def write(self, data: dict) -> None:
-        import socket
+        import _socket  # not socket (its enums): every run holds a token, few are asked
 
         self._data = _canonical(data)
         if self.sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC | _socket.SOCK_NONBLOCK)
             try:
                 sock.bind(token_address(self.name))
                 sock.listen(128)
@@ -141,13 +141,16 @@ class SealedToken:
 
     def serve(self) -> None:
         """Answer every connection waiting (never blocks)."""
+        import socket
+
         while self.sock is not None:
             try:
-                conn, _ = self.sock.accept()
+                fd, _ = self.sock._accept()  # the listening socket is _socket's (``write``): accept4, close-on-exec
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 return
+            conn = socket.socket(fileno=fd)
             try:
                 conn.settimeout(0.2)
                 conn.sendall(self._data)
