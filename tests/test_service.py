@@ -1075,6 +1075,39 @@ def test_a_sessions_background_run_outlives_the_services_restart(tmp_path, marke
         second.stop()
 
 
+@systemd
+def test_a_served_background_run_whose_caller_hangs_up_before_it_is_ready_is_stopped(service, tmp_path, marker):
+    """The served front waits in poll on the ready pipe, the run's corral and the caller's
+    connection (POLLRDHUP): the caller hanging up while the run waits for its ready file
+    stops the run at once (not at its --ready-timeout), nothing of it left."""
+    plain = service.env()
+    sid = _ctl(service, "session", "start", env=plain)[1].strip()
+    env = service.env(**{MARKER_ENV: marker})
+    argv = ["--session", sid, "--background", "--ready-timeout", "300s", "--ready-file", str(tmp_path / "never")]
+    channel = service.channel()
+    channel.send(
+        {
+            "method": RUN,
+            "more": True,
+            "parameters": {
+                "program": "corral",
+                "argv": [*argv, "--", "sleep", "1000"],
+                "environment": [f"{k}={v}" for k, v in env.items()],
+                "cwd": "/",
+                "umask": 0o22,
+            },
+        }
+    )
+    try:
+        assert channel.receive()[0]["parameters"]["accepted"]
+        assert wait_for(lambda: len(marked_pids(marker)) >= 2, timeout=30), "the run never started"
+        channel.sock.close()
+        assert wait_for(lambda: not marked_pids(marker), timeout=20), "the run outlived its caller's hang-up"
+    finally:
+        kill_marked(marker)
+        _ctl(service, "session", "end", sid, env=plain)
+
+
 def _dir(path: Path) -> Path:
     path.mkdir()
     return path

@@ -1,10 +1,10 @@
 """``corral --background``: the run detached from the calling corral, handed back once ready.
 
     corral (the front)  ──fork──→  corral (the run's own: setsid, stdin /dev/null,
-        │                            stdout+stderr → <state dir>/<run id>.out)
+        │   ready pipe ←─────────────  stdout+stderr → <state dir>/<run id>.out)
         │                            runs the request as a foreground run would,
         │                            the log held to --log-max on disk (``logkeeper``)
-        ├─ waits: the command started (the registry's ``started`` event), then
+        ├─ waits: the command started (one line on the ready pipe), then
         │  ready (a port, a file, a line of the log), or the run's corral exited
         └─ the run id (or the start record) on stdout; exit 0
 
@@ -31,14 +31,34 @@ the front's own connect would reach the host's port, which a host process
 could hold (ready falsely); for the same reason the host's port being taken
 does not refuse such a run.
 
+The front learns of the command's start only from the ready pipe: its read
+end is the front's, its write end the run's corral's alone (close-on-exec,
+so neither the command nor corral's helpers hold it; corral is not dumpable,
+so the command cannot open it through /proc). The run's corral writes one
+line (the command's pid and start time, the run's mode and unit) once the
+registry has the start, and closes it. Nothing the command can write (the
+state directory is its uid's) is read by the front: a forged registry entry
+or event steers nothing. Until that line the front sleeps in poll(2) on the
+pipe, the corral's end (a pidfd, or the holder's connection), its own
+signals and a served caller's connection, with no timeout but the
+--ready-timeout. Then it looks for readiness each time the run's log grows
+(inotify: a server saying it listens, --ready-log's line) or --ready-file's
+directory changes, and else at waits growing with the time since the start
+(``LOOK_SHARE`` of it, from ``FIRST_LOOK`` up to ``LAST_LOOK``): a target
+nothing announces is seen at most 10 % of that time late (20 ms at least,
+0.25 s at most), and a long wait costs a few looks a second. The
+stop signals are blocked across the fork, so one sent to the run's corral
+before it has its own dispositions is not lost in the front's handlers.
+
 Nothing here prints: ``cli`` reports what ``launch`` returns or raises.
 """
 
+import json
 import os
+import select
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,9 +67,13 @@ from ..common.errors import CorralError, SetupError, UsageError
 if TYPE_CHECKING:
     from ..kernel.context import ProcessContext
 
-#: How often the front looks (growing from the first to the last).
-FIRST_LOOK = 0.005
-LAST_LOOK = 0.02
+#: Once the command has started, the front looks for readiness after this share of the
+#: time since the start, at least FIRST_LOOK and at most LAST_LOOK seconds.
+LOOK_SHARE = 0.1
+FIRST_LOOK = 0.02
+LAST_LOOK = 0.25
+#: The longest single poll(2) wait (poll's own limit is INT_MAX ms; --ready-timeout can be longer).
+_LONGEST_POLL_MS = 3600 * 1000
 #: Bytes of the log shown when the run ends before it is ready.
 TAIL_BYTES = 4096
 
@@ -85,6 +109,36 @@ class Started:
         }
 
 
+class StartedPipe:
+    """The run's corral's end of the ready pipe: a ``core.supervisor.RunObserver`` (by
+    duck typing) that hands every step to ``inner`` (the registry's, or None) and,
+    once the command has started and ``inner`` has recorded it, writes the front one
+    line (JSON: the command's pid and start time, the run's mode and unit) and closes
+    the pipe. A front that is gone (EPIPE) changes nothing for the run."""
+
+    def __init__(self, inner, fd: int, mode: str, unit: str | None):
+        self.inner, self.mode, self.unit = inner, mode, unit
+        self.fd: int | None = fd
+
+    def event(self, name: str, data: dict) -> None:
+        if self.inner is not None:
+            self.inner.event(name, data)  # first: the id the front prints finds the started run
+        if name == "started" and self.fd is not None:
+            from ..kernel.procfs import read_stat
+
+            pid = data.get("pid")
+            stat = read_stat(pid) if type(pid) is int else None
+            told = {"pid": pid, "starttime": stat.starttime if stat else None, "mode": self.mode}
+            told["unit"] = data.get("unit") or self.unit
+            try:
+                os.write(self.fd, json.dumps(told).encode() + b"\n")
+            except OSError:
+                pass
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+
 class NotReady(CorralError):
     """The run never became ready: stopped (``exit_code``: 124, 128+N, or 120 unproven)."""
 
@@ -109,10 +163,11 @@ class ServedCaller:
     without descriptors): ``context`` is its environment, cwd and umask with the
     service's own rlimits, credentials and the like (as its foreground runs get
     them). The run's corral is the session's holder's child or nothing runs; the
-    caller hanging up before the run is ready (``hung_up()``) stops it."""
+    caller's ``connection`` hanging up before the run is ready stops it (None:
+    nothing to watch)."""
 
     context: "ProcessContext"
-    hung_up: Callable[[], bool]
+    connection: int | None
 
 
 def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: bool = False) -> Started:
@@ -146,31 +201,35 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     run_id = request.spec.run_id
     bg.log = REG.output_path(directory, run_id)
     log_fd = os.open(bg.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    started_r, started_w = os.pipe2(os.O_CLOEXEC)  # the ready pipe (the module's docstring)
     # Asked to stop while waiting (SIGINT, SIGTERM, SIGHUP): the run is stopped
-    # too. Caught from before the fork, so no moment leaves it running unready.
+    # too. Caught from before the fork, so no moment leaves it running unready;
+    # the wakeup pipe ends the front's poll (the forked corral has none: fork_detached).
     asked: list[int] = []
-    previous = {}
+    wake_r, wake_w, previous, previous_wake = -1, -1, {}, -1
     if caller is None:
+        wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        previous_wake = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
     corral: _Corral | None = None
     warnings: list[str] = []
     try:
         try:
             if request.spec.session is not None:
-                corral = _by_holder(request, directory, log_fd, warnings, caller)
+                corral = _by_holder(request, directory, log_fd, started_w, warnings, caller)
             if corral is None and caller is not None:
                 raise SetupError(warnings[-1] if warnings else "a served background run must be in a session")
             if corral is None:
                 detach(request, run_id, bg.log)
-                corral = _Forked(_fork_detached(request, run_here, log_fd))
+                corral = _Forked(_fork_detached(request, run_here, log_fd, started_w))
         except BaseException:
             _remove(bg.log)
             raise
         finally:
             os.close(log_fd)
-        if caller is not None:
-            asked = _HangUp(caller.hung_up)
-        started = _await_ready(request, bg, directory, corral, asked)
+            os.close(started_w)  # the run's corral holds the only write end now
+        hangup = None if caller is None else caller.connection
+        started = _await_ready(request, bg, corral, started_r, asked, wake_r, hangup)
         started.warnings = warnings
         if keep_corral:
             started.corral, corral = corral, None
@@ -178,6 +237,11 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if caller is None:
+            signal.set_wakeup_fd(previous_wake)
+            os.close(wake_r)
+            os.close(wake_w)
+        os.close(started_r)
         if corral is not None:
             corral.close()
 
@@ -238,17 +302,26 @@ def run_detached(request, run_here) -> int:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _fork_detached(request, run_here, log_fd: int) -> int:
+def _fork_detached(request, run_here, log_fd: int, started_fd: int) -> int:
     from ..kernel.detach import fork_detached
 
-    # Its log is its stdout and stderr; none of the caller's descriptors stays open in the run.
-    pid = fork_detached(stdout=log_fd, stderr=log_fd)
+    # Its log is its stdout and stderr, and it tells the front through started_fd (close-on-exec:
+    # the command never holds it); none of the caller's other descriptors stays open in the run.
+    # The stop signals are blocked across the fork: one sent to the run's corral before it
+    # has its own dispositions is taken then, not swallowed by the front's handlers.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=(started_fd,))
+        if pid == 0:
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if pid:
         return pid
+    request.started_fd = started_fd
     code = 125
     try:  # the run's own corral, from here to os._exit
-        for sig in _STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
         code = run_detached(request, run_here)
     except CorralError as exc:  # as cli.main says it, into the log
         code = exc.exit_code
@@ -307,27 +380,29 @@ class _LogLines:
         os.close(self._fd)
 
 
-def _await_ready(request, bg, directory: str, corral: "_Corral", asked: list[int]) -> Started:
-    from ..state import registry as REG
-
+def _await_ready(
+    request, bg, corral: "_Corral", started_r: int, asked: list[int], wake_r: int, hangup: int | None
+) -> Started:
+    """Wait (in poll, see the module's docstring) until the run is ready, its corral
+    ended, the front was asked to stop or --ready-timeout passed."""
     run_id = request.spec.run_id
     lines = _LogLines(bg.log) if bg.ready == "log" else None
     deadline = time.monotonic() + bg.ready_timeout
-    look = FIRST_LOOK
-    started: dict | None = None  # the "started" event's data: the command's pid and start time
+    told = _Told(started_r)
+    announced = _announcer(bg)
     try:
         while True:
+            if announced is not None:
+                announced.read()  # emptied: the looks below are what it woke
+            if hangup is not None and _hung_up(hangup) and not asked:
+                asked.append(signal.SIGHUP)
             code = corral.ended()
             if code is not None:
                 raise EndedEarly(f"{run_id} ended before it was ready (exit {code})", code, _tail(bg.log))
-            if started is None:
-                event = next((e for e in REG.read_events(directory, run_id) if e.get("event") == "started"), None)
-                started = None if event is None else (event.get("data") or {})
+            started = told.read()
             if started is not None and _ready(bg, lines, started if request.spec.network == "none" else None):
-                entry = REG.read_entry(directory, run_id) or {}
-                return Started(
-                    run_id, request.name, bg.log, entry.get("unit"), entry.get("mode"), corral.pid, corral.started_by
-                )
+                unit, mode = started.get("unit"), started.get("mode")
+                return Started(run_id, request.name, bg.log, unit, mode, corral.pid, corral.started_by)
             if asked:
                 code = _stop(request, corral)
                 raise NotReady(
@@ -335,7 +410,8 @@ def _await_ready(request, bg, directory: str, corral: "_Corral", asked: list[int
                     120 if code == 120 else 128 + asked[0],
                     _tail(bg.log),
                 )
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 code = _stop(request, corral)
                 raise NotReady(
                     f"{run_id} was not {_awaited(bg) if started is not None else 'started'} "
@@ -343,11 +419,95 @@ def _await_ready(request, bg, directory: str, corral: "_Corral", asked: list[int
                     120 if code == 120 else 124,
                     _tail(bg.log),
                 )
-            time.sleep(min(look, max(0.0, deadline - time.monotonic())))
-            look = min(look * 2, LAST_LOOK)
+            wait, fds = deadline - now, [corral.wait_fd(), *told.fds()]
+            if started is not None:
+                wait = min(wait, max(FIRST_LOOK, min(LAST_LOOK, (now - told.at) * LOOK_SHARE)))
+                fds += [] if announced is None else [announced.fileno()]
+            _sleep_until_woken(wait, fds, wake_r, hangup)
     finally:
         if lines is not None:
             lines.close()
+        if announced is not None:
+            announced.close()
+
+
+def _announcer(bg):
+    """An inotify descriptor (``kernel.inotify``) readable when the run may have become
+    ready: its log grew, or --ready-file's directory changed; None where there is no
+    target, or the watch cannot be had (the timed looks alone then)."""
+    if bg.ready is None:
+        return None
+    from ..kernel import inotify as I
+
+    try:
+        watcher = I.Inotify()
+    except OSError:
+        return None
+    try:
+        if bg.ready == "file":
+            watcher.watch(os.path.dirname(bg.target), I.IN_CREATE | I.IN_MOVED_TO | I.IN_ONLYDIR)
+        else:
+            watcher.watch(bg.log, I.IN_MODIFY)
+    except OSError:  # the file's directory does not exist yet
+        watcher.close()
+        return None
+    return watcher
+
+
+class _Told:
+    """The front's end of the ready pipe: the run's corral's one line, once it has come."""
+
+    def __init__(self, fd: int):
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+        self.started: dict | None = None
+        #: When the line came (time.monotonic()).
+        self.at = 0.0
+
+    def fds(self) -> list[int]:
+        """The pipe, while the line may still come (not after it, nor after EOF)."""
+        return [] if self._fd is None else [self._fd]
+
+    def read(self) -> dict | None:
+        """The line's data (``StartedPipe``) once it has come, else None; never blocks.
+        One write below PIPE_BUF: the line comes whole, or EOF (the corral ended) comes."""
+        if self._fd is not None:
+            try:
+                line = os.read(self._fd, 4096)
+            except BlockingIOError:
+                return None
+            self._fd = None
+            try:
+                data = json.loads(line) if line else None
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                self.started, self.at = data, time.monotonic()
+        return self.started
+
+
+def _sleep_until_woken(seconds: float, fds: list[int], wake_r: int, hangup: int | None) -> None:
+    """Sleep in poll(2) for up to ``seconds``, or until one of ``fds`` is readable, a
+    signal was caught (``wake_r``: its wakeup pipe, then emptied) or ``hangup`` hangs up."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    if wake_r >= 0:
+        poller.register(wake_r, select.POLLIN)
+    if hangup is not None:
+        poller.register(hangup, select.POLLRDHUP)
+    if any(fd == wake_r for fd, _ in poller.poll(min(int(seconds * 1000) + 1, _LONGEST_POLL_MS))):
+        try:
+            os.read(wake_r, 256)  # the handler has run: ``asked`` says which signal
+        except BlockingIOError:
+            pass
+
+
+def _hung_up(fd: int) -> bool:
+    """Has the served caller's connection ``fd`` hung up (never waits)?"""
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP | select.POLLHUP)
+    return bool(poller.poll(0))
 
 
 def _awaited(bg) -> str:
@@ -502,19 +662,6 @@ class _HeldByHolder(_Corral):
         os.close(self.pidfd)
 
 
-class _HangUp(list):
-    """``asked`` for a served caller: SIGHUP once its connection has hung up."""
-
-    def __init__(self, hung_up: Callable[[], bool]):
-        super().__init__()
-        self._hung_up = hung_up
-
-    def __bool__(self) -> bool:
-        if not len(self) and self._hung_up():
-            self.append(signal.SIGHUP)
-        return bool(len(self))
-
-
 def _remove(path: str | None) -> None:
     if path is not None:
         try:
@@ -523,9 +670,12 @@ def _remove(path: str | None) -> None:
             pass
 
 
-def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller=None) -> "_Corral | None":
-    """Ask the session's holder to start the run's corral as its child; None
-    (and the reason in ``warnings``) where it cannot be had faithfully."""
+def _by_holder(
+    request, directory: str, log_fd: int, started_fd: int, warnings: list[str], caller=None
+) -> "_Corral | None":
+    """Ask the session's holder to start the run's corral as its child, handing it
+    the ready pipe's write end; None (and the reason in ``warnings``) where it
+    cannot be had faithfully."""
     from ..kernel.context import ProcessContext, cannot_carry
     from ..state import sessions as S
     from ..varlink.wire import Channel, ProtocolError, VarlinkError
@@ -559,8 +709,9 @@ def _by_holder(request, directory: str, log_fd: int, warnings: list[str], caller
             "context": context.to_json(),
             "log": 0,
             "cwd": 1,
+            "started": 2,
         }
-        reply, fds = channel.call(S.SPAWN_METHOD, parameters, fds=[log_fd, cwd_fd])
+        reply, fds = channel.call(S.SPAWN_METHOD, parameters, fds=[log_fd, cwd_fd, started_fd])
         sock.settimeout(None)
     except VarlinkError as exc:
         sock.close()

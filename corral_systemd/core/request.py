@@ -77,6 +77,9 @@ class RunRequest:
     #: --yield run's corral writes its own lines (warnings, summary), apart from the output.
     keep_stdin: bool = False
     report_path: str | None = None
+    #: A detached run's corral: the write end of its front's ready pipe, told once
+    #: the command has started (``core.background.StartedPipe``); None: no front waits.
+    started_fd: int | None = None
     #: The command line it was read from, and the --cgroup-mode it defaulted to (the
     #: program's): a session's holder reads it again for a background run's corral.
     args: list[str] = field(default_factory=list)
@@ -94,7 +97,8 @@ class RunRequest:
         labels: dict[str, object] = {"name": self.name} if self.name is not None else {}
         if self.output_log is not None:  # the detached corral of a --background run
             labels.update(background=True, output_log=self.output_log)
-        return {"environment": self.environment, "registry": self.registry, "labels": labels}
+        options = {"environment": self.environment, "registry": self.registry, "labels": labels}
+        return options if self.started_fd is None else dict(options, started_fd=self.started_fd)
 
 
 #: READY_KINDS: how a background run says it is ready (the option that asks for each).

@@ -30,8 +30,11 @@ class RunGuard:
         registry: bool = True,
         owner_kind: str = "corral",
         labels: dict | None = None,
+        started_fd: int | None = None,
     ):
         self.spec = spec
+        #: A background run's front waits on this pipe for the command's start (``register``).
+        self.started_fd = started_fd
         #: The registry entry's labels (``RunRequest.guard_options``).
         self.labels = labels or {}
         self.owner_kind = owner_kind
@@ -80,9 +83,19 @@ class RunGuard:
     def register(self, engine):
         """Settle the credentials; write the entry before the command starts.
 
-        Returns the observer for the supervisor (or None without a registry);
-        SetupError/UsageError (the engine closed) when the run cannot start.
+        Returns the observer for the supervisor (or None without a registry
+        and no front waiting); SetupError/UsageError (the engine closed) when the
+        run cannot start. With ``started_fd``, the observer also tells the
+        front through it once the command has started and the registry has it.
         """
+        observer = self._registry_observer(engine)
+        if self.started_fd is None:
+            return observer
+        from .background import StartedPipe
+
+        return StartedPipe(observer, self.started_fd, engine.mode, engine.registry_facts().get("unit"))
+
+    def _registry_observer(self, engine):
         if self.credential_pairs and self.delivery is None:
             self._credentials_for(engine)
         if self.creds is not None and self.creds.watcher_pid is not None:

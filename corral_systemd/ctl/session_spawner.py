@@ -3,11 +3,13 @@
 ``corral --background`` in a session (the *front*, ``core/background.py``)
 asks the holder over the session's abstract address (Varlink,
 ``io.corral.SessionHolder.Spawn``) to start the run's own corral, giving its
-command line, its process context (``kernel.context``) and two descriptors:
-the run's log and its working directory. The holder forks, the child
-becomes that context (its own session, stdin /dev/null, stdout and stderr
-the log) and execs corral as the detached run of that id
-(``cli.detached_main``); the holder answers at once with the child's pid
+command line, its process context (``kernel.context``) and three descriptors:
+the run's log, its working directory and the write end of the front's ready
+pipe (``core.background``: the front's one source for the command's start).
+The holder forks, the child becomes that context (its own session, stdin
+/dev/null, stdout and stderr the log, the ready pipe kept for it alone) and
+execs corral as the detached run of that id (``cli.detached_main``); the
+holder closes its copy of the pipe and answers at once with the child's pid
 and a pidfd of it (``continues``), and once it has reaped the child, its
 exit code.
 
@@ -76,12 +78,14 @@ class Spawner:
             raise ValueError("argv")
         ctx = ProcessContext.from_json(params["context"])
         log_fd, cwd_fd = fds[params["log"]], fds[params["cwd"]]
+        started_fd = fds[params["started"]] if type(params.get("started")) is int else None
         # -P: the caller's working directory is not on the exec'd corral's module path.
-        exe = [sys.executable, "-P", "-c", _DETACHED, default_mode, run_id, *argv]
+        started = "-" if started_fd is None else str(started_fd)
+        exe = [sys.executable, "-P", "-c", _DETACHED, default_mode, run_id, started, *argv]
         env = dict(ctx.env)
         from ..kernel.detach import fork_detached
 
-        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=(cwd_fd,))
+        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=(cwd_fd, *([] if started_fd is None else [started_fd])))
         if pid == 0:  # the run's corral, from here to exec
             try:
                 from ..kernel.prctl import set_dumpable
@@ -89,6 +93,8 @@ class Spawner:
                 set_dumpable(True)  # its own /proc/self files (oom_score_adj) are its to write only so
                 ctx.apply(cwd_fd)
                 os.close(cwd_fd)
+                if started_fd is not None:
+                    os.set_inheritable(started_fd, True)  # for the exec'd corral only: it makes it close-on-exec again
                 os.execve(exe[0], exe, env)
             except BaseException as exc:
                 try:
@@ -172,5 +178,5 @@ def own_descendants() -> list[int]:
     return found
 
 
-#: The exec'd corral: ``cli.detached_main([default_mode, run_id, *argv])``.
+#: The exec'd corral: ``cli.detached_main([default_mode, run_id, started_fd or "-", *argv])``.
 _DETACHED = "import sys; from corral_systemd.cli import detached_main; sys.exit(detached_main(sys.argv[1:]))"

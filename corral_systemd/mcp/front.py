@@ -76,7 +76,7 @@ def _launch(request, cwd: str | None) -> Launched:
     context = ProcessContext.here(dict(os.environ))
     if cwd is not None:
         context.cwd = os.path.abspath(cwd)
-    caller = background.ServedCaller(context, hung_up=lambda: False)  # the holder watches this server itself
+    caller = background.ServedCaller(context, connection=None)  # the holder watches this server itself
     run_id, bg = request.spec.run_id, request.background
     try:
         started = background.launch(request, cli.run, caller=caller, keep_corral=True)

@@ -262,8 +262,6 @@ def execute_background(request, checked: dict, connection_fd: int, accepted) -> 
     and umask (``core.background.ServedCaller``); the reply is corral's output:
     the run id (or the start record) in ``stdout``, base64, and the exit code.
     The connection hanging up before the run is ready stops it."""
-    import select
-
     from ..core import background
     from ..kernel.context import ProcessContext
 
@@ -271,14 +269,9 @@ def execute_background(request, checked: dict, connection_fd: int, accepted) -> 
     context = ProcessContext.here(checked["environment"])
     context.cwd, context.umask = checked["cwd"], checked["umask"]
 
-    def hung_up() -> bool:
-        poller = select.poll()
-        poller.register(connection_fd, select.POLLRDHUP | select.POLLHUP)
-        return bool(poller.poll(0))
-
     accepted()
     try:
-        started = background.launch(request, None, background.ServedCaller(context, hung_up))
+        started = background.launch(request, None, background.ServedCaller(context, connection_fd))
     except (background.EndedEarly, background.NotReady) as exc:
         if exc.tail:
             stderr(exc.tail if exc.tail.endswith(b"\n") else exc.tail + b"\n")
