@@ -139,7 +139,7 @@ def test_a_repl_answered_through_the_library(agent, monkeypatch):  # noqa: F811
         run.write_stdin("print(6 * 7)\n")
         seen, cursor = b"", run.cursor
         end = time.monotonic() + 30
-        while b"42" not in seen and time.monotonic() < end:
+        while b"42\n" not in seen and time.monotonic() < end:  # the line whole: it may come in two reads
             data, cursor = run.read_output()
             seen += data
         assert b"42\n" in seen

@@ -132,7 +132,11 @@ def _await_finished(
             )
             return 0 if ok else 1
         if give_up(entry):
-            return None
+            # The owner may have written "finished" and exited since the read above.
+            last = REG.read_entry(directory, run_id)
+            if last is None or last.get("state") != "finished":
+                return None
+            continue
         time.sleep(0.02)
     print(f"corralctl: {run_id}: {who} did not finish within {wait:g}s", file=sys.stderr)
     return 1
