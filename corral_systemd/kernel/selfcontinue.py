@@ -22,8 +22,9 @@ once (a signal, and the wakeup fd of a ``signal.set_wakeup_fd`` caller).
 """
 
 import ctypes
-import os
 import signal
+
+from .namespaces import errno_error
 
 _CLOCK_MONOTONIC = 1
 _SIGEV_SIGNAL = 0
@@ -56,9 +57,7 @@ def continue_every(seconds: float) -> None:
     event = _SigEvent(sigev_signo=int(signal.SIGCONT), sigev_notify=_SIGEV_SIGNAL)
     timer = ctypes.c_void_p()
     if libc.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise errno_error("timer_create")
     every = _Timespec(int(seconds), int(seconds % 1 * 1_000_000_000))
     if libc.timer_settime(timer, 0, ctypes.byref(_ITimerSpec(every, every)), None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise errno_error("timer_settime")
