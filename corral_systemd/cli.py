@@ -14,11 +14,14 @@ module never touches /proc.
 
 import os
 import sys
-from typing import Any
 
 from .common.errors import CorralError
 from .common.programs import PROGRAMS
 from .core.request import Printing, RunRequest, parse_command_line
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: str | None = None) -> int:

@@ -12,7 +12,24 @@ def test_durations(text, seconds):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "2", "s", "-1s", "1x", "1 s s", "1e3s", "nans", "infs", "2S", "1.s", "9" * 400 + "h"]
+    "text",
+    [
+        "",
+        "2",
+        "s",
+        "-1s",
+        "1x",
+        "1 s s",
+        "1e3s",
+        "nans",
+        "infs",
+        "2S",
+        "1.s",
+        "1.2.3s",
+        "..5s",
+        "\u0663s",
+        "9" * 400 + "h",
+    ],
 )
 def test_bad_durations(text):
     with pytest.raises(ValueError):
@@ -24,7 +41,7 @@ def test_sizes(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "0", "-1", "1k", "1MB", "1.5M", "M", "1T"])
+@pytest.mark.parametrize("text", ["", "0", "-1", "1k", "1MB", "1.5M", "M", "1T", "1KK", "\u0663"])
 def test_bad_sizes(text):
     with pytest.raises(ValueError):
         parse_size(text)
@@ -93,3 +110,19 @@ assert os.waitpid(child.pid, 0)[1] == 0
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
+
+
+def test_run_ids_and_run_names_are_read_as_declared():
+    """common.unit_names reads ids by hand (no ``re`` on the start-up path):
+    the same forms its patterns declare."""
+    from corral_systemd.common.unit_names import is_run_id, looks_like_run, run_of_cgroup, run_of_unit
+
+    assert is_run_id("0123456789ab") and is_run_id("f") and is_run_id("a" * 64)
+    for bad in ("", "a" * 65, "ABC", "12 34", "g1", "\u0663", None, 12):
+        assert not is_run_id(bad), bad
+    assert looks_like_run("0123456789ab") and looks_like_run("ab" * 12) and looks_like_run("corral-web")
+    for name in ("web", "0123456789a", "0123456789abc", "0123456789AB"):
+        assert not looks_like_run(name), name
+    assert run_of_unit("corral-0123456789ab.scope") == "0123456789ab"
+    assert run_of_unit("corral-0123456789ab.socket") is None
+    assert run_of_cgroup("/sys/fs/cgroup/x/corral-0123456789ab/sub") == "0123456789ab"

@@ -13,7 +13,7 @@ limit stays with the engine (``limits_enforced``: "kernel", "watch" or
 Light on purpose: the CLI imports it on every start.
 """
 
-from dataclasses import dataclass
+from .plainclass import plainclass
 
 MAX_DURATION = 100 * 365 * 24 * 3600.0  # seconds: their sum, in µs, fits systemd's uint64 timeouts
 MAX_SIZE = 2**63 - 1  # bytes: what the kernel and systemd take as a count (UINT64_MAX means infinity)
@@ -25,7 +25,7 @@ CPU_TIME_INTERVAL = 0.1
 TIMINGS = ("grace", "verify_timeout")
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class Limit:
     """A limit a run may be given (``LIMITS``)."""
 
@@ -98,7 +98,7 @@ def coerce_size(value, what: str):
     return coerce("size", value, what)
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class RunEndingLimit(Limit):
     """A limit whose reaching ends the run (``--pids`` does not: the
     command's forks fail and it goes on)."""

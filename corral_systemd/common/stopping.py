@@ -23,8 +23,8 @@ not empty, no pid to name) and the outcome is unverified.
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+
+from .plainclass import field, plainclass
 
 #: Looks at growing intervals: fast for the common case (everything died
 #: at once), cheap for a slow shutdown.
@@ -32,35 +32,39 @@ FIRST_RECHECK = 0.0005
 MAX_RECHECK = 0.05
 
 
-class StopTarget(Protocol):
-    """What the sequence stops: ``engines.base.Engine`` is one."""
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import Protocol
 
-    def remaining(self) -> list[int]:
-        """The target's processes now (cheap; for the loop)."""
-        ...
+    class StopTarget(Protocol):
+        """What the sequence stops: ``engines.base.Engine`` is one."""
 
-    def signal_all(self, *sigs: int) -> int:
-        """Send each of ``sigs`` to every process of the target; return how many."""
-        ...
+        def remaining(self) -> list[int]:
+            """The target's processes now (cheap; for the loop)."""
+            ...
 
-    def signal_new(self, *sigs: int) -> int:
-        """Send ``sigs`` to processes of the last ``remaining()`` not yet signalled."""
-        ...
+        def signal_all(self, *sigs: int) -> int:
+            """Send each of ``sigs`` to every process of the target; return how many."""
+            ...
 
-    def kill_all(self) -> None:
-        """SIGKILL every process of the target."""
-        ...
+        def signal_new(self, *sigs: int) -> int:
+            """Send ``sigs`` to processes of the last ``remaining()`` not yet signalled."""
+            ...
 
-    def verify_empty(self) -> list[int]:
-        """Kernel (or manager) proof: ``[]`` if the target is empty, else what is left."""
-        ...
+        def kill_all(self) -> None:
+            """SIGKILL every process of the target."""
+            ...
 
-    def unproven(self) -> str | None:
-        """Why an empty target still does not prove the run gone, else None."""
-        ...
+        def verify_empty(self) -> list[int]:
+            """Kernel (or manager) proof: ``[]`` if the target is empty, else what is left."""
+            ...
+
+        def unproven(self) -> str | None:
+            """Why an empty target still does not prove the run gone, else None."""
+            ...
 
 
-@dataclass
+@plainclass
 class StopOutcome:
     """How a stop ended: every process proven gone, or what was left."""
 
@@ -76,7 +80,7 @@ def _no_step(name: str, **data) -> None:
 
 
 def stop_and_verify(
-    target: StopTarget,
+    target: "StopTarget",
     *,
     grace: float,
     verify_timeout: float,

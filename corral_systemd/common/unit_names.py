@@ -20,12 +20,12 @@ create ``corral-x.scope``); callers that act on one check its marks too
 """
 
 import os
-import re
 
 PREFIX = "corral-"
 UNIT_TYPES = ("scope", "service")
 _ID = "[0-9a-f]{1,64}"
-# Patterns, compiled (and cached by re) on first use: a run reads few of them.
+# Patterns for ``re`` (imported where one is read: ``re`` costs every run's
+# start more than the reading), compiled and cached by ``re`` on first use.
 _RUN_UNIT = rf"corral-({_ID})\.(scope|service)"
 _RUNNER_TETHER = r"corral-runner-[0-9]+-[0-9a-f]{8}-tether\.scope"
 #: A path component of a run's cgroup: its unit, or its --cgroup-parent group.
@@ -36,15 +36,19 @@ def new_run_id() -> str:
     return os.urandom(6).hex()
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def is_run_id(text) -> bool:
-    return isinstance(text, str) and re.fullmatch(_ID, text) is not None
+    """``text`` is a run's id (``_ID``)."""
+    return isinstance(text, str) and 0 < len(text) <= 64 and _HEX.issuperset(text)
 
 
 def looks_like_run(text: str) -> bool:
     """Would ``text`` be read as naming a run or a session by its id (a name must
     not be): the forms ``new_run_id`` and ``common.verdict`` make, or anything
     with corral's unit prefix."""
-    return text.startswith(PREFIX) or re.fullmatch("[0-9a-f]{12}|[0-9a-f]{24}", text) is not None
+    return text.startswith(PREFIX) or len(text) in (12, 24) and _HEX.issuperset(text)
 
 
 def unit_name(run_id: str, unit_type: str) -> str:
@@ -92,6 +96,8 @@ def runner_tether_unit() -> str:
 def is_tether(name: str, run_id: str | None = None) -> bool:
     """``name`` is a tether's: ``run_id``'s own, or any Runner's (a Runner's
     tether holds many runs); with ``run_id`` None, any run's too."""
+    import re
+
     if re.fullmatch(_RUNNER_TETHER, name):
         return True
     if run_id is not None:
@@ -101,12 +107,16 @@ def is_tether(name: str, run_id: str | None = None) -> bool:
 
 def run_of_unit(name) -> str | None:
     """The run id a run unit's name carries (``corral-<id>.scope``/``.service``), else None."""
+    import re
+
     m = re.fullmatch(_RUN_UNIT, name) if isinstance(name, str) else None
     return m.group(1) if m else None
 
 
 def run_of_cgroup(path: str) -> str | None:
     """The run whose unit or group ``path`` (a cgroup path) is in, else None."""
+    import re
+
     for part in path.split("/"):
         if m := re.fullmatch(_RUN_COMPONENT, part):
             return m.group(1)

@@ -59,11 +59,11 @@ import select
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..common.errors import CorralError, SetupError, UsageError
+from ..common.plainclass import field, plainclass
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
 if TYPE_CHECKING:
     from ..kernel.context import ProcessContext
 
@@ -78,7 +78,7 @@ _LONGEST_POLL_MS = 3600 * 1000
 TAIL_BYTES = 4096
 
 
-@dataclass
+@plainclass
 class Started:
     """A background run that is ready: what ``--json -`` prints."""
 
@@ -157,7 +157,7 @@ class EndedEarly(CorralError):
         self.tail = tail
 
 
-@dataclass
+@plainclass
 class ServedCaller:
     """A caller the corral service starts a background run for (``io.corral.Run.Run``
     without descriptors): ``context`` is its environment, cwd and umask with the

@@ -25,9 +25,9 @@ import sys
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict
 
 from ..common.errors import SetupError
+from ..common.plainclass import asdict
 from . import result as R
 from .output import OutputPump
 from .spec import RunSpec
@@ -122,8 +122,7 @@ class Execution:
             return False  # the caller's process was the first start's: gone with it
         if not getattr(self._session, "lost", False) or self._cancelled():
             return False
-        from dataclasses import replace
-
+        from ..common.plainclass import replace
         from .spec import new_run_id
 
         self.spec = replace(self.spec, run_id=new_run_id())

@@ -19,7 +19,8 @@ import json
 import os
 import signal
 import sys
-from dataclasses import asdict
+
+from ..common.plainclass import asdict
 
 
 def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:

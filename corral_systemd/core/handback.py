@@ -29,12 +29,13 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+from ..common.plainclass import field, plainclass
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-@dataclass
+@plainclass
 class Yielded:
     run_id: str
     #: The run's exit code; None: still running, handed back.

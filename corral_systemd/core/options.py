@@ -3,9 +3,8 @@ choices, its limit. The command-line parser (``request.parse_options``) and the 
 command (``cli.click_command``: --help, the man page test, completion) both read this table.
 No click and no typer here."""
 
-from dataclasses import dataclass
-
 from ..common.limits import LIMITS, Limit
+from ..common.plainclass import plainclass
 from .spec import CGROUP_MODES, GUARANTEE_CHOICES, HANDOFFS, MANAGERS, NETWORKS, STDIN_MODES, UNIT_TYPES
 
 #: --json values that mean "standard output" (the record follows the command's output there).
@@ -16,7 +15,7 @@ KEPT_STDIN = "keep"
 COMMAND_METAVAR = "-- COMMAND [ARG...]"
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class Option:
     """One option of corral's command line (``OPTIONS``)."""
 

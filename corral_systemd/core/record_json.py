@@ -19,13 +19,16 @@ whole new one.
 
 import json
 import os
-from typing import Final
 
 from ..common.limits import LIMITS, TIMINGS
 from ..common.redact import redact_argv
 from ..engines.kinds import GUARANTEE_PROOFS
 
-RECORD_VERSION: Final = 1
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import Final
+
+RECORD_VERSION: "Final" = 1
 #: ``Limits``' fields, in order: the wall, the stop timings, then every other
 #: limit as limits.py declares them; seconds and CPUs are floats (JSON keeps
 #: 5 and 5.0 apart).

@@ -25,10 +25,10 @@ client's own process).
 """
 
 import os
-from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
 from ..common.limits import LIMITS, coerce_duration, coerce_size
+from ..common.plainclass import field, plainclass
 from .options import (  # noqa: F401  (re-exported)
     _BY_FLAG,
     _BY_NAME,
@@ -50,7 +50,7 @@ class Printing(Exception):
         self.option = option
 
 
-@dataclass
+@plainclass
 class RunRequest:
     """A run as asked for: the spec and how to report on it."""
 
@@ -105,7 +105,7 @@ class RunRequest:
 READY_KINDS = {"port": "--ready-port", "file": "--ready-file", "log": "--ready-log"}
 
 
-@dataclass
+@plainclass
 class Background:
     """--background: the run detached from this corral, and when it counts as ready."""
 

@@ -4,9 +4,8 @@
 record (``record.py``) is built from it only when someone asks for JSON.
 """
 
-from dataclasses import dataclass, field
-
 from ..common.limits import BY_REASON, ENDS_RUN, MAX_OUTPUT, MEM, WALL
+from ..common.plainclass import field, plainclass
 
 # Why the run ended, in the order the supervisor may decide it.
 EXITED = "exited"  # the command's main process exited (or died of a signal) on its own
@@ -22,7 +21,7 @@ INTERNAL_ERROR = "internal_error"  # corral failed mid-run; never verified, so 1
 NEVER_RAN = (SPAWN_FAILED, SETUP_FAILED)
 
 
-@dataclass
+@plainclass
 class RunOutcome:
     """What became of a run: the record's facts (``record_json``), its exit code and summary."""
 

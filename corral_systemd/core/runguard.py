@@ -11,14 +11,13 @@
 Kept out of cli.py so the CLI stays thin and the pieces stay testable.
 """
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ..state.credentials import PrivateCredentials
-
 import os
 
 from ..common.errors import SetupError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from ..state.credentials import PrivateCredentials
 
 
 class RunGuard:

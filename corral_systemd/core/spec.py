@@ -1,6 +1,6 @@
 """What to run and under which limits: the input every layer shares.
 
-A plain dataclass, not a pydantic model: building one must cost nothing on
+A plain class (``common.plainclass``), not a pydantic model: building one must cost nothing on
 the CLI's hot path. User text is parsed in ``units`` (called by the CLI and
 the library); every value is then range-checked here, once, when the
 RunSpec is built (``__post_init__``): a RunSpec that exists is one every
@@ -19,10 +19,10 @@ Bounds:
 
 import math
 import os
-from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
 from ..common.limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
+from ..common.plainclass import field, plainclass
 from ..common.unit_names import new_run_id
 from ..engines.kinds import GUARANTEES
 
@@ -47,7 +47,7 @@ MIN_OUTPUT_LIMIT = 2
 _BOUNDS = {"size": f"{MAX_SIZE} bytes (8 EiB)", "count": f"{MAX_PIDS} (the kernel's PID_MAX_LIMIT)"}
 
 
-@dataclass
+@plainclass
 class RunSpec:
     """A run as asked for: the command and its limits, checked when made (``validate``)."""
 

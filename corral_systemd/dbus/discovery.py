@@ -8,9 +8,10 @@ loaded only when one is made.
 """
 
 import os
-from typing import TYPE_CHECKING
 
 from ..common.errors import SetupError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
 
 if TYPE_CHECKING:
     from .connection import BusError, Connection

@@ -5,8 +5,8 @@ Names follow systemd's D-Bus API (see org.freedesktop.systemd1(5)).
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ..common.plainclass import plainclass
 from ._dbus_fast import Variant
 from .connection import BusError
 
@@ -51,7 +51,7 @@ NOT_OFFERED = (
 )
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class ManagerAPIs:
     """What this manager offers beyond systemd 252, from its own ``Version``
     property (read once per connection: ``Manager.apis``). ``version`` is

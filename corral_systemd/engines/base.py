@@ -10,12 +10,14 @@ to 125) and lets ``ExecError`` from spawning through (126/127).
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
 
 from ..common.errors import SetupError
 from ..common.limits import CPU_TIME, CPU_TIME_INTERVAL, MEM
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..kernel.pidfd import RunTracker
 
 
@@ -282,7 +284,7 @@ class CgroupLimits:
       unseen is beyond the tracker.
     """
 
-    spec: Any  # the run's RunSpec (core.spec), set by the engine
+    spec: "Any"  # the run's RunSpec (core.spec), set by the engine
     limits_enforced: dict[str, str]  # the engine's (``Engine.__init__``)
     #: How often corral looks for an OOM kill or sums the memory where no kernel event tells.
     LIMIT_WATCH_INTERVAL = 0.025

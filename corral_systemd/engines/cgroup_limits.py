@@ -15,9 +15,9 @@ watches them (RuntimeMaxSec is only a backstop, properties.py).
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..common.limits import BY_FIELD
+from ..common.plainclass import plainclass
 
 _USEC = 1_000_000
 #: The kernel's default CFS period for cpu.max (µs); its smallest quota is 1 ms.
@@ -29,7 +29,7 @@ def cpu_quota_per_sec_usec(cpus: float) -> int:
     return max(1, round(cpus * _USEC))
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class CgroupLimit:
     #: The ``Limit.field`` (RunSpec field, ``limits_enforced`` key).
     field: str

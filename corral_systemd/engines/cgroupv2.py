@@ -27,7 +27,6 @@ when it happens, not at the next limit check.
 
 import os
 import signal
-from typing import TYPE_CHECKING
 
 from ..common.errors import SetupError
 from ..common.unit_names import group_name
@@ -41,6 +40,7 @@ from .pidns import PidNamespace
 from .tether import tether_facts
 from .unitcgroup import UnitCgroup
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
 if TYPE_CHECKING:
     from .delegated import Subtree
 

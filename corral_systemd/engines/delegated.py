@@ -38,9 +38,9 @@ this: the command may write its own group, but the proof is the kernel's
 
 import errno
 import os
-from dataclasses import dataclass, field
 
 from ..common.errors import SetupError
+from ..common.plainclass import field, plainclass
 from ..common.unit_names import PREFIX
 from ..kernel import cgroupfs
 from ..kernel.fsread import read_bytes, write_bytes
@@ -53,7 +53,7 @@ LEAF_PREFIX = f"{PREFIX}supervisor-"
 _UNIT_SUFFIXES = (".scope", ".service", ".slice")
 
 
-@dataclass
+@plainclass
 class Subtree:
     """The delegated group corral runs in: ``path`` (its directory), where
     each run gets a child group."""

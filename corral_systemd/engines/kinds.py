@@ -7,7 +7,7 @@ without loading an engine (the systemd one loads dbus-fast). Each engine
 class names its kind (``Engine.mode``); a test checks they agree.
 """
 
-from dataclasses import dataclass
+from ..common.plainclass import plainclass
 
 #: The guarantee tiers, strongest first: what holds the run's processes, and
 #: so what corral can promise. ``--guarantee auto`` takes the first one that
@@ -39,7 +39,7 @@ GUARANTEE_PROOFS = {
 }
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class EngineKind:
     """An engine's mode, and how its runs' processes are found once their corral is gone."""
 

@@ -62,18 +62,22 @@ and in a process with other threads (a library's host: the library runs a
 manager-less run in a child process of its own, ``core.fallback_child``).
 """
 
+import _socket  # not socket: its enums cost every run's start
 import errno
 import os
 import select
 import signal
 import time
-from typing import NoReturn
 
 from ..common.errors import SetupError
 from ..kernel import procfs
 from .base import network_fact, refuse_unmaskable
 from .libexec import compiled_helper, libexec_path
 from .proctree import ProcessTreeEngine
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 class PidNamespace:
@@ -105,15 +109,13 @@ class PidNamespace:
         # user namespace of their own first, which owns them.
         self.userns = uid != 0
         lib = ns.libc()
-        import socket
-
         # Loaded here, before the clone: the init starts with its code (and json)
         # in memory instead of loading it while corral waits for its ``ready``.
         from . import pidns_init
 
         helper = _init_program(spec)
         status_r, status_w = _status_channel()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         me = os.pidfd_open(os.getpid())
         try:
             try:
@@ -206,7 +208,7 @@ class PidNamespace:
         its exec, corral holding a pidfd for it (the cgroup tier moves it
         into the run's group there, so nothing it starts is outside); its
         SetupError ends the namespace, the command never ran."""
-        import socket
+        import array
 
         from ..kernel.spawn import ExecError
         from .pidns_init import StartMessage, start_message
@@ -219,7 +221,9 @@ class PidNamespace:
         )
         deadline = None if self.spec.wall is None else time.monotonic() + self.spec.wall
         try:
-            socket.send_fds(self._control, [b"s"], [stdin, stdout, stderr])
+            self._control.sendmsg(
+                [b"s"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", (stdin, stdout, stderr)))]
+            )
             self._control.sendall(start_message(message))
         except OSError:
             pass  # the init is gone: its last line (or none) says why
@@ -275,7 +279,7 @@ class PidNamespace:
             return "its init did not answer within the wall limit"
         return "its init ended first"
 
-    def _give_up(self, why: str) -> NoReturn:
+    def _give_up(self, why: str) -> "NoReturn":
         """The command never ran (the gate stays shut): the init SIGKILLed and
         reaped, the namespace with it; SetupError ``why``."""
         self.kill()
@@ -510,11 +514,9 @@ def _status_channel() -> tuple[int, int]:
     """The init's status channel, (corral's end, the init's), close-on-exec:
     a socket pair, one way. Not a pipe: a command running as root reopens a
     pipe of its init's through /proc/1/fd/N, never a socket."""
-    import socket
-
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    mine.shutdown(socket.SHUT_WR)
-    theirs.shutdown(socket.SHUT_RD)
+    mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    mine.shutdown(_socket.SHUT_WR)
+    theirs.shutdown(_socket.SHUT_RD)
     return mine.detach(), theirs.detach()
 
 

@@ -74,21 +74,22 @@ ptrace): corral takes no line written after the gate opened on its word
 alone (``PidNamespace.start``, ``PidNamespace._ended``).
 """
 
+import _socket  # not socket: its enums cost every run's start
 import os
 import select
 import signal
-import socket
-from typing import NamedTuple
 
 # At the top, not in the functions: corral imports this module before it
 # clones the init (``PidNamespace``), so the init finds all of it loaded.
+from ..common.plainclass import plainclass
 from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, errno_error, map_self, mount_own_proc, set_dumpable
 from ..kernel.prctl import set_parent_death_signal
 from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError, fork_command
 
 
-class StartMessage(NamedTuple):
+@plainclass(frozen=True)
+class StartMessage:
     """What the init needs to fork the command (its stdio comes beside it)."""
 
     argv: list[str]
@@ -231,7 +232,7 @@ def _shed_descriptors(keep: set[int]) -> None:
 
 def _start(spec, status, control, lib) -> int | None:
     """The command, forked from the start message; its pid, or None (corral sent none)."""
-    sock = socket.socket(fileno=control)
+    sock = _socket.socket(fileno=control)
     head, fds = _receive_fds(sock, 3)
     if not head:
         return None
@@ -286,9 +287,9 @@ def _receive_fds(sock, most: int) -> tuple[bytes, list[int]]:
     import array
 
     fds = array.array("i")
-    head, ancillary, _flags, _addr = sock.recvmsg(1, socket.CMSG_LEN(most * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    head, ancillary, _flags, _addr = sock.recvmsg(1, _socket.CMSG_LEN(most * fds.itemsize), _socket.MSG_CMSG_CLOEXEC)
     for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
     return head, list(fds)
 

@@ -10,12 +10,13 @@ the caller's cgroup namespace.
 import errno
 import os
 import threading
-from typing import TYPE_CHECKING, BinaryIO
-
-if TYPE_CHECKING:
-    import select
 
 from .fsread import raise_shortage, read_bytes, write_bytes
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    import select
+    from typing import BinaryIO
 
 
 class Mounts:

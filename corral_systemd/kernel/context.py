@@ -27,7 +27,8 @@ own by design (none of the caller's, its own session).
 
 import os
 import resource
-from dataclasses import dataclass, field
+
+from ..common.plainclass import field, plainclass
 
 #: Linux's rlimits, by name and number (Python's resource module lacks RLIMIT_LOCKS).
 RLIMITS = {
@@ -55,7 +56,7 @@ _LOWERED_STATUS = ("CapInh", "CapAmb")
 _NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts", "cgroup", "time")
 
 
-@dataclass
+@plainclass
 class ProcessContext:
     env: dict[str, str]
     cwd: str

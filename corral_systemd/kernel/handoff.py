@@ -26,7 +26,8 @@ the command's until it is sealed. Never a guess from a process's name.
 
 import os
 import stat
-from dataclasses import dataclass, field
+
+from ..common.plainclass import field, plainclass
 
 #: /proc/net/unix's Flags bit for a listening socket (__SO_ACCEPTCON).
 _ACCEPTING = 0x10000
@@ -52,7 +53,7 @@ VARIABLES = (
 )
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class Mask:
     """A path a sealed run hides, and how (``HOW``)."""
 
@@ -60,7 +61,7 @@ class Mask:
     how: str
 
 
-@dataclass(frozen=True)
+@plainclass(frozen=True)
 class Channel:
     """One kind of hand-off: its name in the record and what it says it is."""
 
@@ -93,7 +94,7 @@ _SYSTEM_BUS = "/run/dbus/system_bus_socket"
 _SYSTEM_MANAGER = "/run/systemd/private"
 
 
-@dataclass
+@plainclass
 class Survey:
     """What the command could reach, found before it starts."""
 

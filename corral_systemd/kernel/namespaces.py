@@ -20,7 +20,6 @@ EINVAL (a kernel without the namespace).
 
 import ctypes
 import os
-import re
 import signal
 
 CLONE_NEWNS = 0x00020000
@@ -152,6 +151,8 @@ def _detach_procs(lib) -> None:
 def _proc_mounts() -> list[bytes]:
     """Where a proc file system is mounted in this process's mount namespace,
     in mount order (its /proc/self/mountinfo)."""
+    import re  # here: ``re`` costs every run's start, and few runs read the table
+
     with open("/proc/self/mountinfo", "rb") as f:
         lines = f.read().splitlines()
     points = []

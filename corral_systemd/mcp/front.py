@@ -24,7 +24,8 @@ which can start it itself).
 
 import asyncio
 import os
-from dataclasses import dataclass
+
+from ..common.plainclass import plainclass
 
 
 class Refused(Exception):
@@ -39,7 +40,7 @@ class FrontNeeded(Exception):
     """The session's holder cannot start this run's corral with this server's context."""
 
 
-@dataclass
+@plainclass
 class Launched:
     """The run's id and log; ``corral``: its corral as ``launch`` keeps it watched (the
     holder's word on its end, given once it has reaped it: its record is written by

@@ -37,7 +37,6 @@ not be proven is INTERNAL_ERROR with one line, the task left ``working``.
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +44,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from ..common.plainclass import field, plainclass
 from .runs import BadArguments, RunFailed
 from .tools import MAX_WAIT_MS, Tools
 
@@ -66,7 +66,7 @@ class UpdateTaskParams(types.RequestParams):
     input_responses: dict[str, Any] | None = None
 
 
-@dataclass
+@plainclass
 class Task:
     task_id: str
     run_id: str

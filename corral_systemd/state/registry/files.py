@@ -3,13 +3,16 @@
 import json
 import os
 import time
-from typing import Any
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
 except ImportError:  # pragma: no cover
     from hashlib import sha256
 from .paths import valid_run_id
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = 1
 ZERO_HASH = "0" * 64

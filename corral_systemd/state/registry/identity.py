@@ -4,7 +4,6 @@ in its processes' environment."""
 
 import json
 import os
-from typing import Any, TypeGuard
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
@@ -12,6 +11,10 @@ except ImportError:  # pragma: no cover
     from hashlib import sha256
 from .files import _canonical
 from .paths import valid_run_id
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import Any, TypeGuard
 
 
 # -- process identity ---------------------------------------------------

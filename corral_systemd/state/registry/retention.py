@@ -2,11 +2,14 @@
 
 import os
 import time
-from typing import TypeGuard
 
 from .files import entry_path, log_path, output_path, read_entry, report_path
 from .identity import owner_alive
 from .paths import valid_run_id
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from typing import TypeGuard
 
 #: A finished run's entry and log are kept at least this long (seconds) after it finished.
 KEEP_FINISHED = 24 * 3600.0
