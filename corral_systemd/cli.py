@@ -121,8 +121,7 @@ def run(request: RunRequest) -> int:
 def _run_in_background(request: RunRequest) -> int:
     """--background: the run detached (``core.background``); its id (or the
     start record) on stdout once it is ready; else why not, and the log's tail."""
-    import json
-
+    from .common import jsoncodec
     from .core import background
 
     start_record = request.record_to_stdout
@@ -141,7 +140,7 @@ def _run_in_background(request: RunRequest) -> int:
         print(f"corral: --background: {exc}", file=sys.stderr)
         return 125
     if start_record:
-        print(json.dumps(started.record(), sort_keys=True))
+        print(jsoncodec.dumps(started.record(), sort_keys=True))
     else:
         print(started.run_id)
     return 0

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY = [sys.executable, "-c", "from corral_systemd.client import entry_in_process; entry_in_process()", "corral"]
 
 
@@ -38,8 +39,8 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
     # (but where screen keeps its sockets: the user's directory there is looked up),
     # nor the client's service modules when no service listens; nor typing,
     # dataclasses (and inspect with it: common/plainclass.py) or re (units.py).
-    # What the interpreter's site (an editable install's finder) loaded before
-    # corral is not corral's.
+    # Without site (-S): an editable install's finder loads re and more before
+    # corral does; the package is found on its path instead.
     unused = [
         "tempfile",
         "threading",
@@ -53,14 +54,14 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
     if not os.path.isdir("/run/screen"):
         unused.append("pwd")
     script = (
-        "import sys; before = set(sys.modules)\n"
+        f"import sys; sys.path.insert(0, {ROOT!r}); before = set(sys.modules)\n"
         "from corral_systemd.client import main\n"
         f"code = main(['--guarantee', {tier!r}, '--quiet', '--wall', '30s', '--json', "
         f"{str(tmp_path / 'r.json')!r}, '--', 'true'])\n"
         f"print(sorted(m for m in {unused!r} if m in sys.modules and m not in before), code)"
     )
     env = {**os.environ, "CORRAL_SERVICE_SOCKET": str(tmp_path / "nobody-listens")}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, env=env, timeout=60)
     if tier == "pidns" and "pid namespace" in out.stderr:
         pytest.skip(f"no pid namespace here: {out.stderr.strip()}")
     assert out.stdout.strip() == "[] 0", out

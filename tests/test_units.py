@@ -126,3 +126,17 @@ def test_run_ids_and_run_names_are_read_as_declared():
     assert run_of_unit("corral-0123456789ab.scope") == "0123456789ab"
     assert run_of_unit("corral-0123456789ab.socket") is None
     assert run_of_cgroup("/sys/fs/cgroup/x/corral-0123456789ab/sub") == "0123456789ab"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [b"/proc", b"/a\\040b", b"/x\\134y", b"/tab\\011end", b"\\040\\040", b"/short\\12", b"/not\\9999", b"/end\\"],
+)
+def test_mountinfo_escapes_are_undone_as_the_kernel_writes_them(field):
+    """kernel/namespaces.py reads /proc/self/mountinfo's octal escapes by hand
+    (no ``re`` on a pid namespace's start): as the pattern it replaced."""
+    import re
+
+    from corral_systemd.kernel.namespaces import _unescaped
+
+    assert _unescaped(field) == re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field)

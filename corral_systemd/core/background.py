@@ -53,13 +53,13 @@ before it has its own dispositions is not lost in the front's handlers.
 Nothing here prints: ``cli`` reports what ``launch`` returns or raises.
 """
 
-import json
 import os
 import select
 import signal
 import socket
 import time
 
+from ..common import jsoncodec
 from ..common.errors import CorralError, SetupError, UsageError
 from ..common.plainclass import field, plainclass
 
@@ -131,7 +131,7 @@ class StartedPipe:
             told = {"pid": pid, "starttime": stat.starttime if stat else None, "mode": self.mode}
             told["unit"] = data.get("unit") or self.unit
             try:
-                os.write(self.fd, json.dumps(told).encode() + b"\n")
+                os.write(self.fd, jsoncodec.dumps(told).encode() + b"\n")
             except OSError:
                 pass
             finally:
@@ -478,7 +478,7 @@ class _Told:
                 return None
             self._fd = None
             try:
-                data = json.loads(line) if line else None
+                data = jsoncodec.loads(line) if line else None
             except ValueError:
                 data = None
             if isinstance(data, dict):

@@ -18,7 +18,6 @@ descriptor it opened is closed when it returns.
 """
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 
+from ..common import jsoncodec
 from ..common.errors import SetupError
 from ..common.plainclass import asdict
 from . import result as R
@@ -244,10 +244,10 @@ class Execution:
                     start_new_session=True,
                 )
             with spec_file:
-                json.dump(fields, spec_file)
+                spec_file.write(jsoncodec.dumps(fields))
             pump.drain(None)  # EOF once the run (and the child) are gone
             self._child.wait()
-            data = json.loads(result_file.read() or "{}")
+            data = jsoncodec.loads(result_file.read() or "{}")
         if "error" in data or "run_id" not in data:
             raise SetupError(data.get("error", "the fallback supervisor died without a result"))
         outcome = R.RunOutcome(**data)

@@ -15,11 +15,11 @@ it reaches EOF when the parent dies, so an application that dies leaves no
 run behind. Signals that would kill this process stop the run instead.
 """
 
-import json
 import os
 import signal
 import sys
 
+from ..common import jsoncodec
 from ..common.plainclass import asdict
 
 
@@ -34,7 +34,7 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
     # run is the one outcome we exist to prevent.
     with SignalWatch(extra=(signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT)) as signals:
         with os.fdopen(spec_fd, "rb") as f:
-            fields = json.load(f)
+            fields = jsoncodec.loads(f.read())
         register = fields.pop("register", True)
         skip_manager = fields.pop("skip_manager", False)
         spec = RunSpec(**fields)
@@ -56,7 +56,7 @@ def main(spec_fd: int, result_fd: int, cancel_fd: int) -> int:
 
 def _write(fd: int, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
+        f.write(jsoncodec.dumps(data))
 
 
 if __name__ == "__main__":

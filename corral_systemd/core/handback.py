@@ -155,13 +155,14 @@ def _take_report(log: str, run_id: str) -> bytes:
 def write_if_absent(facts: dict, path: str) -> None:
     """``facts`` as the file ``path`` (0600) unless something is there already: the
     run's own record, written by its corral had it ended meanwhile, is never replaced."""
-    import json
     import tempfile
+
+    from ..common import jsoncodec
 
     fd, tmp = tempfile.mkstemp(prefix=".corral-handback-", dir=os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(facts, sort_keys=True).encode() + b"\n")
+            f.write(jsoncodec.dumps(facts, sort_keys=True).encode() + b"\n")
         os.link(tmp, path)
     except FileExistsError:
         pass

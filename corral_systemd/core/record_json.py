@@ -17,9 +17,9 @@ directory, mode 0600, fsync, rename — a reader sees the old file or the
 whole new one.
 """
 
-import json
 import os
 
+from ..common import jsoncodec
 from ..common.limits import LIMITS, TIMINGS
 from ..common.redact import redact_argv
 from ..engines.kinds import GUARANTEE_PROOFS
@@ -144,7 +144,7 @@ def _handoff(value):
 
 def record_bytes(result) -> bytes:
     """The record as ``--json`` writes it (indented, UTF-8, one trailing newline)."""
-    return json.dumps(record_data(result), indent=2, ensure_ascii=False).encode() + b"\n"
+    return jsoncodec.dumps(record_data(result), indent=2, ensure_ascii=False).encode() + b"\n"
 
 
 def write_record(result, path: str) -> None:

@@ -44,7 +44,6 @@ Either way the holder
   say "proven" in its name.
 """
 
-import json
 import os
 import select
 import signal
@@ -52,6 +51,7 @@ import socket
 import sys
 import time
 
+from ..common import jsoncodec
 from ..kernel.pidfd import exited, pid_of
 from ..state import registry as REG
 from ..state import sessions as S
@@ -613,7 +613,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m corral_systemd.ctl.session_holder CONFIG_JSON", file=sys.stderr)
         return 2
-    config = json.loads(argv[0])
+    config = jsoncodec.loads(argv[0])
     return Holder(REG.state_dir(), config).run()
 
 

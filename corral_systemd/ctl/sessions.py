@@ -20,13 +20,13 @@ the session's slice empty, and exits 0, or 120 naming what is not proven; it
 never takes the holder's word, nor the entry's, for that.
 """
 
-import json
 import os
 import select
 import signal
 import sys
 import time
 
+from ..common import jsoncodec
 from ..common.unit_names import new_run_id
 from ..state import registry as REG
 from ..state import sessions as S
@@ -55,7 +55,7 @@ def start(
     session_id = start_session(name, owner, idle_timeout, max_runs, directory, limits=limits, cgroup_mode=cgroup_mode)
     entry = S.read_entry(directory, session_id) or {}
     if as_json:
-        print(json.dumps(_public(entry), sort_keys=True))
+        print(jsoncodec.dumps(_public(entry), sort_keys=True))
     else:
         print(session_id)
     return 0
@@ -189,7 +189,13 @@ def _start_unit(directory: str, config: dict, manager) -> list[str]:
             slice=manager.slice,
             holder_unit=manager.holder_unit,
         )
-        argv = [sys.executable, "-P", "-m", "corral_systemd.ctl.session_holder", json.dumps(config, sort_keys=True)]
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            "corral_systemd.ctl.session_holder",
+            jsoncodec.dumps(config, sort_keys=True),
+        ]
         manager.start_holder(argv, holder_environment(directory))
         give_up = time.monotonic() + HOLDER_START
         while S.holder_token(config["session"]) is None:
@@ -302,7 +308,7 @@ def ls(as_json: bool, directory: str | None = None) -> int:
             }
         )
     if as_json:
-        print(json.dumps(rows, sort_keys=True))
+        print(jsoncodec.dumps(rows, sort_keys=True))
         return 0
     print(f"{'SESSION':<25} {'NAME':<16} {'STATE':<13} {'OWNER':>7} {'RUNS':>4} {'AGE':>6}")
     for r in rows:

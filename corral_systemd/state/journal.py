@@ -25,8 +25,9 @@ the file. Sending is best effort and never fails a run; it costs one
 Imports only os and json until a journal socket exists (corral's hot path).
 """
 
-import json
 import os
+
+from ..common import jsoncodec
 
 #: journald's native socket; tests point this at a socket of their own.
 SOCKET = "/run/systemd/journal/socket"
@@ -155,7 +156,7 @@ def read_records(run_id: str, timeout: float = 30.0) -> list[dict] | None:
     out = []
     for raw in proc.stdout.splitlines():
         try:
-            out.append(json.loads(raw))
+            out.append(jsoncodec.loads(raw))
         except ValueError:
             pass
     return out
@@ -218,7 +219,7 @@ def compare(file_lines: list[bytes], journal_lines: dict[int, str]) -> list[tupl
 
 def _summary(line: str) -> str:
     try:
-        obj = json.loads(line)
-        return f"{obj.get('event')} {json.dumps(obj.get('data'), sort_keys=True)}"[:300]
+        obj = jsoncodec.loads(line)
+        return f"{obj.get('event')} {jsoncodec.dumps(obj.get('data'), sort_keys=True)}"[:300]
     except (ValueError, AttributeError):
         return line[:300]

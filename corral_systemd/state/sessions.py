@@ -28,10 +28,10 @@ died is taken for the holder if it also holds a sealed token of that name;
 until then the session's end says its holder is gone (``ctl/sessions.py``).
 """
 
-import json
 import os
 import time
 
+from ..common import jsoncodec
 from ..common.programs import SESSION_ADDRESS_PREFIX as ADDRESS_PREFIX
 from . import registry as REG
 
@@ -112,7 +112,7 @@ def read_entry(directory: str, session_id: str) -> dict | None:
         return None
     try:
         with os.fdopen(fd, "rb") as f:
-            entry = json.loads(f.read(1 << 20))
+            entry = jsoncodec.loads(f.read(1 << 20))
     except (OSError, ValueError):
         return None
     return entry if isinstance(entry, dict) and entry.get("session") == session_id else None

@@ -13,13 +13,15 @@ that are not a JSON object, end of file inside a message — is a
 ``ProtocolError``; the descriptors received with it are closed first, and
 the connection is not usable after it.
 
-Imports only ``os``, ``sys``, ``_socket`` and ``_json`` (not ``json``, see
-``_json_codec``): the CLI's client side runs this on every ``corral`` start.
+Imports only ``os``, ``sys``, ``_socket`` and ``common.jsoncodec`` (not
+``json``): the CLI's client side runs this on every ``corral`` start.
 """
 
 import _socket
 import os
 import sys
+
+from ..common import jsoncodec
 
 MAX_MESSAGE = 4 << 20  # a call carries an argv and an environment: generous, still bounded
 MAX_FDS = 8
@@ -40,57 +42,10 @@ class VarlinkError(Exception):
         self.parameters = parameters or {}
 
 
-def _json_codec():
-    """(encode, decode) for JSON text: CPython's C scanner and encoder
-    (``_json``) used directly, because importing ``json`` imports ``re``,
-    ~12 ms of every corral start here; ``json`` where there is no ``_json``.
-
-    ASCII output: argv and environment may hold undecodable bytes as lone
-    surrogates (os.fsdecode); escaped, they survive the trip and decode to
-    the same surrogates."""
-    try:
-        import _json
-    except ImportError:  # pragma: no cover  (not CPython)
-        import json
-
-        return (lambda obj: json.dumps(obj, separators=(",", ":")), json.loads)
-
-    def no_constant(name):  # NaN, Infinity: not JSON
-        raise ValueError(f"{name} is not JSON")
-
-    class Context:  # what _json.make_scanner reads from json.JSONDecoder
-        strict = True
-        object_hook = object_pairs_hook = None
-        parse_float, parse_int, parse_constant = float, int, no_constant
-        memo: dict = {}
-
-    scan = _json.make_scanner(Context)
-    dump = _json.make_encoder(None, None, _json.encode_basestring_ascii, None, ":", ",", False, False, False)
-
-    def decode(text: str):
-        try:
-            value, end = scan(text, 0)
-        except (StopIteration, SystemError):
-            # Malformed. The C scanner reports most errors with
-            # json.decoder.JSONDecodeError, which it looks up only if json is
-            # already imported (else SystemError): let json say what is wrong.
-            import json
-
-            return json.loads(text)
-        finally:
-            Context.memo.clear()
-        if text[end:].strip(" \t\n\r"):
-            raise ValueError("extra data after the JSON value")
-        return value
-
-    return (lambda obj: "".join(dump(obj, 0)), decode)
-
-
-_encode_json, _decode_json = _json_codec()
-
-
 def encode(message: dict) -> bytes:
-    return _encode_json(message).encode() + b"\0"
+    # ASCII: argv and environment may hold undecodable bytes as lone surrogates
+    # (os.fsdecode); escaped, they survive the trip and decode to the same surrogates.
+    return jsoncodec.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\0"
 
 
 def peer_credentials(sock) -> tuple[int, int, int]:
@@ -165,7 +120,7 @@ class Channel:
                 del self._buffer[: end + 1]
                 fds, self._fds = self._fds, []
                 try:
-                    message = _decode_json(raw.decode().strip(" \t\n\r"))
+                    message = jsoncodec.loads(raw.decode(), allow_nan=False)
                 except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
                     close_fds(fds)
                     raise ProtocolError("a message that is not JSON") from None

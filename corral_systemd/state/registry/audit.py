@@ -1,6 +1,6 @@
 """The reader side: verifying a run's event log against its entry."""
 
-import json
+from ...common import jsoncodec
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
@@ -24,7 +24,7 @@ def verify_log(directory: str, run_id: str) -> tuple[bool, str, int | None]:
     prev = ZERO_HASH
     for number, raw in enumerate(raw_lines, 1):
         try:
-            line = json.loads(raw)
+            line = jsoncodec.loads(raw)
             claimed = line.pop("hash")
         except (ValueError, KeyError, AttributeError, TypeError):
             return False, "not a log line (unparsable or no hash)", number
@@ -54,6 +54,6 @@ def verify_log(directory: str, run_id: str) -> tuple[bool, str, int | None]:
 
 def _hash_of_line(raw: bytes) -> str | None:
     try:
-        return json.loads(raw).get("hash")
+        return jsoncodec.loads(raw).get("hash")
     except ValueError:
         return None

@@ -1,8 +1,9 @@
 """The registry's files: entries (replaced atomically) and hash-chained event logs."""
 
-import json
 import os
 import time
+
+from ...common import jsoncodec
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
@@ -20,7 +21,7 @@ ZERO_HASH = "0" * 64
 
 # -- files ------------------------------------------------------------
 def _canonical(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return jsoncodec.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -55,7 +56,7 @@ def report_path(directory: str, run_id: str) -> str:
 def read_entry(directory: str, run_id: str) -> dict | None:
     try:
         with open(entry_path(directory, run_id), "rb") as f:
-            entry = json.loads(f.read())
+            entry = jsoncodec.loads(f.read())
     except (OSError, ValueError):
         return None
     if not isinstance(entry, dict) or entry.get("run_id") != run_id:
@@ -84,7 +85,7 @@ def read_events(directory: str, run_id: str) -> list[dict]:
         with open(log_path(directory, run_id), "rb") as f:
             for line in f:
                 try:
-                    events.append(json.loads(line))
+                    events.append(jsoncodec.loads(line))
                 except ValueError:
                     pass
     except OSError:
@@ -146,7 +147,7 @@ def log_tail(path: str) -> tuple[int, str]:
     with open(path, "rb") as f:
         for raw in f:
             try:
-                line = json.loads(raw)
+                line = jsoncodec.loads(raw)
             except ValueError:
                 continue
             seq, head = line.get("seq", seq) + 1, line.get("hash", head)

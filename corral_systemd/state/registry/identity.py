@@ -2,8 +2,9 @@
 owner's start time and boot, its sealed token (a memfd only it holds), the run's mark
 in its processes' environment."""
 
-import json
 import os
+
+from ...common import jsoncodec
 
 try:  # the builtin module loads faster than hashlib (no OpenSSL)
     from _sha256 import sha256
@@ -226,7 +227,7 @@ def sealed_token(pid: int, name: str) -> dict | None:
             if not chunk:
                 break
             data += chunk
-        token = json.loads(data)
+        token = jsoncodec.loads(data)
     except (OSError, ValueError):
         return None
     finally:
