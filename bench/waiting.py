@@ -389,6 +389,10 @@ def batch(name: str, spec: dict, n: int, args, sleep_id, service_pid: int | None
         row.update({key: round(v, 4 if key.startswith("cpu") else 1) for key, v in per_run.items()})
         counts = sorted({len(own[m]) for m in counted})
         row["own_processes_per_run"] = counts[0] if len(counts) == 1 else counts
+        # how many of them run the Python interpreter (by /proc/PID/exe, device and inode, as startup.py)
+        python_id = _exe_id_of_path(os.path.realpath(sys.executable))
+        py_counts = sorted({sum(1 for p in own[m] if _exe_id(p) == python_id) for m in counted})
+        row["python_processes_per_run"] = py_counts[0] if len(py_counts) == 1 else py_counts
         row["own_threads_per_run"] = round(sum(after[p]["threads"] for p in run_pids if after.get(p)) / k, 2)
         # the runner the benchmark started (corral, timeout, systemd-run, the client) against the rest
         # of the run's own processes (pidns init, tethers)
@@ -405,6 +409,7 @@ def batch(name: str, spec: dict, n: int, args, sleep_id, service_pid: int | None
             svc_mem = {p: mem[p] for p in svc_pids}
             row["service"] = {
                 "pids": len(svc_pids),
+                "python_pids": sum(1 for p in svc_pids if _exe_id(p) == python_id),
                 "threads": sum(after[p]["threads"] for p in svc_pids if after.get(p)),
                 "pss_total_kib": total(svc_mem, "pss", svc_pids),
                 "rss_total_kib": total(svc_mem, "rss", svc_pids),
