@@ -20,7 +20,7 @@ cannot look (a lost manager) says so through ``verify_empty()`` (``[-1]``:
 not empty, no pid to name) and the outcome is unverified.
 """
 
-import signal
+import _signal  # not signal: the same numbers without enum's start-up cost
 import time
 from collections.abc import Callable
 
@@ -103,14 +103,14 @@ def stop_and_verify(
             target.kill_all()
     elif left := target.remaining():
         step("term_sent", pids=sorted(left))
-        target.signal_all(signal.SIGTERM, signal.SIGCONT)
+        target.signal_all(_signal.SIGTERM, _signal.SIGCONT)
         grace_end = clock() + grace
         recheck = FIRST_RECHECK
         while target.remaining():
             time_left = grace_end - clock()
             if time_left <= 0:
                 break
-            target.signal_new(signal.SIGTERM, signal.SIGCONT)  # born since the TERM round
+            target.signal_new(_signal.SIGTERM, _signal.SIGCONT)  # born since the TERM round
             if wait(min(recheck, time_left)):
                 break  # asked again: do not wait out the grace period
             recheck = min(recheck * 2, MAX_RECHECK)

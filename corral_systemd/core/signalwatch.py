@@ -1,8 +1,8 @@
 """The stop signals as bytes on a pipe: what the supervisor's poll loop
 waits on instead of running Python code in a signal handler."""
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
-import signal
 
 from ..kernel.signals import stop_signals
 
@@ -22,17 +22,17 @@ class SignalWatch:
 
     def __enter__(self):
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._old_wakeup = _signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         # SIGWINCH: a --pty run's terminal changed size (its default is to ignore).
         # SIGCONT: corral itself was stopped, and continued (a handler keeps the continue).
-        watched = (*self.stop_signals, signal.SIGCHLD, signal.SIGWINCH, signal.SIGCONT)
-        self._old = {sig: signal.signal(sig, _ignore) for sig in watched}
+        watched = (*self.stop_signals, _signal.SIGCHLD, _signal.SIGWINCH, _signal.SIGCONT)
+        self._old = {sig: _signal.signal(sig, _ignore) for sig in watched}
         return self
 
     def __exit__(self, *exc):
         for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(self._old_wakeup)
+            _signal.signal(sig, handler)
+        _signal.set_wakeup_fd(self._old_wakeup)
         os.close(self.read_fd)
         os.close(self._write_fd)
 
@@ -44,7 +44,7 @@ class SignalWatch:
             nums = list(os.read(self.read_fd, 512))
         except BlockingIOError:
             return []
-        self.continued = self.continued or signal.SIGCONT in nums
+        self.continued = self.continued or _signal.SIGCONT in nums
         return nums
 
 

@@ -26,10 +26,10 @@ is in the record); the stop sequence itself is ``stopping.py``, the signal
 pipe the loop polls ``signalwatch.py``.
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import contextlib
 import os
 import select
-import signal
 import time
 
 from ..common import baton
@@ -474,7 +474,7 @@ class Supervisor:
                 for num in self.signals.drain():
                     if num in self.signals.stop_signals and stop_sig is None:
                         stop_sig = num
-                    elif num == signal.SIGWINCH and self._pty is not None:
+                    elif num == _signal.SIGWINCH and self._pty is not None:
                         self._pty.resize()
             elif self._pty is not None and fd in pty_in:
                 self._pty.on_input()
@@ -488,11 +488,11 @@ class Supervisor:
                 data = os.read(self.cancel_fd, 64)
                 if not data:
                     self.cancel_fd = None
-                asked = data[-1] if data and data[-1] in STOP_SIGNALS else signal.SIGTERM
+                asked = data[-1] if data and data[-1] in STOP_SIGNALS else _signal.SIGTERM
                 stop_sig = stop_sig or asked
             elif fd in self.ends_with:
                 self.result.warnings.append(self.ends_with.pop(fd))  # once: it has exited
-                stop_sig = stop_sig or signal.SIGTERM
+                stop_sig = stop_sig or _signal.SIGTERM
             elif fd in watches:
                 watches[fd]()
             elif pump is not None and fd in pump.routes:

@@ -62,11 +62,11 @@ and in a process with other threads (a library's host: the library runs a
 manager-less run in a child process of its own, ``core.fallback_child``).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import _socket  # not socket: its enums cost every run's start
 import errno
 import os
 import select
-import signal
 import time
 
 from ..common.errors import SetupError
@@ -320,7 +320,7 @@ class PidNamespace:
         while status is None and self._status_r >= 0 and (said := self._next_line(block=False)) is not None:
             status = self._ended(said)
         if status is None and self._eof and self.main is not None:
-            status = int(signal.SIGKILL)
+            status = int(_signal.SIGKILL)
             if not self._killed:
                 self.warnings.append("the pid namespace's init ended before the command did (killed from outside?)")
         return status
@@ -339,7 +339,7 @@ class PidNamespace:
         line would be believed."""
         if self._main_fd >= 0:
             try:
-                signal.pidfd_send_signal(self._main_fd, 0)
+                _signal.pidfd_send_signal(self._main_fd, 0)
                 return None
             except ProcessLookupError:
                 pass  # reaped
@@ -356,7 +356,7 @@ class PidNamespace:
         if self.reaped or self._killed:
             return
         try:
-            signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+            _signal.pidfd_send_signal(self._init_fd, _signal.SIGKILL)
         except ProcessLookupError:
             pass
         self._killed = True
@@ -365,7 +365,7 @@ class PidNamespace:
         """``kill`` by pid (the init is corral's unreaped child: the pid is still its own)."""
         if self.reaped:
             return False
-        os.kill(self.init, signal.SIGKILL)
+        os.kill(self.init, _signal.SIGKILL)
         self._killed = True
         return True
 

@@ -74,10 +74,10 @@ ptrace): corral takes no line written after the gate opened on its word
 alone (``PidNamespace.start``, ``PidNamespace._ended``).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import _socket  # not socket: its enums cost every run's start
 import os
 import select
-import signal
 
 # At the top, not in the functions: corral imports this module before it
 # clones the init (``PidNamespace``), so the init finds all of it loaded.
@@ -154,17 +154,17 @@ def _prepare(status, corral_pidfd, uid, gid, userns, lib) -> None:
     """Steps 1 to 4 but the second user namespace: what must happen before an
     exec (the maps and the mounts need the capabilities the clone gave, which
     a non-root uid loses when it execs)."""
-    set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(_signal.SIGKILL)
     poller = select.poll()
     poller.register(corral_pidfd, select.POLLIN)
     if poller.poll(0):
         os._exit(0)  # corral died before the prctl: nobody is left to serve
     os.close(corral_pidfd)
-    signal.set_wakeup_fd(-1)
+    _signal.set_wakeup_fd(-1)
     for sig in stop_signals():
-        signal.signal(sig, signal.SIG_IGN)
-    for sig in (signal.SIGCHLD, signal.SIGWINCH):
-        signal.signal(sig, signal.SIG_DFL)
+        _signal.signal(sig, _signal.SIG_IGN)
+    for sig in (_signal.SIGCHLD, _signal.SIGWINCH):
+        _signal.signal(sig, _signal.SIG_DFL)
     os.setsid()
     if userns:
         set_dumpable(lib)

@@ -18,9 +18,9 @@ a seccomp filter), ENOSPC (a namespace count limit, ``user.max_user_namespaces``
 EINVAL (a kernel without the namespace).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import ctypes
 import os
-import signal
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -199,7 +199,7 @@ def clone_into(flags: int) -> tuple[int, int]:
     """Fork into new namespaces (``CLONE_NEW*`` ``flags``): (pid, pidfd) in
     the parent, (0, -1) in the child. See the module's docstring."""
     pidfd = ctypes.c_int(-1)
-    args = _CloneArgs(flags=flags | _CLONE_PIDFD, pidfd=ctypes.addressof(pidfd), exit_signal=signal.SIGCHLD)
+    args = _CloneArgs(flags=flags | _CLONE_PIDFD, pidfd=ctypes.addressof(pidfd), exit_signal=_signal.SIGCHLD)
     lib = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held across the call
     lib.syscall.restype = ctypes.c_long
     api = ctypes.pythonapi
@@ -208,7 +208,7 @@ def clone_into(flags: int) -> tuple[int, int]:
     err = ctypes.get_errno() if pid < 0 else 0
     if pid < 0 and err == 38 and (number := _SYS_CLONE.get(os.uname().machine)) is not None:
         # ENOSYS: clone3 filtered (Docker's seccomp profile does), the old clone is allowed.
-        pid = lib.syscall(number, ctypes.c_ulong(flags | signal.SIGCHLD), None, None, None, None)
+        pid = lib.syscall(number, ctypes.c_ulong(flags | _signal.SIGCHLD), None, None, None, None)
         err = ctypes.get_errno() if pid < 0 else 0
         pidfd.value = -2
     if pid == 0:

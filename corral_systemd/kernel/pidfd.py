@@ -7,8 +7,8 @@ holds, the pidfd is known to name the process we meant, and only then is
 the signal sent through it.
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
-import signal
 from _thread import LockType, allocate_lock  # not threading: the CLI's start-up need not load it
 from collections.abc import Callable
 
@@ -31,7 +31,7 @@ def signal_process(info: ProcInfo, sig: int, belongs: Callable[[ProcInfo], bool]
         current = read_stat(info.pid)
         if current is None or current.starttime != info.starttime or not belongs(current):
             return False
-        signal.pidfd_send_signal(fd, sig)
+        _signal.pidfd_send_signal(fd, sig)
         return True
     except ProcessLookupError:
         return False
@@ -42,7 +42,7 @@ def signal_process(info: ProcInfo, sig: int, belongs: Callable[[ProcInfo], bool]
 def kill_and_reap(pid: int, pidfd: int) -> None:
     """SIGKILL our child ``pid`` through its pidfd, reap it, close the pidfd."""
     try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        _signal.pidfd_send_signal(pidfd, _signal.SIGKILL)
     except ProcessLookupError:
         pass
     os.waitpid(pid, 0)
@@ -68,7 +68,7 @@ def signal_cgroup_members(pids, sigs, directory: str) -> list[int]:
             if pid not in procs_below(directory):
                 continue
             for sig in sigs:
-                signal.pidfd_send_signal(fd, sig)
+                _signal.pidfd_send_signal(fd, sig)
             done.append(pid)
         except ProcessLookupError:
             pass
@@ -306,7 +306,7 @@ class RunTracker:
             if fd is None or exited(fd):
                 continue
             try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                _signal.pidfd_send_signal(fd, _signal.SIGKILL)
             except ProcessLookupError:
                 continue
             except PermissionError:
@@ -424,7 +424,7 @@ class RunTracker:
             fd = self._fds.get(pid)
             if fd is not None and not exited(fd):
                 try:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    _signal.pidfd_send_signal(fd, _signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
 

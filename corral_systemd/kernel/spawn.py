@@ -15,10 +15,10 @@ believed only from a child that then exited as the report's writer does
 (127, or 125 for a failed setup), never from one that ran on.
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import errno
 import fcntl
 import os
-import signal
 import termios
 
 from ..common import baton
@@ -203,8 +203,8 @@ def fork_command(
             _dumpable_again()  # the command's process, as its exec would make it
             os.setsid()
             for sig in _DEFAULT_IN_CHILD:
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+                _signal.signal(sig, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
             if seal is not None:
                 try:
                     seal.apply()
