@@ -38,7 +38,8 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
     # record loads neither tempfile (random, shutil) nor threading, socket or pwd
     # (but where screen keeps its sockets: the user's directory there is looked up),
     # nor the client's service modules when no service listens; nor typing,
-    # dataclasses (and inspect with it: common/plainclass.py) or re (units.py).
+    # dataclasses (and inspect with it: common/plainclass.py), json (and re:
+    # common/jsoncodec.py), re (units.py) or enum (signal's: _signal instead).
     # Without site (-S): an editable install's finder loads re and more before
     # corral does; the package is found on its path instead.
     unused = [
@@ -50,6 +51,8 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
         "dataclasses",
         "inspect",
         "re",
+        "json",
+        "enum",
     ]
     if not os.path.isdir("/run/screen"):
         unused.append("pwd")

@@ -24,15 +24,15 @@ Nothing here prints: ``cli`` reports what ``follow`` returns or raises
 (``background.NotReady``: the run never started; ``OSError``).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
 import select
-import signal
 import time
 from collections.abc import Callable
 
 from ..common.plainclass import field, plainclass
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
 
 @plainclass
@@ -67,8 +67,8 @@ def follow(request, run_here, sink: Callable[[bytes], None]) -> Yielded:
     assert corral is not None
     asked: list[int] = []
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    previous_wakeup = signal.set_wakeup_fd(wake_w)
-    previous = {sig: signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
+    previous_wakeup = _signal.set_wakeup_fd(wake_w)
+    previous = {sig: _signal.signal(sig, lambda signum, frame: asked.append(signum)) for sig in _STOP_SIGNALS}
     log_fd = os.open(started.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     from ..kernel.inotify import IN_MODIFY, Inotify
 
@@ -98,8 +98,8 @@ def follow(request, run_here, sink: Callable[[bytes], None]) -> Yielded:
         grew.close()
         os.close(log_fd)
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(previous_wakeup)
+            _signal.signal(sig, handler)
+        _signal.set_wakeup_fd(previous_wakeup)
         os.close(wake_r)
         os.close(wake_w)
         corral.close()

@@ -25,8 +25,8 @@ memory.events is kept open and polled for POLLPRI, so an OOM kill is seen
 when it happens, not at the next limit check.
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
-import signal
 
 from ..common.errors import SetupError
 from ..common.unit_names import group_name
@@ -244,7 +244,7 @@ class CgroupEngine(CgroupLimits, Engine):
         self.tracker.kill_escaped()
         self._stopped.update(pids)
         if self._removed or not self.group.kill(use_cgroup_kill=True):
-            self.signal_all(signal.SIGKILL)
+            self.signal_all(_signal.SIGKILL)
         if self._ns is not None:
             self._ns.kill()  # and whatever of the run left the group: it is still in the namespace
 

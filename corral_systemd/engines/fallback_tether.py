@@ -40,9 +40,9 @@ to exec the stop with) the tether is a fork of corral that does it all in
 Python. Its ``program`` says which (the record's ``engine.tether_program``).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
 import select
-import signal
 import sys
 import time
 
@@ -210,7 +210,7 @@ def _said_within(done: int, seconds: float) -> bool:
 
 def _continue(corral: int) -> None:
     try:
-        signal.pidfd_send_signal(corral, signal.SIGCONT)
+        _signal.pidfd_send_signal(corral, _signal.SIGCONT)
     except OSError:
         pass
 
@@ -267,7 +267,7 @@ class MarkedProcesses:
 
     def kill_all(self) -> None:
         self.remaining()
-        self._send(list(self._last.values()), (signal.SIGKILL,))
+        self._send(list(self._last.values()), (_signal.SIGKILL,))
 
     def verify_empty(self) -> list[int]:
         return self.remaining()

@@ -17,7 +17,7 @@ corral's own code, so this is a bug, not input); the stop unproven, exit 1
 (corralctl stop and gc find what is left, as for any dead corral's run).
 """
 
-import signal
+import _signal  # not signal: the same numbers without enum's start-up cost
 import sys
 
 from ..kernel.detach import TERMINAL_SIGNALS
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     set_dumpable(False)  # its exec made it dumpable: the run's commands are of its uid (corral's pidfd at fd 4)
     args = sys.argv[2:] if argv is None else argv
     for sig in TERMINAL_SIGNALS:  # kept across the exec; said again, not relied upon
-        signal.signal(sig, signal.SIG_IGN)
+        _signal.signal(sig, _signal.SIG_IGN)
     try:
         kind, what, grace, verify_timeout, phase = args
         stop = {"dead": stop_run, "late": _stop_late}[phase]

@@ -22,8 +22,8 @@ Failure modes: a group that is gone reads as empty and adds no figures;
 every file is optional (no controller, no such file: nothing is claimed).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
-import signal
 import time
 
 from ..kernel import cgroupfs
@@ -353,7 +353,7 @@ class UnitCgroup:
         unified = self.dir("unified")
         if unified is not None and systemd_v1 and os.path.isdir(systemd_v1):
             if pids := cgroupfs.procs_below(systemd_v1):
-                signal_cgroup_members(pids, (signal.SIGKILL,), systemd_v1)
+                signal_cgroup_members(pids, (_signal.SIGKILL,), systemd_v1)
         if unified and not os.path.isdir(unified):
             return True  # the group is gone: nothing left to kill
         self.sample()

@@ -25,13 +25,13 @@ returns into its parent's code with an exception: if detaching fails
 there, it exits 125.
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import os
-import signal
 import sys
 from collections.abc import Iterable
 
 #: What a terminal, a hang-up or a dying reader sends.
-TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP, signal.SIGPIPE)
+TERMINAL_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGTSTP, _signal.SIGPIPE)
 
 
 def fd_limit() -> int:
@@ -68,12 +68,12 @@ def fork_detached(
 def _detach(stdout: int | None, stderr: int | None, keep: Iterable[int], ignore_terminal_signals: bool) -> None:
     os.setsid()
     try:
-        signal.set_wakeup_fd(-1)  # the parent's is closed below: its number could be reused
+        _signal.set_wakeup_fd(-1)  # the parent's is closed below: its number could be reused
     except ValueError:
         pass  # not the main thread: none was set here
     if ignore_terminal_signals:
         for sig in TERMINAL_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+            _signal.signal(sig, _signal.SIG_IGN)
     null = os.open(os.devnull, os.O_RDWR)
     for target, fd in ((0, null), (1, null if stdout is None else stdout), (2, null if stderr is None else stderr)):
         if fd != target:

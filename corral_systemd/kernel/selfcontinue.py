@@ -18,11 +18,11 @@ can act between two (the resumed one makes progress at each tick, no more).
 SIGCONT gets a handler that does nothing: an ignored signal's periodic timer
 is parked by Linux 6.13 and later until the signal is no longer ignored (and
 SIGCONT's default action counts as ignored), so each tick wakes the process
-once (a signal, and the wakeup fd of a ``signal.set_wakeup_fd`` caller).
+once (a signal, and the wakeup fd of a ``_signal.set_wakeup_fd`` caller).
 """
 
+import _signal  # not signal: the same numbers without enum's start-up cost
 import ctypes
-import signal
 
 from .namespaces import errno_error
 
@@ -52,9 +52,9 @@ class _ITimerSpec(ctypes.Structure):
 def continue_every(seconds: float) -> None:
     """Have the kernel send this process SIGCONT every ``seconds`` from now
     on (see the module). OSError where the timer cannot be had."""
-    signal.signal(signal.SIGCONT, lambda signum, frame: None)
+    _signal.signal(_signal.SIGCONT, lambda signum, frame: None)
     libc = ctypes.CDLL(None, use_errno=True)
-    event = _SigEvent(sigev_signo=int(signal.SIGCONT), sigev_notify=_SIGEV_SIGNAL)
+    event = _SigEvent(sigev_signo=int(_signal.SIGCONT), sigev_notify=_SIGEV_SIGNAL)
     timer = ctypes.c_void_p()
     if libc.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
         raise errno_error("timer_create")
