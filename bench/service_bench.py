@@ -15,6 +15,19 @@ a machine that slows down mid-way hits every side alike):
    through the transient service the client starts itself (issue 38:
    ``corral-transient.socket``, warm: started by the warm-up run) against the
    same systemd-run: target ratio <= 1.0 (goal 0.6); the pair is stopped after.
+   Each case is timed twice per round: *settled*, after ``--gap`` seconds
+   (0.1) in which nothing of the bench runs (``per_run``: one invocation, as
+   an interactive or agent call makes it), then *back to back*, right
+   after that run of the same command (``per_run_back_to_back``: a loop).
+   Why not one run right after another case, as this bench did before
+   2026-12-05: moving a process into a cgroup (what the manager does for
+   every scope and service, corral's and systemd-run's) waits for an RCU
+   grace period when no move happened in the last few tens of milliseconds
+   (the kernel's cgroup_threadgroup_rwsem, a per-CPU rwsem), 10-13 ms on
+   the 2-core VM; so a case timed right after a run that moved a process
+   paid nothing, one timed after ``python3 -IS -c pass`` or a fallback run
+   paid it in full, and the ratios said which case came after which
+   (systemd-run came right after the transient rows' served runs).
 2. 8 in flight: ``seq N | xargs -P8 -n1 corral-enforced --quiet [--unit-type service] -- /bin/true``
    against the same with systemd-run, in rounds: runs/s ratio >= 1.
 
@@ -84,7 +97,13 @@ def clients(work: str) -> dict[str, list[str]]:
 
 
 def per_run(
-    rounds: int, env_service: dict, env_plain: dict, argv: dict[str, list[str]], env_transient: dict | None = None
+    rounds: int,
+    env_service: dict,
+    env_plain: dict,
+    argv: dict[str, list[str]],
+    env_transient: dict | None = None,
+    gap: float = 0.1,
+    with_back_to_back: bool = True,
 ) -> dict:
     compiled, python_enforced, corral = argv["compiled"], argv["python"], argv["python corral"]
     transient = {
@@ -123,14 +142,29 @@ def per_run(
         "fallback, python client": ([*corral, "--quiet", "--cgroup-mode", "fallback", "--", "/bin/true"], env_plain),
         **(transient if env_transient is not None else {}),
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    settled: dict[str, list[float]] = {name: [] for name in cases}
+    back_to_back: dict[str, list[float]] = {name: [] for name in cases}
     for argv, env in cases.values():  # warm: page cache, byte-code, the service's session
         subprocess.run(argv, env=env, check=True)
     for _ in range(rounds):
         for name, (argv, env) in cases.items():
-            t = time.perf_counter()
-            subprocess.run(argv, env=env, check=True)
-            times[name].append(time.perf_counter() - t)
+            time.sleep(gap)  # every case starts from the same state (see the docstring)
+            settled[name].append(_timed(argv, env))
+            if with_back_to_back:
+                back_to_back[name].append(_timed(argv, env))  # right after a run of the same command
+    out = {"per_run": _summary(settled)}
+    if with_back_to_back:
+        out["per_run_back_to_back"] = _summary(back_to_back)
+    return out
+
+
+def _timed(argv: list[str], env: dict) -> float:
+    t = time.perf_counter()
+    subprocess.run(argv, env=env, check=True)
+    return time.perf_counter() - t
+
+
+def _summary(times: dict[str, list[float]]) -> dict:
     base = statistics.median(times["systemd-run"])
     out = {}
     for name, values in times.items():
@@ -204,6 +238,13 @@ def main() -> int:
     parser.add_argument("--throughput-runs", type=int, default=64)
     parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--installed", action="store_true", help="use the socket-activated service")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.1,
+        help="seconds of nothing before each settled run (0 and --no-back-to-back: the order-bound figures of before)",
+    )
+    parser.add_argument("--no-back-to-back", action="store_true", help="time each case once per round")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     if shutil.which("systemd-run") is None or subprocess.run(
@@ -222,8 +263,18 @@ def main() -> int:
     env_transient = None if args.installed else nothing_installed()
     try:
         argv = clients(work)
+        load_before = os.getloadavg()
+        runs = per_run(args.rounds, env_service, env_plain, argv, env_transient, args.gap, not args.no_back_to_back)
         result = {
-            "per_run": per_run(args.rounds, env_service, env_plain, argv, env_transient),
+            **runs,
+            "per_run_method": {
+                "rounds": args.rounds,
+                "gap_s": args.gap,
+                "back_to_back": not args.no_back_to_back,
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                "harness_layout": os.environ.get("CORRAL_HARNESS_LAYOUT"),
+            },
             "throughput_8_in_flight": throughput(
                 args.throughput_runs, args.throughput_rounds, env_service, env_plain, argv
             ),

@@ -441,7 +441,13 @@ def test_a_second_run_on_one_connection_is_never_run(service, tmp_path):
     channel.send({"method": RUN, "parameters": second})
     reply, _ = channel.receive()
     assert reply["parameters"]["exit_code"] == 0
-    assert channel.receive() is None  # closed, no second reply
+    try:
+        assert channel.receive() is None  # closed, no second reply
+    except ConnectionResetError:
+        # Closed too: the second call was still unread on the service's side
+        # (it came after the service read the first), and a unix socket closed
+        # with bytes unread is a reset for its peer, not an end of file.
+        pass
     time.sleep(1 * TIME_SCALE)
     assert not witness.exists()
 
