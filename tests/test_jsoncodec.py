@@ -100,3 +100,20 @@ def test_what_json_cannot_hold_is_a_type_error():
             jsoncodec.dumps({"a": object()}, **arguments)
         with pytest.raises(TypeError):
             jsoncodec.dumps({(1, 2): 3}, **arguments)
+
+
+def test_a_circular_structure_is_json_s_value_error():
+    loop: list = []
+    loop.append(loop)
+    for arguments in ({}, {"indent": 2}):
+        with pytest.raises(ValueError):
+            json.dumps(loop, **arguments)
+        with pytest.raises(ValueError):
+            jsoncodec.dumps(loop, **arguments)
+
+
+def test_nan_is_refused_on_every_way_in():
+    # bytes with a byte order mark go through json itself: refused there too
+    for data in ("[NaN]", b"[NaN]", "\ufeff[NaN]".encode(), "[NaN]".encode("utf-16")):
+        with pytest.raises(ValueError):
+            jsoncodec.loads(data, allow_nan=False)

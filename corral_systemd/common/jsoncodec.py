@@ -14,11 +14,14 @@ Guarantees:
   byte (``indent`` included; tests/test_jsoncodec.py compares them), so a
   hash taken over it (the registry's event chain) is the same either way;
   a value JSON cannot hold is a ``TypeError``, NaN and infinities a
-  ``ValueError`` with ``allow_nan=False``.
+  ``ValueError`` with ``allow_nan=False``, a circular structure a
+  ``ValueError``.
 - ``loads`` reads what ``json.loads`` reads from text corral writes (UTF-8,
   no byte order mark); malformed text raises ``json.JSONDecodeError`` (a
   ``ValueError``), for which ``json`` is imported then; with
-  ``allow_nan=False`` NaN and infinities are a ``ValueError`` too.
+  ``allow_nan=False`` the literals ``NaN``, ``Infinity`` and ``-Infinity``
+  are a ``ValueError`` too (a number too large for a float is infinite,
+  as json reads it).
 - Where there is no ``_json`` (not CPython) both are ``json``'s.
 """
 
@@ -75,16 +78,28 @@ def dumps(
 class _Layout:
     """How ``_indented`` writes (json.encoder's ``_make_iterencode`` arguments)."""
 
-    __slots__ = ("encode_string", "indent", "item", "key", "sort_keys", "allow_nan")
+    __slots__ = ("encode_string", "indent", "item", "key", "sort_keys", "allow_nan", "open")
 
     def __init__(self, encode_string, indent: str, item: str, key: str, sort_keys: bool, allow_nan: bool):
         self.encode_string, self.indent, self.item, self.key = encode_string, indent, item, key
         self.sort_keys, self.allow_nan = sort_keys, allow_nan
+        self.open: set[int] = set()  # the containers being written (json's circular check)
 
 
 def _indented(value: object, layout: _Layout, level: int, out: list[str]) -> None:
     """``value`` as json's pure-Python encoder writes it with an indent (the
-    C encoder takes none before Python 3.13)."""
+    C encoder of Python 3.11 takes no indent)."""
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in layout.open:
+            raise ValueError("Circular reference detected")
+        layout.open.add(id(value))
+        _container(value, layout, level, out)
+        layout.open.discard(id(value))
+    else:
+        out.append(_scalar(value, layout))
+
+
+def _container(value: "list | tuple | dict", layout: _Layout, level: int, out: list[str]) -> None:
     if isinstance(value, (list, tuple)):
         if not value:
             out.append("[]")
@@ -107,8 +122,6 @@ def _indented(value: object, layout: _Layout, level: int, out: list[str]) -> Non
             out.append(_key(name, layout) + layout.key)
             _indented(member, layout, level + 1, out)
         out.append("\n" + layout.indent * level + "}")
-    else:
-        out.append(_scalar(value, layout))
 
 
 def _scalar(value: object, layout: _Layout) -> str:
@@ -184,9 +197,7 @@ _SCANNERS = (
 def loads(text: "str | bytes", *, allow_nan: bool = True) -> "Any":
     """``json.loads(text)`` (the module's guarantees)."""
     if _json is None or _not_plain(text):  # json reads (or refuses) a byte order mark, UTF-16 and -32
-        import json
-
-        return json.loads(text)
+        return _json_loads(text, allow_nan)
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8", "surrogatepass")  # as json decodes UTF-8
     start = len(text) - len(text.lstrip(_WHITESPACE))
@@ -195,14 +206,16 @@ def loads(text: "str | bytes", *, allow_nan: bool = True) -> "Any":
     except (StopIteration, SystemError):
         # Malformed. The C scanner raises json.JSONDecodeError, which it finds
         # only once json is imported (else SystemError): let json say what is wrong.
-        import json
-
-        return json.loads(text)
+        return _json_loads(text, allow_nan)
     if text[end:].strip(_WHITESPACE):
-        import json
-
-        return json.loads(text)  # extra data: json's error
+        return _json_loads(text, allow_nan)  # extra data: json's error
     return value
+
+
+def _json_loads(text: "str | bytes", allow_nan: bool) -> "Any":
+    import json
+
+    return json.loads(text, parse_constant=None if allow_nan else _refuse_constant)
 
 
 def _not_plain(text: "str | bytes") -> bool:

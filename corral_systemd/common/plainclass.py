@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["FrozenInstanceError", "asdict", "field", "plainclass", "replace"]
 
-#: The fields of a plain class, in ``__init__``'s order (a class attribute).
+#: The fields of a plain class, in ``__init__``'s order, and their defaults (class attributes).
 _FIELDS = "__plainclass_fields__"
+_DEFAULTS = "__plainclass_defaults__"
+_FACTORIES = "__plainclass_factories__"
 _MISSING = object()
 
 
@@ -77,23 +79,27 @@ else:
 
 def _make(cls, frozen: bool):
     names: list[str] = []
-    for base in reversed(cls.__mro__[1:]):
+    defaults: dict[str, object] = {}
+    factories: dict[str, Callable[[], object]] = {}
+    for base in reversed(cls.__mro__[1:]):  # the plainclass bases' fields first, with their defaults
         for name in base.__dict__.get(_FIELDS, ()):
             if name not in names:
                 names.append(name)
-    for name in cls.__dict__.get("__annotations__", {}):
+        defaults.update(base.__dict__.get(_DEFAULTS, {}))
+        factories.update(base.__dict__.get(_FACTORIES, {}))
+    for name in _own_annotations(cls):
         if name not in names:
             names.append(name)
-    defaults: dict[str, object] = {}
-    factories: dict[str, Callable[[], object]] = {}
-    for name in names:
-        value = getattr(cls, name, _MISSING)
+        defaults.pop(name, None)  # this class's declaration of a field is the one that counts
+        factories.pop(name, None)
+        value = cls.__dict__.get(name, _MISSING)
         if isinstance(value, _Factory):
             factories[name] = value.make
-            if name in cls.__dict__:
-                delattr(cls, name)  # as dataclasses: no shared default left on the class
+            delattr(cls, name)  # as dataclasses: no shared default left on the class
         elif value is not _MISSING:
             defaults[name] = value
+    setattr(cls, _DEFAULTS, defaults)
+    setattr(cls, _FACTORIES, factories)
     fields = tuple(names)
     known = frozenset(fields)
     qualname = cls.__qualname__
@@ -129,7 +135,7 @@ def _make(cls, frozen: bool):
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in fields)
+        return tuple(getattr(self, name) for name in fields) == tuple(getattr(other, name) for name in fields)
 
     cls.__init__ = __init__
     cls.__repr__ = __repr__
@@ -154,6 +160,18 @@ def _make(cls, frozen: bool):
     return cls
 
 
+def _own_annotations(cls) -> "dict[str, object]":
+    """The names annotated in ``cls``'s own body, in order. From Python 3.14
+    annotations are evaluated when first asked for and kept out of the
+    class's ``__dict__`` (PEP 649): there ``annotationlib`` gives them, as
+    forward references where a name is the type checker's only."""
+    try:
+        import annotationlib
+    except ImportError:  # before 3.14
+        return cls.__dict__.get("__annotations__", {})
+    return annotationlib.get_annotations(cls, format=annotationlib.Format.FORWARDREF)
+
+
 def replace(obj: "_T", /, **changes: object) -> "_T":
     """A new object of ``obj``'s class: its fields, with ``changes``."""
     values = {name: getattr(obj, name) for name in getattr(obj, _FIELDS)}
@@ -169,6 +187,8 @@ def asdict(obj: object) -> "dict[str, Any]":
 def _copied(value):
     if hasattr(type(value), _FIELDS):
         return asdict(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple: by position
+        return type(value)(*[_copied(item) for item in value])
     if isinstance(value, (list, tuple)):
         return type(value)(_copied(item) for item in value)
     if isinstance(value, dict):
