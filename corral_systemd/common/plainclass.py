@@ -24,6 +24,8 @@ As with ``dataclasses``, mypy reads the classes' ``__init__`` from the
 fields (``typing.dataclass_transform``, seen only by the type checker).
 """
 
+import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -165,10 +167,10 @@ def _own_annotations(cls) -> "dict[str, object]":
     annotations are evaluated when first asked for and kept out of the
     class's ``__dict__`` (PEP 649): there ``annotationlib`` gives them, as
     forward references where a name is the type checker's only."""
-    try:
-        import annotationlib
-    except ImportError:  # before 3.14
+    if sys.version_info < (3, 14):  # asked of the version: a failed import is a path search per class
         return cls.__dict__.get("__annotations__", {})
+    import annotationlib
+
     return annotationlib.get_annotations(cls, format=annotationlib.Format.FORWARDREF)
 
 
