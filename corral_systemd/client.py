@@ -40,7 +40,7 @@ other side).
 import os
 import sys
 
-from .common.programs import PROGRAMS, may_start_service, socket_paths
+from .common.programs import PROGRAMS, manager_for, may_start_service, socket_paths
 
 
 class _Declined(Exception):
@@ -303,11 +303,11 @@ def _served(args: list[str], prog: str, path: str, record_fd: int | None) -> int
     except _Declined as why:
         if not (why.absent and may_start_service()):
             raise
-        from .service import transient
-
-        kind = transient.manager_for(path)
+        kind = manager_for(path)
         if kind is None:
             raise  # no manager for this socket: the next one, or in-process
+        from .service import transient
+
         if (failed := transient.start(kind, path)) is not None:
             said = f"the corral service could not be started in the {kind} manager: {failed}"
             raise _Declined(said, warn=True) from None

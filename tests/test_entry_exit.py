@@ -39,7 +39,9 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
     # (but where screen keeps its sockets: the user's directory there is looked up),
     # nor the client's service modules when no service listens; nor typing,
     # dataclasses (and inspect with it: common/plainclass.py), json (and re:
-    # common/jsoncodec.py), re (units.py) or enum (signal's: _signal instead).
+    # common/jsoncodec.py), re (units.py) or enum (signal's: _signal instead);
+    # nor contextlib (and functools: common/cleanup.py), collections (array's
+    # import of collections.abc too: kernel/fdpass.py), or a --pty run's termios.
     # Without site (-S): an editable install's finder loads re and more before
     # corral does; the package is found on its path instead.
     unused = [
@@ -53,6 +55,13 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
         "re",
         "json",
         "enum",
+        "contextlib",
+        "functools",
+        "collections",
+        "array",
+        "termios",
+        "corral_systemd.core.pty",
+        "corral_systemd.state.registry.audit",
     ]
     if not os.path.isdir("/run/screen"):
         unused.append("pwd")

@@ -18,6 +18,7 @@ from tethers import tether_kind  # noqa: F401  (the fixture: both tether program
 from conftest import CORRAL, TIME_SCALE
 from corral_systemd.core.spec import new_run_id
 from corral_systemd.state import registry as REG
+from corral_systemd.state.registry.audit import verify_log
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 CTL = [sys.executable, "-m", "corral_systemd.ctl"]
@@ -898,7 +899,7 @@ def test_audit_verify_catches_lines_appended_after_the_run_finished(state, dead_
     run_id = make_entry(state, "finished", age=60, dead_pid=dead_pid)
     assert ctl(state, "audit", "verify", run_id).returncode == 0
     number = _append_chained_line(state / f"{run_id}.log", run_id)
-    ok, message, bad = REG.verify_log(str(state), run_id)
+    ok, message, bad = verify_log(str(state), run_id)
     assert (ok, bad) == (False, number), message
     assert "does not anchor" in message
     r = ctl(state, "audit", "verify", run_id)
@@ -909,7 +910,7 @@ def test_audit_verify_accepts_lines_appended_while_the_run_is_active(state):
     """An active run's log runs ahead of its entry (events between state changes): not tampering."""
     run_id = make_entry(state, "active", age=0)
     _append_chained_line(state / f"{run_id}.log", run_id)
-    ok, message, _ = REG.verify_log(str(state), run_id)
+    ok, message, _ = verify_log(str(state), run_id)
     assert ok, message
 
 

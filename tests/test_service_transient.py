@@ -22,7 +22,7 @@ from serving import compiled_client  # noqa: F401  (fixture)
 from test_registry import wait_for
 
 from conftest import CORRAL, TIME_SCALE
-from corral_systemd.common.programs import socket_paths
+from corral_systemd.common.programs import manager_for, socket_paths
 from corral_systemd.common.unit_names import TRANSIENT_SERVICE
 from corral_systemd.service import transient
 from corral_systemd.varlink.wire import Channel
@@ -46,7 +46,7 @@ def _socket_path(monkeypatch) -> str:
     """The manager's socket path the client would start the service at ("" if none here)."""
     for name in ("CORRAL_SERVICE_SOCKET", "CORRAL_SERVICE"):
         monkeypatch.delenv(name, raising=False)
-    return next((p for p in socket_paths() if transient.manager_for(p) == MANAGER), "")
+    return next((p for p in socket_paths() if manager_for(p) == MANAGER), "")
 
 
 def _unit(unit: str, prop: str) -> str:

@@ -38,10 +38,10 @@ Guarantees and failure modes:
   itself, a window of a few instructions, not guarded.)
 """
 
-from _thread import _local as _ThreadLocal  # not threading: the CLI imports this module too
+# Neither threading, collections nor contextlib: the CLI imports this module too (start-up).
+from _collections import deque
+from _thread import _local as _ThreadLocal
 from _thread import allocate_lock
-from collections import deque
-from contextlib import contextmanager
 from time import monotonic
 
 #: The longest a thread keeps the baton, while others wait, when it never has to wait itself.
@@ -98,45 +98,61 @@ class Baton:
     def _others_waiting_too_long(self) -> bool:
         return bool(self._waiters) and monotonic() - self._since >= TURN
 
-    @contextmanager
-    def held(self):
-        """Run the body holding the baton (waits in it give it up)."""
-        outer = _current()
-        if outer is self:  # re-entry: already ours
-            yield
+    def held(self) -> "_Held":
+        """``with baton.held():`` runs the body holding the baton (waits in it give it up)."""
+        return _Held(self)
+
+
+class _Held:
+    """``Baton.held()``'s context: takes the baton on entry (unless this thread
+    already holds it: re-entry), gives it back on exit."""
+
+    def __init__(self, baton: Baton):
+        self.baton = baton
+        self.outer: Baton | None = None
+
+    def __enter__(self) -> None:
+        self.outer = _current()
+        if self.outer is self.baton:  # re-entry: already ours
             return
-        pending = self._take()
-        _local.baton = self
-        try:
-            if pending is not None:
-                raise pending
-            yield
-        finally:
-            _local.baton = outer
-            self._give()
+        pending = self.baton._take()
+        _local.baton = self.baton
+        if pending is not None:
+            self.__exit__()
+            raise pending
+
+    def __exit__(self, *exc_info) -> None:
+        if self.outer is not self.baton:
+            _local.baton = self.outer
+            self.baton._give()
 
 
 def _current() -> Baton | None:
     return getattr(_local, "baton", None)
 
 
-@contextmanager
-def released():
-    """Give the baton up (if held) for the body: a call that may block for
-    long but is not a wait on an event (writing to the host's own stdout)."""
-    baton = _current()
-    if baton is None:
-        yield
-        return
-    baton._give()
-    _local.baton = None  # not ours meanwhile: a nested wait must not give it again
-    try:
-        yield
-    finally:
-        pending = baton._take()
-        _local.baton = baton
-        if pending is not None:
-            raise pending
+def released() -> "_Released":
+    """``with released():`` gives the baton up (if held) for the body: a call that
+    may block for long but is not a wait on an event (writing to the host's own stdout)."""
+    return _Released()
+
+
+class _Released:
+    def __init__(self):
+        self.baton: Baton | None = None
+
+    def __enter__(self) -> None:
+        self.baton = _current()
+        if self.baton is not None:
+            self.baton._give()
+            _local.baton = None  # not ours meanwhile: a nested wait must not give it again
+
+    def __exit__(self, *exc_info) -> None:
+        if self.baton is not None:
+            pending = self.baton._take()
+            _local.baton = self.baton
+            if pending is not None:
+                raise pending
 
 
 def poll(poller, timeout_ms):

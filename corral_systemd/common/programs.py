@@ -3,6 +3,7 @@ clients, the corral service and corralctl all read (no other import: the
 client's hot path loads this)."""
 
 import os
+import stat
 
 SOCKET_NAME = "io.corral.Run"
 #: Each program name and its default --cgroup-mode.
@@ -46,3 +47,23 @@ def socket_paths() -> list[str]:
     if os.geteuid() == 0:
         paths.append(SYSTEM_SOCKET)
     return paths
+
+
+def manager_for(path: str) -> str | None:
+    """The manager ("user" or "system") whose transient corral service would
+    listen on ``path`` (one of ``socket_paths``), or None: not a
+    manager's socket path, or no such manager running for this uid."""
+    if path == SYSTEM_SOCKET:
+        kind, private = "system", "/run/systemd/private"
+        if os.geteuid() != 0:
+            return None
+    elif os.path.basename(path) == SOCKET_NAME:
+        kind, private = "user", os.path.join(os.path.dirname(path), "systemd", "private")
+    else:
+        return None
+    try:
+        st = os.stat(private)
+    except OSError:
+        return None
+    # Ours only: root with another user's XDG_RUNTIME_DIR (su, sudo -E) must not start units in that user's manager.
+    return kind if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid() else None

@@ -22,7 +22,6 @@ not empty, no pid to name) and the outcome is unverified.
 
 import _signal  # not signal: the same numbers without enum's start-up cost
 import time
-from collections.abc import Callable
 
 from .plainclass import field, plainclass
 
@@ -34,6 +33,7 @@ MAX_RECHECK = 0.05
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Protocol
 
     class StopTarget(Protocol):
@@ -84,9 +84,9 @@ def stop_and_verify(
     *,
     grace: float,
     verify_timeout: float,
-    wait: Callable[[float], bool],
-    step: Callable[..., None] = _no_step,
-    clock: Callable[[], float] = time.monotonic,
+    wait: "Callable[[float], bool]",
+    step: "Callable[..., None]" = _no_step,
+    clock: "Callable[[], float]" = time.monotonic,
 ) -> StopOutcome:
     """Stop ``target`` and prove it empty.
 

@@ -15,18 +15,20 @@ or what was started is stopped); once the supervisor runs, failures are in
 the outcome, never raised.
 """
 
-from collections.abc import Callable
-
 from .result import RunOutcome
+
+TYPE_CHECKING = False  # collections is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def assemble_and_run(
     spec,
-    open_engine: Callable[[], object],
+    open_engine: "Callable[[], object]",
     *,
     guard: dict | None = None,
     supervisor: dict | None = None,
-    opened: Callable[[object], None] | None = None,
+    opened: "Callable[[object], None] | None" = None,
 ) -> RunOutcome:
     """Run ``spec`` with the engine ``open_engine()`` gives, inside a RunGuard
     (``guard``: its keyword arguments) and under a Supervisor (``supervisor``:

@@ -17,15 +17,14 @@ or saying it could not be) or raises what setting it up raised; every
 descriptor it opened is closed when it returns.
 """
 
-import contextlib
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from contextlib import nullcontext
 
 from ..common import jsoncodec
+from ..common.cleanup import ExitStack
 from ..common.errors import SetupError
 from ..common.plainclass import asdict
 from . import result as R
@@ -145,7 +144,7 @@ class Execution:
         # A shared session's runs take turns (baton.py): one of them runs
         # Python at a time and hands over only while it waits.
         baton = getattr(session, "baton", None)
-        with baton.held() if baton is not None else nullcontext():
+        with baton.held() if baton is not None else ExitStack():  # an empty stack: no context
             return assemble_and_run(
                 spec,
                 lambda: open_engine(spec, session, held=self._held),
@@ -193,8 +192,8 @@ class Execution:
         # closed here as soon as it has them (the pipes' EOF needs them gone).
         # Every descriptor is owned by exactly one of them, or by a file
         # object or the pump, from the moment it exists: none is closed twice.
-        with contextlib.ExitStack() as always_cleanup:
-            with contextlib.ExitStack() as childs_ends:
+        with ExitStack() as always_cleanup:
+            with ExitStack() as childs_ends:
                 taken: set[int] = set()  # read ends the pump owns now
 
                 def pipe(flags: int) -> tuple[int, int]:

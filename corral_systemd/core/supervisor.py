@@ -27,12 +27,12 @@ pipe the loop polls ``signalwatch.py``.
 """
 
 import _signal  # not signal: the same numbers without enum's start-up cost
-import contextlib
 import os
 import select
 import time
 
 from ..common import baton
+from ..common.cleanup import ExitStack
 from ..common.errors import SetupError, UsageError
 from ..common.limits import ENDS_RUN, MAX_OUTPUT
 from ..common.nesting import command_env, outer_run
@@ -41,9 +41,12 @@ from ..kernel import handoff
 from ..kernel.rlimits import OwnLimits, lowered_limit
 from ..kernel.spawn import ExecError
 from . import result as R
-from .output import OutputPump, open_output_file
-from .pty import Pty
 from .signalwatch import STOP_SIGNALS, SignalWatch
+
+TYPE_CHECKING = False  # output.py and pty.py load only for a run that uses them (start-up)
+if TYPE_CHECKING:
+    from .output import OutputPump
+    from .pty import Pty
 
 #: Longest single poll() wait (an hour; poll's own limit is INT_MAX ms).
 _MAX_POLL_MS = 3600 * 1000
@@ -230,7 +233,7 @@ class Supervisor:
                 self._pty.close()  # corral's terminal back as it was
             self.engine.close()
 
-    def _drain(self, pump: OutputPump) -> None:
+    def _drain(self, pump: "OutputPump") -> None:
         """Read what the command left in its pipes; output past the cap is the run's outcome.
 
         Output read after the main process exited still counts: a command
@@ -272,17 +275,20 @@ class Supervisor:
             return stdin
         return self._stdin_fd
 
-    def _start(self) -> OutputPump | None:
+    def _start(self) -> "OutputPump | None":
         """The command's stdio, then the engine's start: the output pump on
         success (the run's to close); on failure nothing of it left open."""
         spec = self.spec
         # trio's pair: ``always_cleanup`` closes what only the command keeps
         # (its ends of the pipes, its stdin, the pty's terminal side) once it
         # runs or failed to; ``cleanup_on_fail`` what is the run's on success.
-        with contextlib.ExitStack() as always_cleanup, contextlib.ExitStack() as cleanup_on_fail:
+        with ExitStack() as always_cleanup, ExitStack() as cleanup_on_fail:
             pump = None
             shaped = spec.max_output is not None or spec.output_limit is not None or spec.output_file is not None
             if spec.pty:
+                from .output import OutputPump
+                from .pty import Pty
+
                 # The command's stdio is the pty's terminal side; its output
                 # comes back through the master (core/pty.py).
                 # What is typed into it: corral's stdin ("inherit", the CLI's
@@ -305,6 +311,8 @@ class Supervisor:
                 if stdin != self._stdin_fd:
                     always_cleanup.callback(os.close, stdin)
                 if shaped or callable(self._stdout) or callable(self._stderr):
+                    from .output import OutputPump
+
                     copy_fd = self._open_output_file()
                     out_r, out_w = os.pipe2(os.O_CLOEXEC)
                     always_cleanup.callback(os.close, out_w)
@@ -356,10 +364,12 @@ class Supervisor:
 
     def _open_output_file(self) -> int | None:
         """--output-file (``output.open_output_file``), closed when the run ends."""
+        from .output import open_output_file
+
         self._output_file_fd = open_output_file(self.spec.output_file)
         return self._output_file_fd
 
-    def _watch(self, pump: OutputPump | None) -> None:
+    def _watch(self, pump: "OutputPump | None") -> None:
         """Wait until something ends the run; record why."""
         deadline = self.spec.wall
         next_watch = self._next_watch(self._now())
@@ -505,7 +515,7 @@ class Supervisor:
             self.engine.poll_events()
         return stop_sig
 
-    def _stop_and_verify(self, pump: OutputPump | None) -> None:
+    def _stop_and_verify(self, pump: "OutputPump | None") -> None:
         """The stop sequence (``stopping``), with output pumped while it waits."""
 
         # The command may go on lowering corral's limits while it is stopped

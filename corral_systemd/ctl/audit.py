@@ -4,6 +4,7 @@ import os
 import sys
 
 from ..state import registry as REG
+from ..state.registry.audit import verify_log
 from .status import STATUS_EXIT
 
 
@@ -16,7 +17,7 @@ def audit_verify(run: str, directory: str | None = None) -> int:
     ):
         print(f"corralctl: unknown run {run!r}", file=sys.stderr)
         return STATUS_EXIT["unknown"]
-    ok, message, line = REG.verify_log(directory, run_id)
+    ok, message, line = verify_log(directory, run_id)
     path = REG.log_path(directory, run_id)
     if not ok:
         where = f":{line}" if line else ""

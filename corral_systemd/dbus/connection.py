@@ -5,7 +5,6 @@ socket, connection refused, authentication rejected, timeout, error reply
 (``BusError.name`` holds the D-Bus error name).
 """
 
-import array
 import os
 import select
 import socket
@@ -14,6 +13,7 @@ import time
 from collections import deque
 
 from ..common import baton
+from ..kernel.fdpass import rights
 from ._dbus_fast import Message, MessageFlag, MessageType, Unmarshaller
 
 _BUS = "org.freedesktop.DBus"
@@ -187,7 +187,7 @@ class Connection:
             if on_serial is not None:
                 on_serial(msg.serial)
             data = memoryview(bytes(msg._marshall(True)))
-            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", msg.unix_fds))] if msg.unix_fds else []
+            ancillary = rights(msg.unix_fds)
             end = time.monotonic() + self.timeout
             total = len(data)
             try:

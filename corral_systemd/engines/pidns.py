@@ -208,8 +208,7 @@ class PidNamespace:
         its exec, corral holding a pidfd for it (the cgroup tier moves it
         into the run's group there, so nothing it starts is outside); its
         SetupError ends the namespace, the command never ran."""
-        import array
-
+        from ..kernel.fdpass import rights
         from ..kernel.spawn import ExecError
         from .pidns_init import StartMessage, start_message
 
@@ -221,9 +220,7 @@ class PidNamespace:
         )
         deadline = None if self.spec.wall is None else time.monotonic() + self.spec.wall
         try:
-            self._control.sendmsg(
-                [b"s"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", (stdin, stdout, stderr)))]
-            )
+            self._control.sendmsg([b"s"], rights((stdin, stdout, stderr)))
             self._control.sendall(start_message(message))
         except OSError:
             pass  # the init is gone: its last line (or none) says why

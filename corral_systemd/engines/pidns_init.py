@@ -284,14 +284,10 @@ def _receive_fds(sock, most: int) -> tuple[bytes, list[int]]:
     (``MSG_CMSG_CLOEXEC``): the command gets copies of them only as its
     stdio (dup2), none besides. Not ``socket.recv_fds``, which drops its
     ``flags`` before Python 3.13."""
-    import array
+    from ..kernel.fdpass import received
 
-    fds = array.array("i")
-    head, ancillary, _flags, _addr = sock.recvmsg(1, _socket.CMSG_LEN(most * fds.itemsize), _socket.MSG_CMSG_CLOEXEC)
-    for level, kind, data in ancillary:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    return head, list(fds)
+    head, ancillary, _flags, _addr = sock.recvmsg(1, _socket.CMSG_LEN(most * 4), _socket.MSG_CMSG_CLOEXEC)
+    return head, received(ancillary)
 
 
 def _exactly(sock, size: int) -> bytes:

@@ -28,7 +28,10 @@ there, it exits 125.
 import _signal  # not signal: the same numbers without enum's start-up cost
 import os
 import sys
-from collections.abc import Iterable
+
+TYPE_CHECKING = False  # collections is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 #: What a terminal, a hang-up or a dying reader sends.
 TERMINAL_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGTSTP, _signal.SIGPIPE)
@@ -47,7 +50,7 @@ def fork_detached(
     *,
     stdout: int | None = None,
     stderr: int | None = None,
-    keep: Iterable[int] = (),
+    keep: "Iterable[int]" = (),
     ignore_terminal_signals: bool = False,
 ) -> int:
     """fork(2), the child detached as the module says; 0 in the child, its pid in the parent.
@@ -65,7 +68,7 @@ def fork_detached(
     return 0
 
 
-def _detach(stdout: int | None, stderr: int | None, keep: Iterable[int], ignore_terminal_signals: bool) -> None:
+def _detach(stdout: int | None, stderr: int | None, keep: "Iterable[int]", ignore_terminal_signals: bool) -> None:
     os.setsid()
     try:
         _signal.set_wakeup_fd(-1)  # the parent's is closed below: its number could be reused
@@ -81,7 +84,7 @@ def _detach(stdout: int | None, stderr: int | None, keep: Iterable[int], ignore_
     close_all_but(keep)
 
 
-def close_all_but(keep: Iterable[int]) -> None:
+def close_all_but(keep: "Iterable[int]") -> None:
     """Close every descriptor from 3 up but those in ``keep``."""
     low = 3
     for fd in sorted(set(keep)):

@@ -232,16 +232,15 @@ def _held_child(gate: int) -> None:  # pragma: no cover  (runs in the forked chi
 def _receive_request(gate: int) -> tuple[bytes, list[int]] | None:  # pragma: no cover  (the child)
     """The request's payload and descriptors, or None at end of file (or anything malformed)."""
     import _socket
-    import sys
+
+    from .fdpass import received  # here, while the service makes the scope: not in the client's start
 
     sock = _socket.socket(fileno=gate)
     fds: list[int] = []
     data = b""
     while b"\n" not in data:
         chunk, ancillary, flags, _ = sock.recvmsg(65536, _socket.CMSG_SPACE(3 * 4), _socket.MSG_CMSG_CLOEXEC)
-        for level, kind, raw in ancillary:
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                fds += [int.from_bytes(raw[i : i + 4], sys.byteorder) for i in range(0, len(raw) - len(raw) % 4, 4)]
+        fds += received(ancillary)
         if not chunk or len(data) > 32:
             return None
         data += chunk

@@ -300,13 +300,14 @@ def _parse_status(line: bytes) -> int | None:
 
 def _send_request(gate: int, payload: bytes, stdio: tuple[int, int, int]) -> None:
     import socket
-    import sys
     import time
+
+    from .fdpass import rights
 
     sock = socket.socket(fileno=os.dup(gate))
     try:
         data = b"%d\n" % len(payload) + payload
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, b"".join(fd.to_bytes(4, sys.byteorder) for fd in stdio))]
+        ancillary = rights(stdio)
         deadline = time.monotonic() + RELEASE_TIMEOUT
         while data:
             _await(sock, "out", deadline)

@@ -10,13 +10,16 @@ the signal sent through it.
 import _signal  # not signal: the same numbers without enum's start-up cost
 import os
 from _thread import LockType, allocate_lock  # not threading: the CLI's start-up need not load it
-from collections.abc import Callable
 
 from .fsread import SHORTAGE, raise_shortage
 from .procfs import ProcInfo, read_stat
 
+TYPE_CHECKING = False  # collections is not imported at run time: start-up is product speed
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def signal_process(info: ProcInfo, sig: int, belongs: Callable[[ProcInfo], bool]) -> bool:
+
+def signal_process(info: ProcInfo, sig: int, belongs: "Callable[[ProcInfo], bool]") -> bool:
     """Send ``sig`` to the process ``info`` describes, if it is still that process.
 
     Returns True when the signal was delivered, False when the process is

@@ -19,7 +19,6 @@ import _signal  # not signal: the same numbers without enum's start-up cost
 import errno
 import fcntl
 import os
-import termios
 
 from ..common import baton
 from ..common.errors import SetupError
@@ -196,6 +195,10 @@ def fork_command(
     if gated:
         gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
     env_items = None if env is None else dict(env)
+    if controlling_tty:
+        import termios  # here, not in the child: only a --pty run needs it
+
+        set_controlling_tty = termios.TIOCSCTTY
     pid = os.fork()
     if pid == 0:  # child: only async-signal-safe-ish work, then exec or _exit
         code = 127
@@ -224,7 +227,7 @@ def fork_command(
                 else:
                     os.set_inheritable(fd, True)
             if controlling_tty:
-                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+                fcntl.ioctl(0, set_controlling_tty, 0)
             if cwd is not None:
                 os.chdir(cwd)
             if umask is not None:
@@ -385,8 +388,6 @@ def spawn_gated_by_shell(
     """
     env = dict(os.environ if env is None else env)
     path = resolve_in_cwd(argv[0], env.get("PATH", os.defpath), cwd)
-    import fcntl
-
     gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
     sources = []
     try:

@@ -32,6 +32,7 @@ class Holder:
         import select
         import socket
 
+        from ..kernel.fdpass import received
         from ..kernel.held import HeldProcess
         from ..kernel.signals import CHILD_DEFAULTS
 
@@ -62,12 +63,7 @@ class Holder:
             if not poller.poll(START_TIMEOUT * 1000):
                 raise OSError("the holder did not start in time")
             data, ancillary, _, _ = ours.recvmsg(64, socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
-            fds = [
-                int.from_bytes(raw[i : i + 4], sys.byteorder)
-                for level, kind, raw in ancillary
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-                for i in range(0, len(raw) - len(raw) % 4, 4)
-            ]
+            fds = received(ancillary)
             if data != b"held\n" or len(fds) != 3:
                 for fd in fds:
                     os.close(fd)
@@ -91,21 +87,13 @@ def main() -> int:  # pragma: no cover  (runs as the holder; tested through the 
     import select
     import socket
 
+    from ..kernel.fdpass import rights
     from ..kernel.gate import fork_held
 
     service = socket.socket(fileno=3)
     exit_r, exit_w = os.pipe2(os.O_CLOEXEC)
     child = fork_held(close_in_child=(3, exit_r, exit_w))
-    service.sendmsg(
-        [b"held\n"],
-        [
-            (
-                socket.SOL_SOCKET,
-                socket.SCM_RIGHTS,
-                b"".join(fd.to_bytes(4, sys.byteorder) for fd in (child.pidfd, child.gate, exit_r)),
-            )
-        ],
-    )
+    service.sendmsg([b"held\n"], rights((child.pidfd, child.gate, exit_r)))
     os.close(exit_r)
     os.close(child.gate)
     child.gate = -1

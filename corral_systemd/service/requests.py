@@ -303,12 +303,11 @@ def execute(service, request, checked: dict, held, peer_pidfd: int, connection_f
     Without a control pipe, the connection hanging up stops the run.
     ``held``: the caller's held child (``held_process``), which a scope is
     made of; closed here whatever happens (a child never released then exits)."""
-    import contextlib
-
+    from ..common.cleanup import ExitStack
     from ..core.record_json import record_bytes
     from ..core.result import NEVER_RAN, reason_line, summary_line
 
-    with contextlib.ExitStack() as cleanup:
+    with ExitStack() as cleanup:
         if held is not None:
             cleanup.callback(held.close)
         spec = request.spec

@@ -35,36 +35,14 @@ Guarantees and failure modes:
 """
 
 import os
-import stat
 import sys
 
-from ..common.programs import SOCKET_NAME, SYSTEM_SOCKET
 from ..common.unit_names import TRANSIENT_SERVICE
 
 #: As the installed unit's default (``corralctl service install --idle-exit``).
 IDLE_EXIT = 60.0
 #: How long a systemd-run or systemctl call may take (a manager that hangs).
 CALL_TIMEOUT = 30.0
-
-
-def manager_for(path: str) -> str | None:
-    """The manager ("user" or "system") whose transient corral service would
-    listen on ``path`` (one of ``programs.socket_paths``), or None: not a
-    manager's socket path, or no such manager running for this uid."""
-    if path == SYSTEM_SOCKET:
-        kind, private = "system", "/run/systemd/private"
-        if os.geteuid() != 0:
-            return None
-    elif os.path.basename(path) == SOCKET_NAME:
-        kind, private = "user", os.path.join(os.path.dirname(path), "systemd", "private")
-    else:
-        return None
-    try:
-        st = os.stat(private)
-    except OSError:
-        return None
-    # Ours only: root with another user's XDG_RUNTIME_DIR (su, sudo -E) must not start units in that user's manager.
-    return kind if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid() else None
 
 
 def service_command(kind: str) -> list[str]:

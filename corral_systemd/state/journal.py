@@ -85,9 +85,9 @@ class Sender:
         return self._send_memfd(data)
 
     def _send_memfd(self, data: bytes) -> bool:
-        import _socket
-        import array
         import fcntl
+
+        from ..kernel.fdpass import rights
 
         fd = os.memfd_create("corral-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
@@ -95,7 +95,7 @@ class Sender:
             fcntl.fcntl(
                 fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
             )
-            self.sock.sendmsg([], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))], 0, self.path)
+            self.sock.sendmsg([], rights([fd]), 0, self.path)
             return True
         except OSError:
             return False

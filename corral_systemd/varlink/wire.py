@@ -22,6 +22,7 @@ import os
 import sys
 
 from ..common import jsoncodec
+from ..kernel.fdpass import received, rights
 
 MAX_MESSAGE = 4 << 20  # a call carries an argv and an environment: generous, still bounded
 MAX_FDS = 8
@@ -99,8 +100,7 @@ class Channel:
     def send(self, message: dict, fds=()) -> None:
         data = encode(message)
         if fds:
-            ancillary = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
-            sent = self.sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, ancillary)])
+            sent = self.sock.sendmsg([data], rights(fds))
             data = data[sent:]
         if data:
             self.sock.sendall(data)
@@ -131,12 +131,7 @@ class Channel:
             if len(self._buffer) > MAX_MESSAGE:
                 self._fail(f"a message longer than {MAX_MESSAGE} bytes")
             data, ancillary, flags, _ = self.sock.recvmsg(65536, _CMSG_SPACE, _socket.MSG_CMSG_CLOEXEC)
-            for level, kind, payload in ancillary:
-                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    self._fds.extend(
-                        int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4)
-                    )
+            self._fds += received(ancillary)
             if flags & _socket.MSG_CTRUNC or len(self._fds) > MAX_FDS:
                 self._fail(f"more than {MAX_FDS} file descriptors with a message")
             if not data:

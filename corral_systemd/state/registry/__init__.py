@@ -49,8 +49,9 @@ The package, by concern: ``paths`` (where), ``identity`` (the owner and
 the run's processes as the kernel shows them: start time, sealed token,
 mark), ``files`` (entries and hash-chained logs), ``writer`` (a run's
 registration and its events), ``retention``, ``audit`` (verifying a log),
-``state`` (a run's state for an authorisation check). Everything is
-re-exported here: ``registry.X`` is the interface.
+``state`` (a run's state for an authorisation check). Everything but
+``audit`` is re-exported here: ``registry.X`` is the interface; the
+verifier is ``registry.audit.verify_log``, which no run loads.
 
 On corral's hot path: it imports only os, json, time, a SHA-256
 implementation and ``redact`` (the redaction the run record shares).
@@ -58,7 +59,6 @@ implementation and ``redact`` (the redaction the run record shares).
 
 # The package's interface: what the rest of corral and corralctl's callers use.
 from ...common.redact import REDACTED, redact_argv  # noqa: F401  (shared with the run record)
-from .audit import verify_log  # noqa: F401
 from .files import (  # noqa: F401
     VERSION,
     ZERO_HASH,
