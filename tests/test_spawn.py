@@ -3,7 +3,9 @@ chdir to the command's cwd (``kernel.spawn.spawn_gated_by_shell``), like a
 service's (``engines.systemd.envfile.resolve_for_service``): relative PATH entries
 are the command's, not the host's."""
 
+import ast
 import os
+import sys
 
 import pytest
 
@@ -66,3 +68,27 @@ def test_absolute_entries_and_paths_unchanged(tmp_path):
     tool = _tool(tmp_path / "abs")
     assert resolve_in_cwd("mytool", f"{tmp_path}/abs", "/") == str(tool)
     assert resolve_in_cwd("abs/mytool", "/usr/bin", str(tmp_path)) == str(tool)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"PWD": "/not/where/it/runs", "OLDPWD": "/elsewhere", "_": "/usr/bin/the-callers"},
+        {"PWD": ""},
+    ],
+    ids=["none-of-them", "each-its-own", "empty"],
+)
+def test_the_gates_shell_leaves_the_environment_as_given(tmp_path, monkeypatch, given):
+    # The shell's cd sets and exports PWD and OLDPWD, its read sets _: the
+    # command gets the environment it was given, exactly, as a forked child's exec does.
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "CORRAL_TEST_KEEP": "kept", **given}
+    # Read as exec gave it (/proc/self/environ): a shell would set PWD of its own, Python LC_CTYPE.
+    probe = "import os; print(repr(open('/proc/self/environ', 'rb').read())); print(os.getcwd())"
+    code, out = _run_gated([sys.executable, "-I", "-S", "-c", probe], env, work)
+    environ, cwd = out.splitlines()
+    assert code == 0 and cwd == str(work.resolve())
+    assert dict(item.decode().split("=", 1) for item in ast.literal_eval(environ).split(b"\0") if item) == env

@@ -150,45 +150,17 @@ class _UnitTarget:
         return None
 
 
-class _SessionsTarget:
+def _marked_target(entry: dict):
     """A fallback run's processes once its corral is gone: those that carry
     its mark (``marked_members``), each signalled through a pidfd re-checked
-    against that mark."""
+    against that mark and the session it was found in."""
+    from ..kernel import procfs
+    from ..kernel.pidfd import FoundProcesses
 
-    def __init__(self, entry: dict, events: list):
-        self.entry, self.events = entry, events
-        self._last: dict = {}
-        self._signalled: set[int] = set()
-
-    def remaining(self) -> list[int]:
-        from ..kernel import procfs
-
-        self._last = {p.pid: p for p in marked_members(self.entry, procfs.scan())}
-        return list(self._last)
-
-    def _send(self, infos, sigs) -> int:
-        sent = 0
-        for info in infos:
-            self._signalled.add(info.pid)
-            sent += all([_signal_checked(info, sig, self.entry) for sig in sigs])
-        return sent
-
-    def signal_all(self, *sigs: int) -> int:
-        self.remaining()
-        return self._send(list(self._last.values()), sigs)
-
-    def signal_new(self, *sigs: int) -> int:
-        return self._send([p for pid, p in self._last.items() if pid not in self._signalled], sigs)
-
-    def kill_all(self) -> None:
-        self.remaining()
-        self._send(list(self._last.values()), (signal.SIGKILL,))
-
-    def verify_empty(self) -> list[int]:
-        return self.remaining()
-
-    def unproven(self) -> str | None:
-        return None
+    return FoundProcesses(
+        lambda: {p.pid: p for p in marked_members(entry, procfs.scan())},
+        lambda found, current: current.sid == found.sid and REG.carries_mark(found.pid, entry),
+    )
 
 
 def _not_corrals_cgroup(cg, run_id: str) -> str | None:
@@ -207,13 +179,6 @@ def _not_corrals_cgroup(cg, run_id: str) -> str | None:
     if not os.path.isfile(os.path.join(cg, "cgroup.procs")):
         return "not a control group"
     return None
-
-
-def _signal_checked(info, sig, entry: dict) -> bool:
-    """Signal the process ``info`` names, through a pidfd, if it still is that process in that session."""
-    from ..kernel.pidfd import signal_process
-
-    return signal_process(info, sig, lambda current: current.sid == info.sid and REG.carries_mark(info.pid, entry))
 
 
 def stop_target(target, *, grace: float, verify: float, label: str | None, actions: list[str]):
@@ -317,7 +282,7 @@ def _target(entry: dict, events: list, bus: "_Bus | None", report: dict):
         elif os.path.isdir(cg):
             return _CgroupTarget(cg), cg
     elif leftovers == "sessions":
-        return _SessionsTarget(entry, events), None
+        return _marked_target(entry), None
     return None, None
 
 

@@ -220,57 +220,24 @@ def _sleep(seconds: float) -> bool:
     return False
 
 
-class MarkedProcesses:
+def MarkedProcesses(run_id: str):  # noqa: N802 - a stop target's constructor, as it was a class
     """Every live process carrying ``CORRAL_RUN_ID=<run id>`` in its
-    environment (but this one), as a stop target (``common.stopping.StopTarget``)."""
+    environment (but this one), as a stop target (``kernel.pidfd.FoundProcesses``)."""
+    from ..common.nesting import RUN_ENV
+    from ..kernel import procfs
+    from ..kernel.pidfd import FoundProcesses
 
-    def __init__(self, run_id: str):
-        from ..common.nesting import RUN_ENV
+    mark = f"{RUN_ENV}={run_id}".encode()
+    me = os.getpid()
 
-        self._mark = f"{RUN_ENV}={run_id}".encode()
-        self._last: dict = {}
-        self._signalled: set[int] = set()
-
-    def _carries(self, pid: int) -> bool:
+    def carries(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                return self._mark in f.read().split(b"\0")
+                return mark in f.read().split(b"\0")
         except OSError:
             return False
 
-    def remaining(self) -> list[int]:
-        from ..kernel import procfs
-
-        me = os.getpid()
-        self._last = {p.pid: p for p in procfs.scan().values() if p.alive and p.pid != me and self._carries(p.pid)}
-        return list(self._last)
-
-    def _send(self, infos, sigs) -> int:
-        from ..kernel.pidfd import signal_process
-
-        sent = 0
-        for info in infos:
-            self._signalled.add(info.pid)
-            for sig in sigs:
-                try:
-                    sent += signal_process(info, sig, lambda current: self._carries(current.pid))
-                except PermissionError:
-                    pass
-        return sent
-
-    def signal_all(self, *sigs: int) -> int:
-        self.remaining()
-        return self._send(list(self._last.values()), sigs)
-
-    def signal_new(self, *sigs: int) -> int:
-        return self._send([p for pid, p in self._last.items() if pid not in self._signalled], sigs)
-
-    def kill_all(self) -> None:
-        self.remaining()
-        self._send(list(self._last.values()), (_signal.SIGKILL,))
-
-    def verify_empty(self) -> list[int]:
-        return self.remaining()
-
-    def unproven(self) -> str | None:
-        return None
+    return FoundProcesses(
+        lambda: {p.pid: p for p in procfs.scan().values() if p.alive and p.pid != me and carries(p.pid)},
+        lambda found, current: carries(current.pid),
+    )

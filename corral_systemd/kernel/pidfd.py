@@ -42,6 +42,59 @@ def signal_process(info: ProcInfo, sig: int, belongs: "Callable[[ProcInfo], bool
         os.close(fd)
 
 
+class FoundProcesses:
+    """A stop target (``common.stopping.StopTarget``) over the processes
+    ``find()`` names (pid -> ProcInfo; found again at each round), each
+    signalled through a pidfd only while ``belongs(found, current)`` holds
+    for what the pidfd pins (``signal_process``). A process corral may not
+    signal stays in ``remaining()``: its stop is not proven."""
+
+    def __init__(
+        self,
+        find: "Callable[[], dict[int, ProcInfo]]",
+        belongs: "Callable[[ProcInfo, ProcInfo], bool]",
+    ):
+        self._find, self._belongs = find, belongs
+        self._last: dict[int, ProcInfo] = {}
+        self._signalled: set[int] = set()
+
+    def remaining(self) -> list[int]:
+        self._last = self._find()
+        return list(self._last)
+
+    def _send(self, infos: list[ProcInfo], sigs) -> int:
+        sent = 0
+        for info in infos:
+            self._signalled.add(info.pid)
+
+            def belongs(current: ProcInfo, found: ProcInfo = info) -> bool:
+                return self._belongs(found, current)
+
+            for sig in sigs:
+                try:
+                    sent += signal_process(info, sig, belongs)
+                except PermissionError:
+                    pass  # left in remaining(): unproven
+        return sent
+
+    def signal_all(self, *sigs: int) -> int:
+        self.remaining()
+        return self._send(list(self._last.values()), sigs)
+
+    def signal_new(self, *sigs: int) -> int:
+        return self._send([p for pid, p in self._last.items() if pid not in self._signalled], sigs)
+
+    def kill_all(self) -> None:
+        self.remaining()
+        self._send(list(self._last.values()), (_signal.SIGKILL,))
+
+    def verify_empty(self) -> list[int]:
+        return self.remaining()
+
+    def unproven(self) -> str | None:
+        return None
+
+
 def kill_and_reap(pid: int, pidfd: int) -> None:
     """SIGKILL our child ``pid`` through its pidfd, reap it, close the pidfd."""
     try:

@@ -333,14 +333,23 @@ def resolve_in_cwd(name: str, path_env: str, cwd: str | None) -> str:
 
 #: The gate, as a shell: wait for corral's go (a line on fd 3; EOF means
 #: corral gave up), then become the command in its working directory.
-#: The shell reads the "go" into ``_`` (any name it reads into may be in the
-#: environment, and an imported variable stays exported): ``$3`` says whether
-#: the command's environment had ``_`` (``$4``, its value), so it gets that
-#: back exactly, or none.
+#: What the shell itself writes into its environment is put back as the
+#: command's environment had it: ``_`` (the "go" is read into it: any name
+#: read into may be in the environment, and an imported variable stays
+#: exported), and ``PWD`` and ``OLDPWD``, which ``cd`` sets and exports
+#: (dash: whether or not they were there). For each, ``$3``, ``$5``, ``$7``
+#: say whether the command's environment had it and ``$4``, ``$6``, ``$8``
+#: its value: it gets that back exactly, or none.
 _GATE_SCRIPT = (
-    'IFS= read -r _ <&3 || exit 125; exec 3<&-; if [ "$3" = 1 ]; then _=$4; else unset _; fi; '
-    'cd -- "$1" || exit 126; [ -z "$2" ] || umask "$2"; shift 4; exec "$@"'
+    'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; [ -z "$2" ] || umask "$2"; '
+    'if [ "$3" = 1 ]; then _=$4; else unset _; fi; '
+    'if [ "$5" = 1 ]; then PWD=$6; else unset PWD; fi; '
+    'if [ "$7" = 1 ]; then OLDPWD=$8; else unset OLDPWD; fi; '
+    'shift 8; exec "$@"'
 )
+
+#: The variables the gate's shell writes, in its arguments' order (``_GATE_SCRIPT``).
+_SHELL_WRITES = ("_", "PWD", "OLDPWD")
 
 
 class ShellGatedChild(Child):
@@ -408,8 +417,7 @@ def spawn_gated_by_shell(
                     "corral-gate",
                     os.path.abspath(cwd or "."),
                     "" if umask is None else f"{umask:04o}",
-                    "1" if "_" in env else "0",
-                    env.get("_", ""),
+                    *(x for name in _SHELL_WRITES for x in ("1" if name in env else "0", env.get(name, ""))),
                     path,
                     *argv[1:],
                 ],
