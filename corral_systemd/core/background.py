@@ -45,9 +45,8 @@ signals and a served caller's connection, with no timeout but the
 (inotify: a server saying it listens, --ready-log's line) or --ready-file's
 directory changes, and else at waits growing with the time since the start
 (``LOOK_SHARE`` of it, from ``FIRST_LOOK`` up to ``LAST_LOOK``): a target
-nothing announces is seen at most 10 % of that time late (5 ms at least,
-as soon as the shell idiom's ``until nc -z``, 0.25 s at most), and a long
-wait costs a few looks a second. The
+nothing announces is seen at most 10 % of that time late (20 ms at least,
+0.25 s at most), and a long wait costs a few looks a second. The
 stop signals are blocked across the fork, so one sent to the run's corral
 before it has its own dispositions is not lost in the front's handlers.
 
@@ -71,7 +70,7 @@ if TYPE_CHECKING:
 #: Once the command has started, the front looks for readiness after this share of the
 #: time since the start, at least FIRST_LOOK and at most LAST_LOOK seconds.
 LOOK_SHARE = 0.1
-FIRST_LOOK = 0.005
+FIRST_LOOK = 0.02
 LAST_LOOK = 0.25
 #: The longest single poll(2) wait (poll's own limit is INT_MAX ms; --ready-timeout can be longer).
 _LONGEST_POLL_MS = 3600 * 1000
