@@ -1,5 +1,6 @@
 """Build steps pyproject.toml cannot declare: the compiled corral client,
-the pidns tier's compiled init and the compiled tether.
+the pidns tier's compiled init, the compiled tether and the library scope's
+compiled gate.
 
 ``corral`` and ``corral-enforced`` are built from packaging/client/corral.c
 when a C compiler is there (``$CC``, else ``cc``), replacing the Python
@@ -13,10 +14,12 @@ tagged for the platform (py3-none-linux_*), since it may hold the binary.
 
 The init (packaging/pidns-init/init.c, built by packaging/pidns-init/build)
 goes into the package as corral_systemd/libexec/corral-pidns-init, where
-engines/pidns.py looks for it, and the tether (packaging/tether/tether.c)
-as corral_systemd/libexec/corral-tether, where engines/tether.py does; not
-built, each has its Python twin (a clone or fork of corral) as before
-(CORRAL_NO_COMPILED_CLIENT skips them too).
+engines/pidns.py looks for it, the tether (packaging/tether/tether.c) as
+corral_systemd/libexec/corral-tether, where engines/tether.py does, and the
+gate (packaging/gate/gate.c) as corral_systemd/libexec/corral-gate, where
+engines/libexec.py does; not built, each has its Python twin (a clone or
+fork of corral, or an interpreter) as before (CORRAL_NO_COMPILED_CLIENT
+skips them too).
 """
 
 import os
@@ -75,7 +78,7 @@ class BuildScripts(build_scripts):
 
 
 #: The programs built into the package's libexec (the name there: its packaging/ directory).
-LIBEXEC = {"corral-pidns-init": "pidns-init", "corral-tether": "tether"}
+LIBEXEC = {"corral-pidns-init": "pidns-init", "corral-tether": "tether", "corral-gate": "gate"}
 
 
 def compile_libexec(package_dir: str) -> None:
@@ -83,7 +86,7 @@ def compile_libexec(package_dir: str) -> None:
     build is left out (and why on stderr): its Python twin serves instead."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None or os.environ.get("CORRAL_NO_COMPILED_CLIENT"):
-        print("corral-systemd: no compiled pidns init or tether: the Python ones serve", file=sys.stderr)
+        print("corral-systemd: no compiled pidns init, tether or gate: the Python ones serve", file=sys.stderr)
         return
     for name, source in LIBEXEC.items():
         target = os.path.join(package_dir, "libexec", name)

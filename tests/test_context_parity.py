@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from serving import Service, compiled_client  # noqa: F401  (fixture)
+from tethers import build_gate
 
 from conftest import CORRAL
 from corral_systemd.kernel.signals import CHILD_DEFAULTS
@@ -161,6 +162,19 @@ PATHS = {
     "fallback, python client": ("python", {}, ["--cgroup-mode", "fallback"], "cli"),
     "fallback, compiled client": ("compiled", {}, ["--cgroup-mode", "fallback"], "cli"),
     "pidns, python client": ("python", {}, PIDNS_FLAGS, "cli"),
+    # A library Runner's scope (tests/runner_run.py): its host is multi-threaded, so the command's
+    # process is posix_spawn()ed held at its gate (corral-gate, or its Python twin), not forked.
+    "library Runner scope, compiled gate": ("runner", {"CORRAL_GATE": "c"}, ["--unit-type", "scope"], "library"),
+    "library Runner scope, Python gate": ("runner", {"CORRAL_GATE": "python"}, ["--unit-type", "scope"], "library"),
+}
+
+#: A library Runner's documented difference (``Runner.run``): the command's
+#: stdout and stderr are pipes to the Runner (``capture=False`` passes what
+#: they carry on to the host's own); its stdin is the host's. Row -> the check.
+LIBRARY_ROWS = {
+    "stdio: a pipe, a socket, a terminal": lambda got, bare, ctx: (got["stdio"][0], _stdio(got, bare, ctx)[1][0]),
+    "stdio flags": lambda got, bare, ctx: (got["stdio_flags"][0], bare["stdio_flags"][0]),
+    "stdio closed: /dev/null": lambda got, bare, ctx: (got["stdio"][0], _stdio(got, bare, ctx)[1][0]),
 }
 
 #: The pid namespace tier's documented differences (README, engines/pidns.py):
@@ -229,8 +243,13 @@ def _bare_and_corral(tmp_path, run: str, path: str, client_argv: list[str], svc:
 @pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("path", list(PATHS))
 def test_the_command_gets_the_callers_context(tmp_path, run, path, parity_service, request):
-    client, _, options, via = PATHS[path]
-    client_argv = list(CORRAL) if client == "python" else request.getfixturevalue("compiled_client")
+    client, extra_env, options, via = PATHS[path]
+    if client == "runner":
+        if extra_env.get("CORRAL_GATE") == "c":
+            build_gate()
+        client_argv = [sys.executable, str(HERE / "runner_run.py")]
+    else:
+        client_argv = list(CORRAL) if client == "python" else request.getfixturevalue("compiled_client")
     marker = new_marker()
     try:
         bare, ran, record = _bare_and_corral(tmp_path, run, path, client_argv, parity_service, marker)
@@ -240,7 +259,9 @@ def test_the_command_gets_the_callers_context(tmp_path, run, path, parity_servic
     if run == "pidns" and "served" not in path:
         # Documented: corral in-process reads /proc by pid, and this /proc is
         # the parent namespace's: it refuses (the service, outside, takes it).
-        assert code == 125 and "another pid namespace than its own" in stderr, (code, stderr)
+        # A Runner is refused by its manager session first: the same 125, its own words.
+        said = "outside this process's pid namespace" if client == "runner" else "another pid namespace than its own"
+        assert code == 125 and said in stderr, (code, stderr)
         return
     if run == "non-elf":
         # exec's own error, as every engine reports it: 126, "Exec format error" (never /bin/sh's 127)
@@ -249,7 +270,7 @@ def test_the_command_gets_the_callers_context(tmp_path, run, path, parity_servic
         return
     assert code == 0 and got, f"{path}: exit {code}: {stderr}"
     assert record is not None, stderr
-    expected_via = "cli" if run == "mountns" else via  # another mount namespace: the service declines
+    expected_via = "cli" if run == "mountns" and via == "service" else via  # another mount namespace: declined
     assert record["via"] == expected_via, (record["via"], expected_via, stderr)
     ctx = {"record": record, "wrap": wrap, "caller": wrap["caller"]}
     wrong = []
@@ -258,6 +279,8 @@ def test_the_command_gets_the_callers_context(tmp_path, run, path, parity_servic
             continue
         if path.startswith("pidns"):
             read = PIDNS_ROWS.get(name, read)
+        if client == "runner":
+            read = LIBRARY_ROWS.get(name, read)
         seen, want = read(got, bare[1], ctx)
         if seen != want:
             wrong.append(f"{name}: {seen!r} != {want!r}")

@@ -78,3 +78,18 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
         pytest.skip(f"no pid namespace here: {out.stderr.strip()}")
     assert out.stdout.strip() == "[] 0", out
     assert (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
+def test_a_closed_stdout_or_stderr_is_dev_null_not_a_traceback(tmp_path, closed):
+    # The interpreter starts with sys.stdout (or sys.stderr) None for a closed
+    # descriptor: corral's own writes there (the record on stdout, its summary
+    # on stderr) go to /dev/null, as the compiled client's do.
+    other = 2 if closed == 1 else 1
+    script = f"import os, sys; os.close({closed}); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    argv = [*ENTRY[1:], "--guarantee", "subreaper", "--json", "-", "--", "true"]
+    env = {**os.environ, "CORRAL_SERVICE": "0"}
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, cwd=tmp_path, env=env)
+    out = proc.stderr if other == 2 else proc.stdout
+    assert proc.returncode == 0 and b"Traceback" not in out, (proc.returncode, out)
+    assert (b'"run_id"' in out) == (closed == 2)  # the record, where stdout is open

@@ -171,6 +171,9 @@ def _check_deb_metadata(deb, tmp_path):
         "./usr/lib/systemd/user/corral.service",
     ):
         assert f" {path}" in files, f"{path} not in the package"
+    # The compiled helpers, where the package looks for them (engines/libexec.py).
+    for helper in ("corral-pidns-init", "corral-tether", "corral-gate"):
+        assert f"/corral_systemd/libexec/{helper}\n" in files, f"{helper} not in the package"
     # Nothing for the system Python: no dist-packages, no /usr/local.
     assert "dist-packages" not in files and "./usr/local" not in files
 

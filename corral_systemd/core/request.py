@@ -478,7 +478,7 @@ def spec_from_keywords(
     multi-threaded, never forks or spawns for a run; the command's output
     goes to pipes anyway, and a service costs the host about a third less
     CPU per run (bench/runner_bench.py). "scope" keeps the command a child
-    of the host (its exact environment, argv[0] as resolved by the shell gate).
+    of the host (its exact environment and argv, held at corral-gate: ``kernel.spawn.spawn_held``).
 
     ``credentials`` maps NAME to a file PATH, as ``--credential NAME=PATH``:
     the command finds a copy as ``$CREDENTIALS_DIRECTORY/NAME``, removed when

@@ -34,3 +34,23 @@ def compiled_helper(path: str, knob: str, what: str) -> str | None:
     if choice == "python" or not built:
         return None
     return path
+
+
+#: corral-gate (packaging/gate/gate.c): a library Runner's scope command, held at its gate.
+GATE_PROGRAM = libexec_path("corral-gate")
+
+
+def gate_program() -> list[str]:
+    """corral-gate's argv for ``kernel.spawn.spawn_held``: the compiled one, or
+    its Python twin (``kernel.gate.held_on_fd3``) where it was not built or
+    with ``CORRAL_GATE=python`` (the tests run both; ``=c`` insists on the
+    compiled one: SetupError where it is not)."""
+    program = compiled_helper(GATE_PROGRAM, "CORRAL_GATE", "compiled gate")
+    if program is not None:
+        return [program]
+    import sys
+
+    # This package, without site or the caller's environment (-I -S): the twin loads only its own modules.
+    root = os.path.dirname(os.path.dirname(LIBEXEC))
+    twin = f"import sys; sys.path.insert(0, {root!r}); from corral_systemd.kernel.gate import held_on_fd3"
+    return [sys.executable, "-I", "-S", "-c", twin + "; held_on_fd3()"]

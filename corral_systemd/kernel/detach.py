@@ -56,8 +56,9 @@ def fork_detached(
     """fork(2), the child detached as the module says; 0 in the child, its pid in the parent.
 
     ``keep``: descriptors the child holds on to (numbers unchanged)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: this process started with that descriptor closed
+            stream.flush()
     pid = os.fork()
     if pid:
         return pid

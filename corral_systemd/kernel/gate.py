@@ -186,6 +186,20 @@ def fork_held(close_in_child: tuple[int, ...] = ()) -> Forked:
     return Forked(pid, pidfd, service_end)
 
 
+def held_on_fd3() -> None:  # pragma: no cover  (runs as corral-gate's Python twin)
+    """corral-gate's Python twin (packaging/gate/gate.c, where it was not
+    built): the held child, its gate on descriptor 3, which came by dup2
+    (close-on-exec cleared: set again, so the command never holds it)."""
+    try:
+        from .signals import default_libc_signals
+
+        os.set_inheritable(3, False)
+        default_libc_signals()
+        _held_child(3)
+    finally:
+        os._exit(EXIT_EXEC_FAILED)
+
+
 def _held_child(gate: int) -> None:  # pragma: no cover  (runs in the forked child)
     import _signal
 

@@ -78,7 +78,7 @@ class HeldProcess:
                 raise Refused("the exit descriptor is not the read end of a pipe")
             self._exit = reopen_pipe(exit_pipe)
             try:
-                ready = _read_gate(gate, want=len(READY))
+                ready = read_gate(gate, want=len(READY))
             except (OSError, TimeoutError) as exc:
                 raise Refused(f"the caller's process did not say it waits at its gate ({exc})") from None
             if ready != READY:
@@ -104,12 +104,8 @@ class HeldProcess:
         assert self._request is not None, "prepare() first"
         payload, stdio = self._request
         self._request = None
-        from ..common import baton
-
         try:
-            with baton.released():  # a Runner's other runs go on meanwhile
-                _send_request(self._gate, payload, stdio)
-                report = _read_gate(self._gate)
+            report = release(self._gate, payload, stdio)
         except (OSError, TimeoutError) as exc:
             self._kill()
             raise SetupError(f"the caller's held process did not take its command ({exc})") from None
@@ -117,11 +113,7 @@ class HeldProcess:
             os.close(self._gate)
             self._gate = -1
         if report:
-            try:
-                err = int(report)
-            except ValueError:
-                err = 5  # EIO: not an errno
-            raise ExecError(err, os.fsdecode(payload.split(b"\0")[3]))
+            raise ExecError(report_errno(report), os.fsdecode(payload.split(b"\0")[3]))
 
     def abandon(self) -> None:
         """It will never run: kill it (the caller reaps it) and close the descriptors."""
@@ -298,7 +290,32 @@ def _parse_status(line: bytes) -> int | None:
     return status
 
 
-def _send_request(gate: int, payload: bytes, stdio: tuple[int, int, int]) -> None:
+def release(gate: int, payload: bytes, stdio: tuple[int, int, int], ready_first: bool = False) -> bytes:
+    """Send a held child its request (``gate.encode_request``'s payload, its
+    stdio) and wait for its exec: b"" once it has exec'd (or died), else its
+    report (``report_errno``). ``ready_first``: its READY is read here first.
+    A Runner's other runs go on meanwhile (the baton is given up). OSError or
+    TimeoutError as ``send_request`` and ``read_gate`` raise them."""
+    import errno
+
+    from ..common import baton
+
+    with baton.released():
+        if ready_first and read_gate(gate, want=len(READY)) != READY:
+            raise OSError(errno.EPIPE, "it ended before it waited at its gate")
+        send_request(gate, payload, stdio)
+        return read_gate(gate)
+
+
+def report_errno(report: bytes) -> int:
+    """The errno a held child reported (EIO for anything else)."""
+    try:
+        return int(report)
+    except ValueError:
+        return 5  # EIO: not an errno
+
+
+def send_request(gate: int, payload: bytes, stdio: tuple[int, int, int]) -> None:
     import socket
     import time
 
@@ -321,7 +338,7 @@ def _send_request(gate: int, payload: bytes, stdio: tuple[int, int, int]) -> Non
         sock.close()
 
 
-def _read_gate(gate: int, want: int = 16) -> bytes:
+def read_gate(gate: int, want: int = 16) -> bytes:
     """What the child says: after its request, b"" (it exec'd, or died) or
     an errno; before, READY. At most ``want`` bytes, waiting at most
     RELEASE_TIMEOUT (TimeoutError) for end of file or that many."""

@@ -57,3 +57,28 @@ def stop_signals() -> tuple[int, ...]:
 #: empty. The same on every path: the in-process child (``kernel.spawn``),
 #: a client's held child (``kernel.gate``, ``packaging/client/corral.c``).
 CHILD_DEFAULTS = (*stop_signals(), _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD, _signal.SIGWINCH)
+
+
+#: rt_sigaction(2)'s number, per architecture (glibc's sigaction refuses the signals below).
+_SYS_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "s390x": 174}
+
+
+def default_libc_signals() -> None:
+    """Put glibc's own signals below SIGRTMIN (SIGCANCEL, SIGSETXID) at their
+    default action: its posix_spawn leaves them ignored in the program it
+    starts, and an ignored signal stays ignored across exec, where a forked
+    child's exec has them at their default (corral-gate's Python twin:
+    packaging/client/held.c does the same). Through the system call, with a
+    zeroed kernel sigaction (SIG_DFL, no flags, an empty mask); an
+    architecture not in the table keeps them as they are."""
+    import os
+
+    number = _SYS_RT_SIGACTION.get(os.uname().machine)
+    if number is None:
+        return
+    import ctypes
+
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    zeroed = ctypes.create_string_buffer(64)
+    for sig in range(32, _signal.SIGRTMIN):
+        syscall(ctypes.c_long(number), ctypes.c_int(sig), zeroed, None, ctypes.c_size_t(8))

@@ -4,7 +4,7 @@ The systemd scope engine must hold the command between its start and its
 exec until the scope exists (the *gate*), so that nothing the command runs
 can start outside its unit. The CLI forks and holds the child in Python
 (``fork_command``); a library host, being multi-threaded, must not fork, and
-posix_spawn()s a shell that holds the gate (``spawn_gated_by_shell``).
+posix_spawn()s corral-gate, the held child of ``kernel.gate`` (``spawn_held``).
 
 Exec failures travel back over a close-on-exec channel as an errno, so the
 caller can map them to 127 (not found) or 126 (cannot execute) without
@@ -331,46 +331,60 @@ def resolve_in_cwd(name: str, path_env: str, cwd: str | None) -> str:
     return resolve_executable(name, search, directory)
 
 
-#: The gate, as a shell: wait for corral's go (a line on fd 3; EOF means
-#: corral gave up), then become the command in its working directory.
-#: What the shell itself writes into its environment is put back as the
-#: command's environment had it: ``_`` (the "go" is read into it: any name
-#: read into may be in the environment, and an imported variable stays
-#: exported), and ``PWD`` and ``OLDPWD``, which ``cd`` sets and exports
-#: (dash: whether or not they were there). For each, ``$3``, ``$5``, ``$7``
-#: say whether the command's environment had it and ``$4``, ``$6``, ``$8``
-#: its value: it gets that back exactly, or none.
-_GATE_SCRIPT = (
-    'IFS= read -r _ <&3 || exit 125; exec 3<&-; cd -- "$1" || exit 126; [ -z "$2" ] || umask "$2"; '
-    'if [ "$3" = 1 ]; then _=$4; else unset _; fi; '
-    'if [ "$5" = 1 ]; then PWD=$6; else unset PWD; fi; '
-    'if [ "$7" = 1 ]; then OLDPWD=$8; else unset OLDPWD; fi; '
-    'shift 8; exec "$@"'
-)
+class GateChild(Child):
+    """The command's process posix_spawn()ed held at its gate (``spawn_held``).
 
-#: The variables the gate's shell writes, in its arguments' order (``_GATE_SCRIPT``).
-_SHELL_WRITES = ("_", "PWD", "OLDPWD")
+    It speaks ``kernel.gate``'s protocol, as a served run's held child does:
+    ``release()`` waits for its "ready", sends the command, environment,
+    working directory, umask and stdio, and returns once it has exec'd.
+    ExecError with the errno it reports (and exited 127 after, as only the
+    held child does: ``Child._wrote_report``); SetupError if it did not take
+    its command (killed and reaped then: nothing ran)."""
 
-
-class ShellGatedChild(Child):
-    """A command held at a gate by ``/bin/sh``; ``release()`` lets it exec.
-
-    No exec-error pipe: the shell reports a failed exec as its exit status."""
-
-    def __init__(self, pid: int, pidfd: int, gate_w: int):
-        super().__init__(pid, pidfd, gate_w, None, "/bin/sh")
+    def __init__(self, pid: int, pidfd: int, gate: int, payload: bytes, stdio: tuple, argv0: str):
+        super().__init__(pid, pidfd, None, None, argv0)
+        self._gate = gate
+        self._request: tuple | None = (payload, stdio)
 
     def release(self) -> None:
-        """Open the gate. Returns at once: the shell then execs the command."""
-        if self._gate_w is not None:
-            try:
-                os.write(self._gate_w, b"go\n")
-            finally:
-                os.close(self._gate_w)
-                self._gate_w = None
+        from .gate import EXIT_EXEC_FAILED
+        from .held import release, report_errno
+
+        if self._request is None:
+            raise RuntimeError("release() called twice")
+        (payload, stdio), self._request = self._request, None
+        try:
+            report = release(self._gate, payload, stdio, ready_first=True)
+        except (OSError, TimeoutError) as exc:
+            self.abandon()
+            raise SetupError(f"the command's gate did not take its command ({exc}); the command never ran") from None
+        finally:
+            self._close_gate()
+        if report and self._wrote_report(EXIT_EXEC_FAILED):
+            os.waitpid(self.pid, 0)  # it reported and exited: no zombie left
+            self.reaped = True
+            os.close(self.pidfd)
+            self.pidfd = -1
+            raise ExecError(report_errno(report), self._argv0)
+
+    def abandon(self) -> None:
+        """Kill it (it will never be released) and reap it."""
+        self._close_gate()
+        if self.pidfd >= 0:
+            from .pidfd import kill_and_reap
+
+            kill_and_reap(self.pid, self.pidfd)
+            self.pidfd = -1
+            self.reaped = True
+
+    def _close_gate(self) -> None:
+        if self._gate >= 0:
+            os.close(self._gate)
+            self._gate = -1
 
 
-def spawn_gated_by_shell(
+def spawn_held(
+    program: list[str],
     argv: list[str],
     *,
     stdin: int,
@@ -379,66 +393,53 @@ def spawn_gated_by_shell(
     env: dict[str, str] | None,
     cwd: str | None,
     umask: int | None = None,
-) -> ShellGatedChild:
-    """Start the command held at a gate, without fork()ing the caller.
+) -> GateChild:
+    """Start the command's process held at a gate, without fork()ing the caller.
 
     For a multi-threaded host (a library Runner: reader thread, supervisor
     threads, an event loop) fork() is both costly (page tables, copy-on-write
     faults while the child runs Python) and unsafe (locks held by other
     threads stay held in the child). ``posix_spawn`` (vfork-based) starts
-    ``/bin/sh`` in a new session with default signal dispositions and an
-    empty mask; the shell waits at the gate and then execs the command.
+    ``program`` (corral-gate, packaging/gate/gate.c, or its Python twin:
+    ``engines.libexec.gate_program``) with its end of the gate as descriptor
+    3; it is the held child every other path has (``kernel.gate``), so the
+    command is executed, and its exec's failure reported, the one way:
+    Python's ``os.execvpe`` after chdir to ``cwd``, never /bin/sh for a file
+    the kernel will not execute.
 
-    Exec errors: the executable is resolved here first, in the command's
-    working directory (``resolve_in_cwd``; ExecError with ENOENT/EACCES,
-    before anything starts). A later exec failure (e.g. a
-    format the kernel refuses) is the shell's: it prints why and exits
-    126/127, which corral reports as the command's exit.
+    SetupError where ``program`` cannot be started (the command never ran).
     """
+    import _socket
+
+    from .gate import encode_request
+
     env = dict(os.environ if env is None else env)
-    path = resolve_in_cwd(argv[0], env.get("PATH", os.defpath), cwd)
-    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
-    sources = []
+    payload = encode_request(list(argv), env, cwd, umask)
+    ours, theirs = (s.detach() for s in _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC))
     try:
-        # Copies above every target first: if the host has closed 0, 1 or 2,
-        # a source (the gate itself) may sit on a target another dup2 would
-        # overwrite, and the shell would read its "go" from the wrong file.
-        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (stdin, stdout, stderr, gate_r)]
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(sources)]
-        # vfork: we are suspended until the shell has exec'd (about a
-        # millisecond); a Runner's other runs need not wait for that.
-        with baton.released():
-            pid = os.posix_spawn(
-                "/bin/sh",
-                [
-                    "sh",
-                    "-c",
-                    _GATE_SCRIPT,
-                    "corral-gate",
-                    os.path.abspath(cwd or "."),
-                    "" if umask is None else f"{umask:04o}",
-                    *(x for name in _SHELL_WRITES for x in ("1" if name in env else "0", env.get(name, ""))),
-                    path,
-                    *argv[1:],
-                ],
-                env,
-                file_actions=actions,
-                setsid=True,
-                setsigmask=(),
-                setsigdef=_DEFAULT_IN_CHILD,
-            )
+        # A copy above 2 first: were it 3 already, dup2 onto itself would keep close-on-exec.
+        source = fcntl.fcntl(theirs, fcntl.F_DUPFD_CLOEXEC, 10)
+        try:
+            # vfork: we are suspended until the gate has exec'd (about a
+            # millisecond); a Runner's other runs need not wait for that.
+            with baton.released():
+                pid = os.posix_spawn(
+                    program[0],
+                    program,
+                    {},
+                    file_actions=[(os.POSIX_SPAWN_DUP2, source, 3)],
+                    setsigmask=(),
+                    setsigdef=_DEFAULT_IN_CHILD,
+                )
+        finally:
+            os.close(source)
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
-        os.close(gate_w)
-        raise ExecError(exc.errno or errno.EIO, "/bin/sh") from None
-    except BaseException:
-        os.close(gate_w)
-        raise
+        os.close(ours)
+        raise SetupError(f"{program[0]}: {exc.strerror or exc}: the command's gate did not start") from None
     finally:
-        os.close(gate_r)
-        for fd in sources:
-            os.close(fd)
-    return ShellGatedChild(pid, pidfd, gate_w)
+        os.close(theirs)
+    return GateChild(pid, pidfd, ours, payload, (stdin, stdout, stderr), argv[0])
 
 
 def _dumpable_again() -> None:

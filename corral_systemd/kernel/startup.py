@@ -9,6 +9,10 @@ first, so that what the command inherits is what the caller gave:
   command's stdin, its socket to the service the command's stdout (which
   the command could write calls onto). The command then has ``/dev/null``
   there too, on every path (``packaging/client/corral.c`` does the same);
+  and Python's own ``sys.stdin``, ``sys.stdout`` or ``sys.stderr``, None
+  for a descriptor closed at its start, is made on it, so that corral's
+  own writes there (``--json -``, a message) go to ``/dev/null`` as the
+  compiled client's do, never into a traceback;
 - **the C locale's coercion**: a Python started with the C or POSIX locale
   sets ``LC_CTYPE=C.UTF-8`` in its own environment (PEP 538), which every
   command it starts would inherit. The caller never set it: it is taken
@@ -31,13 +35,17 @@ def prepare() -> None:
 
 
 def open_closed_stdio() -> None:
-    for fd in (0, 1, 2):
+    import sys
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
             os.fstat(fd)
         except OSError:
             opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
             if opened != fd:  # a lower one was closed meanwhile: cannot happen in order 0, 1, 2
                 os.close(opened)
+        if getattr(sys, name) is None:  # closed when the interpreter started
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
 def undo_locale_coercion() -> None:

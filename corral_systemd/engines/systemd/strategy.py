@@ -2,7 +2,7 @@
 
 A **scope** is made of a process that already exists: corral forks the
 command held at a gate (the CLI forks; a Runner, whose host is
-multi-threaded, lets a small shell hold the gate), names it in ``PIDs=``,
+multi-threaded, posix_spawn()s corral-gate to hold it), names it in ``PIDs=``,
 and opens the gate once the start job is done. The command is corral's
 child: its wait status is the run's.
 
@@ -28,7 +28,7 @@ from ...common.errors import SetupError, UsageError
 from ...dbus.connection import BusError
 from ...dbus.jobs import pump_signals
 from ...dbus.systemd1 import interface_for
-from ...kernel.spawn import ExecError, spawn_gated_by_shell
+from ...kernel.spawn import ExecError, spawn_held
 from ..base import fork_run_command, network_fact, refuse_unmaskable
 from ..unitcgroup import cgroup_of
 from . import properties as P
@@ -104,9 +104,10 @@ class ScopeStrategy:
             what = ("--network none" if engine.spec.network == "none" else "--handoff deny") if sealed else "--pty"
             raise SetupError(f"{what}: a Runner's scope cannot have it; use unit_type='service' (the default)")
         else:
-            engine._child = spawn_gated_by_shell(
-                argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, umask=engine.spec.umask
-            )
+            from ..libexec import gate_program
+
+            stdio = {"stdin": stdin, "stdout": stdout, "stderr": stderr}
+            engine._child = spawn_held(gate_program(), argv, **stdio, env=env, cwd=cwd, umask=engine.spec.umask)
         # By its pidfd where the manager takes one (read once per connection: Manager.apis).
         pidfd = getattr(engine._child, "pidfd", -1)
         by_pidfd = pidfd >= 0 and engine.manager.apis.scope_from_pidfds
