@@ -216,13 +216,13 @@ def nothing_installed() -> dict | None:
     """The environment of a user with nothing installed, where the client may
     start the transient service (issue 38); None when a service already
     listens at the manager's socket or no manager's private socket is there."""
-    from corral_systemd.service import transient
+    from corral_systemd.common.programs import manager_for
 
     env = dict(os.environ)
     for name in ("CORRAL_SERVICE", "CORRAL_SERVICE_SOCKET", "CORRAL_STATE_DIR"):
         env.pop(name, None)
     path = os.path.join(env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}", "io.corral.Run")
-    return env if transient.manager_for(path) == "user" and not os.path.exists(path) else None
+    return env if manager_for(path) == "user" and not os.path.exists(path) else None
 
 
 def stop_transient() -> None:

@@ -99,3 +99,31 @@ def test_never_suppresses():
         with ExitStack() as stack:
             stack.enter_context(Swallow())
             raise Boom()
+
+
+@pytest.mark.parametrize("block_raises", [True, False], ids=["block-raised", "block-ok"])
+def test_a_callbacks_own_chain_is_kept(block_raises):
+    # A callback that raises while handling its own error (except OSError: raise
+    # ValueError): the OSError stays in the chain, between it and what came before.
+    def converts():
+        try:
+            raise OSError("underneath")
+        except OSError:
+            raise ValueError("converted")  # noqa: B904 - the implicit chain is what is tested
+
+    def chain_of(stack_type):
+        try:
+            with stack_type() as stack:
+                stack.callback(converts)
+                if block_raises:
+                    raise KeyError("block")
+        except BaseException as exc:  # noqa: BLE001
+            out, seen = [], exc
+            while seen is not None and len(out) < 10:
+                out.append(type(seen).__name__)
+                seen = seen.__context__
+            return out
+
+    want = ["ValueError", "OSError"] + (["KeyError"] if block_raises else [])
+    assert chain_of(ExitStack) == want
+    assert chain_of(contextlib.ExitStack) == want

@@ -648,8 +648,8 @@ def test_the_client_sigkilled_stops_the_run(service, marker, client):
     """The service holds the client's pidfd (and its control pipe ends):
     the run is stopped within its grace period, verified."""
     client = _start_client(service, marker, "--grace", "500ms", program=client)
-    runs_before = [p for p in marked_pids(marker) if p != client.pid]
-    assert runs_before
+    # Looked for until seen: /proc/PID/environ cannot be read while the shell execs sleep.
+    assert wait_for(lambda: [p for p in marked_pids(marker) if p != client.pid])
     client.kill()
     client.wait(timeout=60)
     wait_for(lambda: not marked_pids(marker), timeout=30)

@@ -48,6 +48,9 @@ class ExitStack:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        import sys
+
+        handled = sys.exc_info()[1]  # what a callback's raise is chained to by Python itself
         current = value  # the exception the block ends with so far
         raised = False
         while self._exits:
@@ -55,8 +58,8 @@ class ExitStack:
             try:
                 exit_(type(current) if current is not None else None, current, _traceback(current))
             except BaseException as exc:  # noqa: B036 - every callback runs; the last raised goes on
-                if exc is not current and current is not None and not _in_context_chain(current, exc):
-                    exc.__context__ = current
+                if current is not None:
+                    _chain(exc, current, handled)
                 current, raised = exc, True
         if raised and current is not None:
             context = current.__context__
@@ -71,11 +74,18 @@ def _traceback(exc: BaseException | None):
     return exc.__traceback__ if exc is not None else None
 
 
-def _in_context_chain(exc: BaseException, candidate: BaseException) -> bool:
-    """``candidate`` is ``exc`` or among its contexts (chaining it again would make a cycle)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if seen is candidate:
-            return True
-        seen = seen.__context__
-    return False
+def _chain(exc: BaseException, earlier: BaseException, handled: BaseException | None) -> None:
+    """Make ``earlier`` the end of ``exc``'s context chain, as contextlib does:
+    what ``exc`` was raised during (a callback's own ``except ... raise``) is
+    kept, down to ``handled`` (the block's exception, which Python chained
+    to itself) or the chain's end, and ``earlier`` follows; unlike
+    contextlib, also where no exception was being handled."""
+    seen = exc
+    while True:
+        context = seen.__context__
+        if context is earlier:
+            return  # already chained
+        if context is None or context is handled:
+            break
+        seen = context
+    seen.__context__ = earlier

@@ -55,7 +55,7 @@ def stop_signals() -> tuple[int, ...]:
 #: SIGWINCH (corral watches them). Every other signal's disposition is the
 #: caller's (an ignored one stays ignored, as across exec); the mask is
 #: empty. The same on every path: the in-process child (``kernel.spawn``),
-#: a client's held child (``kernel.gate``, ``packaging/client/corral.c``).
+#: a held child (``kernel.gate``, ``packaging/client/held.c``: a client's, corral-gate's).
 CHILD_DEFAULTS = (*stop_signals(), _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD, _signal.SIGWINCH)
 
 
@@ -72,8 +72,11 @@ def default_libc_signals() -> None:
     zeroed kernel sigaction (SIG_DFL, no flags, an empty mask); an
     architecture not in the table keeps them as they are."""
     import os
+    import sys
 
-    number = _SYS_RT_SIGACTION.get(os.uname().machine)
+    # The kernel's architecture, and this interpreter's word size too: a 32-bit
+    # Python on a 64-bit kernel has the 32-bit ABI's numbers.
+    number = _SYS_RT_SIGACTION.get(os.uname().machine) if sys.maxsize > 2**32 else None
     if number is None:
         return
     import ctypes

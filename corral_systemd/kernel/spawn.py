@@ -377,6 +377,10 @@ class GateChild(Child):
             self.pidfd = -1
             self.reaped = True
 
+    def close(self) -> None:
+        self._close_gate()  # never released: EOF on its gate, it exits having run nothing
+        super().close()
+
     def _close_gate(self) -> None:
         if self._gate >= 0:
             os.close(self._gate)
@@ -416,6 +420,7 @@ def spawn_held(
     env = dict(os.environ if env is None else env)
     payload = encode_request(list(argv), env, cwd, umask)
     ours, theirs = (s.detach() for s in _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC))
+    pid = None
     try:
         # A copy above 2 first: were it 3 already, dup2 onto itself would keep close-on-exec.
         source = fcntl.fcntl(theirs, fcntl.F_DUPFD_CLOEXEC, 10)
@@ -433,10 +438,15 @@ def spawn_held(
                 )
         finally:
             os.close(source)
-        pidfd = os.pidfd_open(pid)
-    except OSError as exc:
+        pidfd = _pidfd_of_child(pid)
+    except BaseException as exc:
         os.close(ours)
-        raise SetupError(f"{program[0]}: {exc.strerror or exc}: the command's gate did not start") from None
+        if pid is not None:  # started, but no pidfd for it: it never runs the command
+            os.kill(pid, _signal.SIGKILL)
+            os.waitpid(pid, 0)
+        if isinstance(exc, OSError):
+            raise SetupError(f"{program[0]}: {exc.strerror or exc}: the command's gate did not start") from None
+        raise
     finally:
         os.close(theirs)
     return GateChild(pid, pidfd, ours, payload, (stdin, stdout, stderr), argv[0])

@@ -45,7 +45,9 @@ def open_closed_stdio() -> None:
             if opened != fd:  # a lower one was closed meanwhile: cannot happen in order 0, 1, 2
                 os.close(opened)
         if getattr(sys, name) is None:  # closed when the interpreter started
-            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+            # As Python's own: stderr never fails on what it cannot encode (an undecodable argv).
+            errors = "backslashreplace" if fd == 2 else "surrogateescape"
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", errors=errors, closefd=False))
 
 
 def undo_locale_coercion() -> None:

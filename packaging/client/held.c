@@ -42,6 +42,8 @@ static void buf_need(struct buf *b, size_t more) {
 }
 
 static void buf_add(struct buf *b, const void *data, size_t len) {
+    if (len == 0)
+        return; /* nothing to copy (and no buffer yet, perhaps) */
     buf_need(b, len);
     memcpy(b->data + b->len, data, len);
     b->len += len;
@@ -147,11 +149,12 @@ static int exec_like_python(char **argv, char **envp, const char *path) {
         const char *colon = strchr(p, ':');
         size_t n = colon ? (size_t)(colon - p) : strlen(p);
         char full[PATH_MAX];
-        if (n == 0)
-            snprintf(full, sizeof full, "%s", file);
+        int len = n == 0 ? snprintf(full, sizeof full, "%s", file)
+                         : snprintf(full, sizeof full, "%.*s/%s", (int)n, p, file);
+        if (len < 0 || (size_t)len >= sizeof full)
+            errno = ENAMETOOLONG; /* as execve says of a path that long: never a cut one executed */
         else
-            snprintf(full, sizeof full, "%.*s/%s", (int)n, p, file);
-        execve(full, argv, envp);
+            execve(full, argv, envp);
         last = errno;
         if (last != ENOENT && last != ENOTDIR && !saved)
             saved = last;
@@ -250,7 +253,7 @@ static void held_child(int gate) {
             close(fds[i]);
     int err = 0;
     if (*cwd && chdir(cwd) < 0)
-        err = errno;
+        err = exec_errno(argv[0], errno, path); /* as the in-process child reports it */
     if (!err && *mask)
         umask((mode_t)strtoul(mask, NULL, 8));
     if (!err)
