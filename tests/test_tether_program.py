@@ -96,12 +96,23 @@ def test_the_tether_is_detached_and_holds_only_its_own_descriptors(tether_kind, 
     try:
         proc, command = _start(marker, {}, "--json", str(record), pass_fds=(given_w,))
         corral, tether = _corral_and_tether(marker, command)
+
+        def settled() -> dict | None:
+            # The Python tether, a fork of corral, may still be detaching (its
+            # session, signals, what it inherited) and opening corral's pidfd
+            # when the command has started: looked at once it holds that pidfd.
+            fds = {int(n): os.readlink(f"/proc/{tether}/fd/{n}") for n in os.listdir(f"/proc/{tether}/fd")}
+            return fds if "anon_inode:[pidfd]" in fds.values() and len(fds) == 5 else None
+
+        try:
+            fds = wait_for(settled, timeout=10)
+        except AssertionError:
+            fds = {int(n): os.readlink(f"/proc/{tether}/fd/{n}") for n in os.listdir(f"/proc/{tether}/fd")}
         with open(f"/proc/{tether}/stat") as f:
             session = int(f.read().rsplit(")", 1)[1].split()[3])
         assert session == tether, "the tether is not in a session of its own"
         ignored = int(_status(tether)["SigIgn"], 16)
         assert all(ignored & (1 << (sig - 1)) for sig in IGNORED), hex(ignored)
-        fds = {int(n): os.readlink(f"/proc/{tether}/fd/{n}") for n in os.listdir(f"/proc/{tether}/fd")}
         assert {fds.pop(0), fds.pop(1), fds.pop(2)} == {"/dev/null"}, fds
         (pipe,) = [n for n, link in fds.items() if link.startswith("pipe:")]
         (pidfd,) = [n for n, link in fds.items() if link == "anon_inode:[pidfd]"]
