@@ -197,3 +197,40 @@ def test_this_file_is_named_where_the_lanes_run_it():
     here = os.path.dirname(os.path.abspath(__file__))
     lane = open(os.path.join(here, "vm", "guest-lane")).read()
     assert re.search(r"tests/test_manager_apis\.py", lane)
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("transport", ["private", "bus"])
+def test_a_caller_in_another_user_namespace_authenticates(transport):
+    """EXTERNAL with no identity: the manager (or the bus) takes the caller's
+    uid from the socket. Named by the caller, a uid of its own user namespace
+    (this one mapped to another inside) was refused: a Runner, or corral
+    enforced, in a user namespace had no manager (Debian 13's user lane)."""
+    import subprocess
+    import sys
+
+    from corral_systemd.dbus import discovery
+
+    address = (
+        f"unix:path={discovery.private_socket('user')}"
+        if transport == "private"
+        else discovery.session_bus_candidates()
+    )
+    if address is None or address == "unix:path=None":
+        pytest.skip(f"no {transport} address to the user manager here")
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    inside = [f"--map-user={os.geteuid() + 1000}", f"--map-group={os.getegid() + 1000}"]
+    probe = (
+        "import sys; from corral_systemd.dbus.connection import Connection; "
+        f"Connection({address!r}, bus={transport == 'bus'}); print('authenticated')"
+    )
+    proc = subprocess.run(
+        ["unshare", "--user", *inside, sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0 and proc.stderr.startswith("unshare:"):
+        pytest.skip(f"no user namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == 0 and proc.stdout.strip() == "authenticated", proc.stderr
