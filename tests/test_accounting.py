@@ -597,8 +597,10 @@ def test_the_cpu_time_of_a_short_run_is_its_exact_total(corral, mode, tmp_path):
                 continue
             # Never less than the process counted (the bug: ~20 % less). More by
             # what it spent after printing its figure -- its exit, the run's too:
-            # tens of ms on an emulated guest's service (24 ms seen under TCG).
-            assert -max(0.01 * own, 0.005) <= recorded - own <= max(0.05 * own, 0.03), (recorded, own, engine)
+            # tens of ms on an emulated guest's service (24 and 33 ms seen under
+            # TCG, where tests run once: REPEAT 1).
+            exit_cost = 0.03 if REPEAT > 1 else 0.06
+            assert -max(0.01 * own, 0.005) <= recorded - own <= max(0.05 * own, exit_cost), (recorded, own, engine)
     finally:
         if served:
             service.stop()
