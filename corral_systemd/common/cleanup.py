@@ -14,6 +14,8 @@ the callbacks to a new stack, so leaving this one runs none of them (a start
 that succeeded keeps what its failure would have closed).
 """
 
+import sys
+
 
 class ExitStack:
     def __init__(self):
@@ -48,8 +50,6 @@ class ExitStack:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
-        import sys
-
         handled = sys.exc_info()[1]  # what a callback's raise is chained to by Python itself
         current = value  # the exception the block ends with so far
         raised = False

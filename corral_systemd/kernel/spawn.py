@@ -74,15 +74,21 @@ class Child:
                 data += chunk
         finally:
             os.close(err_r)
-        if data and self._wrote_report(125 if data.startswith(_SETUP_FAILED) else 127):
-            # The child reported an errno (or a failed setup) and exited;
-            # reap it here so the caller sees a clean failure and no zombie.
-            os.waitpid(self.pid, 0)
-            os.close(self.pidfd)
-            self.pidfd = -1
+        if data and self._reaped_after_report(125 if data.startswith(_SETUP_FAILED) else 127):
             if data.startswith(_SETUP_FAILED):
                 raise SetupError(data[len(_SETUP_FAILED) :].decode(errors="replace"))
             raise ExecError(int(data), self._argv0)
+
+    def _reaped_after_report(self, code: int) -> bool:
+        """The child wrote its report and exited ``code`` (``_wrote_report``):
+        then it is reaped here, so the caller sees a clean failure and no zombie."""
+        if not self._wrote_report(code):
+            return False
+        os.waitpid(self.pid, 0)
+        self.reaped = True
+        os.close(self.pidfd)
+        self.pidfd = -1
+        return True
 
     def _wrote_report(self, code: int) -> bool:
         """The child exited with ``code`` (left unreaped), as it does once it
@@ -360,11 +366,7 @@ class GateChild(Child):
             raise SetupError(f"the command's gate did not take its command ({exc}); the command never ran") from None
         finally:
             self._close_gate()
-        if report and self._wrote_report(EXIT_EXEC_FAILED):
-            os.waitpid(self.pid, 0)  # it reported and exited: no zombie left
-            self.reaped = True
-            os.close(self.pidfd)
-            self.pidfd = -1
+        if report and self._reaped_after_report(EXIT_EXEC_FAILED):
             raise ExecError(report_errno(report), self._argv0)
 
     def abandon(self) -> None:
