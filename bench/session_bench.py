@@ -15,6 +15,11 @@ Two figures (issue 27):
    ``nohup``'d pids by number (what the shell does, with no proof); the session's
    end also proves every process gone.
 
+3. waiting: N background ``sleep`` runs in one session, what corral's own
+   processes cost while they wait (Pss and USS per run, beyond the holder and
+   with it; CPU over a window): issue 38's "20 background runs <= 2 MiB each
+   beyond the session's process".
+
 Any mode corral picks (fallback on a plain machine; a session's slice and holder
 unit where a manager answers). Survivors are counted by the run marker in /proc
 (never names) and must be 0. Writes bench/results/session-<mode>.json.
@@ -179,12 +184,95 @@ def session_end(runs: int, env: dict) -> dict:
     }
 
 
+def _memory_kib(pid: int) -> dict | None:
+    """Pss and USS (KiB) from /proc/PID/smaps_rollup, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            rows = dict(line.split(":", 1) for line in f.read().splitlines()[1:])
+    except OSError:
+        return None
+    kib = {k: int(v.split()[0]) for k, v in rows.items()}
+    return {"pss": kib["Pss"], "uss": kib["Private_Clean"] + kib["Private_Dirty"]}
+
+
+def waiting(runs: int, env: dict, window: float) -> dict:
+    """``runs`` background runs of ``sleep`` in one session: what corral's own
+    processes below the session's holder (the runs' corrals and their helpers,
+    not the commands: same executable file as ``sleep``) and the holder cost
+    while they wait: Pss and USS per run at the end of ``window`` seconds, and
+    their CPU over it."""
+    import shutil
+
+    from corral_systemd.ctl.session_spawner import own_descendants
+
+    sleep_st = os.stat(shutil.which("sleep"))
+    marker = new_marker()
+    sid = subprocess.run([*CTL, "session", "start"], capture_output=True, text=True, env=env, check=True).stdout.strip()
+    try:
+        with open(os.path.join(env["CORRAL_STATE_DIR"], "sessions", f"{sid}.json")) as f:
+            holder = json.load(f)["holder"]["pid"]
+        for _ in range(runs):
+            r = subprocess.run(
+                [*corral_argv(), "--session", sid, "--background", "--", "sleep", "600"],
+                capture_output=True,
+                text=True,
+                env=dict(env, **{MARKER: marker}),
+            )
+            assert r.returncode == 0, r.stderr
+
+        def corrals() -> list[int]:
+            own = []
+            for pid in own_descendants(holder):
+                try:
+                    st = os.stat(f"/proc/{pid}/exe")
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) != (sleep_st.st_dev, sleep_st.st_ino):
+                    own.append(pid)
+            return own
+
+        def cpu_ticks(pids: list[int]) -> int:
+            total = 0
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    total += int(fields[11]) + int(fields[12])
+                except OSError:
+                    pass
+            return total
+
+        time.sleep(1.0)  # settled: every run's corral waiting
+        own = corrals()
+        ticks = cpu_ticks([holder, *own])
+        time.sleep(window)
+        ticks = cpu_ticks([holder, *own]) - ticks
+        per = [m for m in (_memory_kib(pid) for pid in own) if m is not None]
+        held = _memory_kib(holder) or {"pss": 0, "uss": 0}
+        total_pss = held["pss"] + sum(m["pss"] for m in per)
+        return {
+            "runs": runs,
+            "corral_processes_below_holder": len(own),
+            "holder_kib": held,
+            "pss_kib_per_run": total_pss / runs,
+            "pss_kib_per_run_beyond_holder": sum(m["pss"] for m in per) / runs,
+            "uss_kib_per_run_beyond_holder": sum(m["uss"] for m in per) / runs,
+            "cpu_percent_per_run": 100.0 * ticks / os.sysconf("SC_CLK_TCK") / window / runs,
+            "window_s": window,
+        }
+    finally:
+        subprocess.run([*CTL, "session", "end", sid], capture_output=True, env=env)
+        kill_marked(marker)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", help="default: bench/results/session-<mode>.json (mode: the session's)")
-    parser.add_argument("--no-session-end", action="store_true", help="the start-to-ready figure only")
+    parser.add_argument("--no-session-end", action="store_true", help="no session-end figure")
+    parser.add_argument("--waiting-only", action="store_true", help="the waiting figure only")
+    parser.add_argument("--window", type=float, default=5.0, help="seconds the waiting runs' CPU is counted")
     parser.add_argument(
         "--also", action="append", default=[], help="another corral program timed alongside (repeatable)"
     )
@@ -202,9 +290,11 @@ def main() -> int:
         with open(os.path.join(state, "sessions", f"{sid}.json")) as f:
             mode = json.load(f)["engine"]
         data = {"mode": mode, "environment": environment_info()}
-        data["start_to_ready"] = start_to_ready(args.rounds, env, sid, args.also)
+        if not args.waiting_only:
+            data["start_to_ready"] = start_to_ready(args.rounds, env, sid, args.also)
         subprocess.run([*CTL, "session", "end", sid], capture_output=True, env=env, check=True)
-        if not args.no_session_end:
+        data["waiting"] = waiting(args.runs, env, args.window)
+        if not args.no_session_end and not args.waiting_only:
             data["session_end"] = session_end(args.runs, env)
     with open(args.out or RESULTS / f"session-{mode}.json", "w") as f:
         json.dump(data, f, indent=2)

@@ -47,32 +47,22 @@ def main(argv: list[str] | None = None, *, prog: str = "corral", default_mode: s
         return exc.exit_code
 
 
-def detached_main(args: list[str]) -> int:
-    """A session's background run's own corral, exec'd by the session's holder
-    (``ctl/session_spawner.py``): ``[default_mode, run_id, started_fd, *corral's args]``
-    (``started_fd``: the front's ready pipe, or "-"); stdout and stderr are the run's
-    log. The command line is read again, here, as the front read it (same
-    environment and working directory)."""
+def detached_run(default_mode: str, run_id: str, started_fd: int | None, args: list[str]) -> int:
+    """A session's background run's own corral: the holder's forked child, already
+    made its caller's process context (``ctl/session_spawner.py``), its stdout and
+    stderr the run's log. The command line is read here, as the front read it (the
+    caller's environment and working directory); ``started_fd``: the front's ready
+    pipe, or None. Its exit code (a CorralError: ``core.background.fork_run_corral`` says it)."""
     from .common.errors import UsageError
     from .core.background import detach, run_detached
-    from .kernel import startup
     from .state.registry import output_path, state_dir
 
-    startup.prepare()
-    default_mode, run_id, started, *args = args
-    started_fd = None if started == "-" else int(started)
-    if started_fd is not None:
-        os.set_inheritable(started_fd, False)  # the command (and corral's helpers) must not hold it
-    try:
-        request = parse_command_line(args, default_mode=default_mode)
-        if request.background is None:
-            raise UsageError("not a --background command line")
-        detach(request, run_id, output_path(state_dir(), run_id))
-        request.started_fd = started_fd
-        return run_detached(request, run)  # its log held to --log-max on disk (core.logkeeper)
-    except CorralError as exc:
-        print(f"corral: {exc}", file=sys.stderr)
-        return exc.exit_code
+    request = parse_command_line(args, default_mode=default_mode)
+    if request.background is None:
+        raise UsageError("not a --background command line")
+    detach(request, run_id, output_path(state_dir(), run_id))
+    request.started_fd = started_fd
+    return run_detached(request, run)  # its log held to --log-max on disk (core.logkeeper)
 
 
 def run(request: RunRequest) -> int:

@@ -9,9 +9,10 @@ At ``session start`` two secrets are drawn and only their digests are
 published, folded into the session's id: the id *is* the commitment, so
 nothing written later can change it. At the end the holder reveals the one
 secret that matches its verdict. The secrets live only in the memory of the
-holder (and, for a moment, of ``session start``), neither dumpable, so no run
-can read them: a forger can reveal nothing, and so can say "not proven"
-(which it could anyway), never "proven". ``ID_HEX`` digits of the digest are
+holder (and, for a moment, of ``session start``), neither dumpable, in a page
+the holder's own forks see wiped (``Verdicts``), so no run can read them: a
+forger can reveal nothing, and so can say "not proven" (which it could
+anyway), never "proven". ``ID_HEX`` digits of the digest are
 in the id: finding another pair of secrets whose digest begins with them
 (2^96 work) is out of reach.
 
@@ -20,15 +21,21 @@ it, which is when it was true: replaying it says nothing false.
 """
 
 import hashlib
+import mmap
+import os
 import secrets
 
 _DOMAIN = b"corral-session-verdict\0"
 #: Hex digits of the commitment that make a committed session's id.
 ID_HEX = 24
+#: madvise(2)'s MADV_WIPEONFORK (Linux 4.14; Python's mmap module does not always name it).
+_MADV_WIPEONFORK = 18
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.sha256(_DOMAIN + data).digest()
+def _digest(data) -> bytes:
+    digest = hashlib.sha256(_DOMAIN)
+    digest.update(data)  # a view of the secret: no copy of it is made in Python's heap
+    return digest.digest()
 
 
 def _session_id(proven_digest: bytes, unproven_digest: bytes) -> str:
@@ -43,11 +50,30 @@ def is_committed(session_id: str) -> bool:
 
 
 class Verdicts:
-    """The two secrets of one session, kept by its holder until it reveals one."""
+    """The two secrets of one session, kept by its holder until it reveals one.
+
+    They are read from the kernel straight into a private page of their own,
+    never into a Python object, so no copy of them is left in the heap, and
+    ``keep_from_forks`` has every later fork of this process see zeros there
+    (``MADV_WIPEONFORK``): the holder's children -- its background runs'
+    corrals are forks of it, which fork the runs' commands -- never hold them,
+    dumpable or not."""
 
     def __init__(self) -> None:
-        self._proven = secrets.token_bytes(32)
-        self._unproven = secrets.token_bytes(32)
+        self._page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        view = memoryview(self._page)
+        fd = os.open("/dev/urandom", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.readv(fd, [view[:64]]) != 64:
+                raise OSError("/dev/urandom: a short read")
+        finally:
+            os.close(fd)
+        self._proven, self._unproven = view[:32], view[32:64]
+
+    def keep_from_forks(self) -> None:
+        """From now on a fork of this process sees zeros where the secrets are
+        (the holder says so once it is the holder; OSError before Linux 4.14)."""
+        self._page.madvise(_MADV_WIPEONFORK)
 
     @property
     def session_id(self) -> str:

@@ -65,6 +65,8 @@ from ..common.plainclass import field, plainclass
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up is product speed
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..kernel.context import ProcessContext
 
 #: Once the command has started, the front looks for readiness after this share of the
@@ -221,7 +223,9 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
                 raise SetupError(warnings[-1] if warnings else "a served background run must be in a session")
             if corral is None:
                 detach(request, run_id, bg.log)
-                corral = _Forked(_fork_detached(request, run_here, log_fd, started_w))
+                corral = _Forked(
+                    fork_run_corral(log_fd, (started_w,), lambda: _as_run_corral(request, run_here, started_w))
+                )
         except BaseException:
             _remove(bg.log)
             raise
@@ -302,41 +306,74 @@ def run_detached(request, run_here) -> int:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _fork_detached(request, run_here, log_fd: int, started_fd: int) -> int:
+def fork_run_corral(log_fd: int, keep: "tuple[int, ...]", become: "Callable[[], int]") -> int:
+    """Fork a background run's own corral: the one way both its starters do it
+    (the front, ``launch``; a session's holder, ``ctl/session_spawner.py``).
+    Returns the child's pid; never returns in the child.
+
+    The child is detached (``kernel.detach``: its own session, /dev/null for
+    stdin, ``log_fd`` as stdout and stderr, no descriptor of its parent's but
+    ``keep``), and its signals are as a freshly exec'd corral's: every one its
+    parent handled in Python (the front's stop handlers, a holder's own) at its
+    default, what was ignored still ignored. The stop signals are blocked across
+    the fork, so one sent to the child before that is taken then, by the
+    default action, never by the parent's handlers. Then ``become()`` is the
+    run's corral: its return is the child's exit code; a CorralError's line goes
+    to the log with its exit code (as ``cli.main`` says it), anything else is
+    125. Python's buffered output is written before the exit."""
     from ..kernel.detach import fork_detached
 
-    # Its log is its stdout and stderr, and it tells the front through started_fd (close-on-exec:
-    # the command never holds it); none of the caller's other descriptors stays open in the run.
-    # The stop signals are blocked across the fork: one sent to the run's corral before it
-    # has its own dispositions is taken then, not swallowed by the front's handlers.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=(started_fd,))
+        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=keep)
         if pid == 0:
-            for sig in _STOP_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
+            _handlers_at_default()
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if pid:
         return pid
-    request.started_fd = started_fd
     code = 125
     try:  # the run's own corral, from here to os._exit
-        code = run_detached(request, run_here)
-    except CorralError as exc:  # as cli.main says it, into the log
+        code = become()
+    except CorralError as exc:
         code = exc.exit_code
-        try:
-            os.write(2, f"corral: {exc}\n".encode())
-        except OSError:
-            pass
+        _say(f"corral: {exc}\n")
     except BaseException as exc:  # pragma: no cover - reported in the log
-        try:
-            os.write(2, f"corral: the background run could not start: {exc!r}\n".encode())
-        except OSError:
-            pass
+        _say(f"corral: the background run could not start: {exc!r}\n")
     finally:
+        import sys
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except BaseException:
+                pass
         os._exit(code)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _handlers_at_default() -> None:
+    """Every signal with a Python handler back at its default action, as exec leaves it."""
+    for signum in range(1, signal.NSIG):
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # a number with no signal behind it, or one Python may not set
+
+
+def _say(line: str) -> None:
+    try:
+        os.write(2, line.encode(errors="backslashreplace"))
+    except OSError:
+        pass
+
+
+def _as_run_corral(request, run_here, started_fd: int) -> int:
+    """The front's forked corral: ``request`` (made detached by ``detach``) run here."""
+    request.started_fd = started_fd
+    return run_detached(request, run_here)
 
 
 def _check_target_free(bg, own_network: bool) -> None:

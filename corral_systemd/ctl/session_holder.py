@@ -76,6 +76,8 @@ class Holder:
         self.directory = directory
         #: A fallback session's secrets (``common.verdict``): its end, said in its own words.
         self.verdicts = verdicts
+        if verdicts is not None:
+            verdicts.keep_from_forks()  # its background runs' corrals are its forks: none holds them
         #: What ``session start`` decided (``state.sessions.holder_config``); never re-read from the entry.
         self.config = config
         self.session_id: str = config["session"]
@@ -111,6 +113,7 @@ class Holder:
         from .session_spawner import Spawner
 
         set_dumpable(False)  # the runs' commands are of its uid: none may ptrace it or open its descriptors
+        _off_the_callers_directory()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)  # a signal (a stop, a child's end) wakes the wait
         asked: list[int] = []
@@ -121,7 +124,7 @@ class Holder:
         if previous is not None and previous.get("state") == "ended":
             return 0  # a restart after the session ended (the unit's): nothing to hold
         REG.ensure_private_dir(S.sessions_dir(REG.ensure_state_dir(self.directory)))  # a restart after it was removed
-        self.spawner = Spawner(self.directory, self.session_id)
+        self.spawner = Spawner(self.directory, self.session_id, systemd=self.config.get("engine") == "systemd")
         self.token.update()
         self.entry = {
             **S.public_config(self.config),
@@ -510,6 +513,18 @@ def user_namespace_view(pid: int) -> tuple[str, str, str] | None:
         )
     except OSError:
         return None
+
+
+def _off_the_callers_directory() -> None:
+    """As ``python -P`` would: the directory a fallback holder's starter ran in (the
+    first entry of its module path, for ``python -m`` or ``-c``) is not where the
+    holder, or the runs' corrals it forks, import from -- unless corral itself is there."""
+    if sys.flags.safe_path or not sys.path:
+        return
+    first = os.path.abspath(sys.path[0] or os.curdir)
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if first != package_parent:
+        del sys.path[0]
 
 
 def _reply_error(channel: Channel, name: str, why: str) -> None:

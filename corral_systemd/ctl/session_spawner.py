@@ -6,12 +6,30 @@ asks the holder over the session's abstract address (Varlink,
 command line, its process context (``kernel.context``) and three descriptors:
 the run's log, its working directory and the write end of the front's ready
 pipe (``core.background``: the front's one source for the command's start).
-The holder forks, the child becomes that context (its own session, stdin
-/dev/null, stdout and stderr the log, the ready pipe kept for it alone) and
-execs corral as the detached run of that id (``cli.detached_main``); the
-holder closes its copy of the pipe and answers at once with the child's pid
-and a pidfd of it (``continues``), and once it has reaped the child, its
-exit code.
+The holder forks (``core.background.fork_run_corral``, the front's own way
+to start a run's corral), and the child becomes that context (its own
+session, stdin /dev/null, stdout and stderr the log, the ready pipe kept for
+it alone; ``ProcessContext.apply``, the caller's environment as
+``os.environ``) and is the detached run of that id (``cli.detached_run``,
+the command line read there, as the front read it); the holder closes its
+copy of the pipe and answers at once with the child's pid and a pidfd of it
+(``continues``), and once it has reaped the child, its exit code.
+
+A fork, not an exec: the holder has loaded what a run's corral loads
+(``_warm``, once), so a run's corral starts without an interpreter's start
+or its imports, and its pages stay shared with the holder's until written.
+What a fork would carry that exec would not is put right in the child: the
+holder's signal handlers (at their default), its descriptors (closed: only
+the log, the working directory and the ready pipe are kept; the tokens it
+holds and cached sockets are forgotten at the fork, ``os.register_at_fork``),
+its environment (the caller's), its dumpability (not dumpable, as every
+corral), its place on the module path (``Holder``: no caller's directory on
+it). A session's verdict secrets are in memory a fork wipes
+(``common.verdict``): no run's corral holds them. Not put right: the run's
+corral's /proc/PID/environ and cmdline read as the holder's (the kernel's
+copy of what exec gave; the run's command gets the caller's, as exec gives
+it); a locale the caller's environment names is not loaded again (Python's
+own encodings are the holder's).
 
 Why the holder: it is a child subreaper, so every process of the session's
 background runs stays below it, whatever befalls their corrals (a SIGKILLed
@@ -27,7 +45,6 @@ abstract address, whose holder the kernel names (``state.sessions.connect_holder
 
 import os
 import signal
-import sys
 import time
 
 from ..kernel import procfs
@@ -38,13 +55,16 @@ from ..varlink.wire import Channel
 
 
 class Spawner:
-    def __init__(self, directory: str, session_id: str):
+    def __init__(self, directory: str, session_id: str, systemd: bool = False):
         from ..kernel.prctl import set_child_subreaper
 
         set_child_subreaper()
         self.directory, self.session_id = directory, session_id
         #: The background runs' corrals this holder started, and the fronts waiting for their end.
         self.children: dict[int, Channel | None] = {}
+        #: The session's runs are the manager's (``_warm`` loads the systemd engine too).
+        self.systemd = systemd
+        self._warmed = False
 
     def close(self) -> None:
         for channel in self.children.values():
@@ -69,6 +89,7 @@ class Spawner:
 
     def _spawn(self, params: dict, fds: list[int]) -> tuple[int, int]:
         """Fork the run's corral; (its pid, a pidfd of it)."""
+        from ..core.background import fork_run_corral
         from ..core.spec import CGROUP_MODES
 
         default_mode, run_id, argv = params["default_mode"], params["run_id"], params["argv"]
@@ -79,29 +100,43 @@ class Spawner:
         ctx = ProcessContext.from_json(params["context"])
         log_fd, cwd_fd = fds[params["log"]], fds[params["cwd"]]
         started_fd = fds[params["started"]] if type(params.get("started")) is int else None
-        # -P: the caller's working directory is not on the exec'd corral's module path.
-        started = "-" if started_fd is None else str(started_fd)
-        exe = [sys.executable, "-P", "-c", _DETACHED, default_mode, run_id, started, *argv]
-        env = dict(ctx.env)
-        from ..kernel.detach import fork_detached
+        self._warm()
 
-        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=(cwd_fd, *([] if started_fd is None else [started_fd])))
-        if pid == 0:  # the run's corral, from here to exec
-            try:
-                from ..kernel.prctl import set_dumpable
+        def become() -> int:  # in the child: the caller's context, then the run's corral
+            from ..cli import detached_run
+            from ..kernel.prctl import set_dumpable
 
-                set_dumpable(True)  # its own /proc/self files (oom_score_adj) are its to write only so
-                ctx.apply(cwd_fd)
-                os.close(cwd_fd)
-                if started_fd is not None:
-                    os.set_inheritable(started_fd, True)  # for the exec'd corral only: it makes it close-on-exec again
-                os.execve(exe[0], exe, env)
-            except BaseException as exc:
-                try:
-                    os.write(2, f"corral: the session's holder could not start the run: {exc}\n".encode())
-                finally:
-                    os._exit(125)
+            set_dumpable(False)  # inherited from the holder; said again: the command is of this uid
+            ctx.apply(cwd_fd)
+            os.close(cwd_fd)
+            os.environ.clear()  # the caller's environment, exactly: what exec would have given
+            os.environ.update(ctx.env)
+            return detached_run(default_mode, run_id, started_fd, argv)
+
+        keep = (cwd_fd, *([] if started_fd is None else [started_fd]))
+        pid = fork_run_corral(log_fd, keep, become)
         return pid, os.pidfd_open(pid)
+
+    def _warm(self) -> None:
+        """Load, once, the modules a run's corral loads, before the first fork: each
+        run's corral is then a fork of a loaded one (no interpreter start, no
+        imports, its pages shared with this holder until written). Frozen for the
+        collector (``gc.freeze``), so a child's collections do not write to them."""
+        if self._warmed:
+            return
+        self._warmed = True
+        import gc
+        import importlib
+
+        from .. import dbus
+
+        dbus.light_import = True  # the holder's own process, as the CLI's: see dbus/_dbus_fast.py
+        for name in (*WARM_MODULES, *(WARM_SYSTEMD if self.systemd else ())):
+            try:
+                importlib.import_module(name, __package__)
+            except ImportError:
+                pass  # that engine's run imports it itself (or says why not)
+        gc.freeze()
 
     # -- the children -----------------------------------------------------------------------
     def reap(self) -> None:
@@ -154,11 +189,11 @@ class Spawner:
             time.sleep(0.05)
 
 
-def own_descendants() -> list[int]:
-    """Every process below this one, from the kernel's children lists of each
-    of its threads and theirs (its own tree only: nothing else is read)."""
+def own_descendants(root: int | None = None) -> list[int]:
+    """Every process below this one (or ``root``), from the kernel's children lists
+    of each of its threads and theirs (its own tree only: nothing else is read)."""
     found: list[int] = []
-    stack = [os.getpid()]
+    stack = [os.getpid() if root is None else root]
     while stack:
         pid = stack.pop()
         try:
@@ -178,5 +213,24 @@ def own_descendants() -> list[int]:
     return found
 
 
-#: The exec'd corral: ``cli.detached_main([default_mode, run_id, started_fd or "-", *argv])``.
-_DETACHED = "import sys; from corral_systemd.cli import detached_main; sys.exit(detached_main(sys.argv[1:]))"
+#: What a background run's corral loads (``_warm``): the CLI's run, the
+#: supervisor and the in-process engines; with a manager, the systemd engine
+#: too. A module missing here is only imported later, by the child itself.
+WARM_MODULES = (
+    "..cli",
+    "..core.assemble",
+    "..core.background",
+    "..core.logkeeper",
+    "..core.record_fd",
+    "..core.signalwatch",
+    "..core.supervisor",
+    "..core.runguard",
+    "..engines.fallback",
+    "..engines.fallback_tether",
+    "..engines.pidns",
+    "..engines.pidns_init",
+    "..engines.tether",
+    "..kernel.inotify",
+    "..kernel.spawn",
+)
+WARM_SYSTEMD = ("..engines.systemd", "..engines.systemd.engine", "..dbus.connection", "..dbus.systemd1")

@@ -76,6 +76,19 @@ class Mounts:
 _current_lock = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    """A forked child reads the mount table again with its own watch: its parent's
+    file is closed here, at once, before its number could be taken again."""
+    global _current_lock
+    _current_lock = threading.Lock()  # a fork may have come while another thread held it
+    if Mounts._watch_file is not None:
+        Mounts._watch_file.close()
+    Mounts._watch = Mounts._watch_file = Mounts._cached = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _is_cgroup_root(point: str) -> bool:
     return os.path.exists(os.path.join(point, "cgroup.procs"))
 

@@ -113,8 +113,11 @@ class ProcessContext:
         return ctx
 
     def apply(self, cwd_fd: int) -> None:
-        """In a freshly forked child, before exec: become this context (OSError if
-        the kernel refuses a part of it; ``cannot_carry`` said beforehand it would not)."""
+        """In a freshly forked child (a session's run's corral): become this context
+        (OSError if the kernel refuses a part of it; ``cannot_carry`` said beforehand
+        it would not). The child is not dumpable, before and after: only for the
+        moment of writing its own ``oom_score_adj`` is it (a process that is not owns
+        none of its /proc files)."""
         import signal
 
         from .signals import CHILD_DEFAULTS
@@ -127,8 +130,14 @@ class ProcessContext:
         if self.affinity is not None:
             os.sched_setaffinity(0, self.affinity)
         if self.oom_score_adj is not None and self.oom_score_adj != _read_int("/proc/self/oom_score_adj"):
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write(str(self.oom_score_adj))
+            from .prctl import set_dumpable
+
+            set_dumpable(True)
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write(str(self.oom_score_adj))
+            finally:
+                set_dumpable(False)
         for signum in range(1, signal.NSIG):
             if signum in (signal.SIGKILL, signal.SIGSTOP) or signum in CHILD_DEFAULTS:
                 continue

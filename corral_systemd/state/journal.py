@@ -113,6 +113,18 @@ def sender() -> "Sender | None":
     return found
 
 
+def _forget_in_child() -> None:
+    """A forked child makes its own sender when it sends: its parent's socket is
+    closed here, at once, before any descriptor number could be taken again."""
+    for found in _senders.values():
+        if found is not None:
+            found.sock.close()
+    _senders.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def send_event(line: dict, raw: bytes) -> bool:
     """Send one event line (``raw``: its bytes in the log, without the newline)."""
     out = sender()

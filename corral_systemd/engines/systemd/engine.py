@@ -59,8 +59,13 @@ from .unit_state import UnitState
 class SystemdEngine(CgroupLimits, Engine):
     mode = "systemd"
     guarantee = "unit"
-    #: How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit".
-    kill_method = os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
+
+    @property
+    def kill_method(self) -> str:
+        """How SIGKILL is delivered: "cgroup.kill" where writable, else "KillUnit"
+        (``CORRAL_KILL_METHOD``, read when used: a session's holder loads this
+        module before the run's corral has its caller's environment)."""
+        return os.environ.get("CORRAL_KILL_METHOD", "cgroup.kill")
 
     def __init__(self, spec, session=None, held=None):
         super().__init__()

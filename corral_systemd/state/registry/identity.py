@@ -275,6 +275,9 @@ def looks_like_corral(pid: int) -> bool:
 
     Weak on its own (a process may exec anything with any argv); together
     with the token it keeps a forged entry from naming an arbitrary process.
+    A session's background run's corral is a fork of the session's holder, so
+    its command line is the holder's: corralctl's (``session start``, ``hook``,
+    ``mcp``), or ``python -m corral_systemd.ctl.session_holder`` (a holder unit).
     """
     from ...kernel.procfs import cmdline
 
@@ -291,7 +294,7 @@ def looks_like_corral(pid: int) -> bool:
         return False
     for arg in argv[1:4]:
         base = os.path.basename(arg)
-        if base in ("corral", "corral-enforced") or "corral_systemd" in arg:
+        if base in ("corral", "corral-enforced", "corralctl") or "corral_systemd" in arg:
             return True
     return False
 

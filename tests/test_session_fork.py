@@ -1,0 +1,172 @@
+"""Issue 38: a session's background run's corral is a fork of the session's holder.
+
+The holder has loaded what a run's corral loads, so it forks it (no second
+interpreter start); what a fork would carry that exec would not is put right
+in the child. Each test reads the kernel's view (/proc), never a name:
+
+- the run's corral is the holder's child running the holder's program (a
+  fork: its command line is the holder's, not a new interpreter's), yet it
+  acts on its caller's environment: a knob only the caller set
+  (``CORRAL_PIDNS_INIT=python``) decides the run's pid namespace init;
+- the session's verdict secrets (``common.verdict``) are in the holder's
+  memory and in no byte of the run's corral's (read through /proc/PID/mem:
+  root only);
+- the caches a fork would share (the journal's socket, the mount table's
+  watch) are dropped in a forked child, their descriptors closed at once;
+- the directory a holder's starter ran in is not on its module path.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_sessions import agent, start_session  # noqa: F401  (fixture)
+
+ROOT = os.geteuid() == 0
+HERE = Path(__file__).resolve().parent
+
+
+def _holder(agent, sid: str) -> int:
+    return agent.session_entry(sid)["holder"]["pid"]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            kids += [int(k) for k in f.read().split()]
+    return kids
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def _run_corral(agent, sid: str, run_id: str) -> int:
+    """The run's corral (its registry entry's owner), checked to be the holder's child."""
+    pid = __import__("json").loads((agent.directory / f"{run_id}.json").read_text())["owner"]["pid"]
+    assert pid in _children(_holder(agent, sid)), (pid, _children(_holder(agent, sid)))
+    return pid
+
+
+def _start(agent, sid: str, *args, env=None) -> str:
+    r = agent.corral(["--session", sid, "--background", "--json", "-", *args], env=env)
+    assert r.returncode == 0, r.stderr
+    started = __import__("json").loads(r.stdout)
+    assert started["started_by"] == "holder", started
+    return started["run_id"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid"), reason="no pid namespaces")
+def test_the_runs_corral_is_the_holders_fork_and_acts_on_its_callers_environment(agent):
+    sid = start_session(agent, mode="pidns")
+    holder = _holder(agent, sid)
+    for knob, init_is_python in ((None, False), ("python", True)):
+        env = {} if knob is None else {"CORRAL_PIDNS_INIT": knob}
+        run_id = _start(agent, sid, "--guarantee", "pidns", "--", "sleep", "30", env=env)
+        corral = _run_corral(agent, sid, run_id)
+        # A fork: the holder's own program and arguments, no interpreter exec'd again.
+        assert _cmdline(corral) == _cmdline(holder)
+        entry = __import__("json").loads((agent.directory / f"{run_id}.json").read_text())
+        init = entry["helper_pids"][0]
+        exe = os.path.basename(os.readlink(f"/proc/{init}/exe"))
+        assert exe.startswith("python") == init_is_python, (knob, exe)
+        stop = agent.ctl("stop", run_id)
+        assert stop.returncode == 0, stop.stderr
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stderr
+
+
+def _readable_memory(pid: int) -> bytes:
+    """Every readable private mapping of ``pid`` (its heap, its anonymous memory, its data)."""
+    chunks = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if not fields[1].startswith("r") or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            try:
+                mem.seek(start)
+                chunks.append(mem.read(end - start))
+            except OSError:
+                pass
+    return b"".join(chunks)
+
+
+@pytest.mark.skipif(not ROOT, reason="reading another process's memory (not dumpable) needs CAP_SYS_PTRACE")
+def test_the_sessions_secrets_are_in_no_background_runs_corral(agent):
+    """The run's corral's memory, read while it waits, holds no byte string of the
+    secret its holder reveals at the session's end (proven); the holder's memory,
+    read the same way at the same moment, does (so the probe finds it where it is)."""
+    sid = start_session(agent, mode="fallback")
+    holder = _holder(agent, sid)
+    run_id = _start(agent, sid, "--", "sleep", "30")
+    corral = _run_corral(agent, sid, run_id)
+    time.sleep(0.2)  # waiting, its supervisor started
+    seen_in_corral = _readable_memory(corral)
+    seen_in_holder = _readable_memory(holder)
+    assert len(seen_in_corral) > 1 << 20  # its heap and its interpreter's memory were read
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stderr
+    secret = bytes.fromhex(agent.session_entry(sid)["verdict"]["secret"])
+    assert len(secret) == 32
+    in_holder, in_corral = secret in seen_in_holder, secret in seen_in_corral
+    assert in_holder, "the probe does not find the secret in the holder's memory"
+    assert not in_corral, "the session's secret is in its background run's corral's memory"
+
+
+_FORK_CACHES = """
+import os, socket, sys
+from corral_systemd.kernel.cgroupfs import Mounts
+from corral_systemd.state import journal
+
+server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+server.bind(sys.argv[1])
+journal.SOCKET = sys.argv[1]
+sender = journal.sender()
+Mounts.current()
+held = [sender.sock.fileno(), Mounts._watch_file.fileno()]
+pid = os.fork()
+if pid == 0:
+    closed = []
+    for fd in held:
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    fresh = journal.sender()
+    ok = closed == held and fresh is not sender and Mounts._watch_file is None and Mounts.current() is not None
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_drops_the_cached_sockets_and_files(tmp_path):
+    r = subprocess.run([sys.executable, "-c", _FORK_CACHES, str(tmp_path / "journal")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+_PATH_PROBE = """
+import sys
+from corral_systemd.ctl.session_holder import _off_the_callers_directory
+first = sys.path[0]
+_off_the_callers_directory()
+print(repr(first), sys.path[0] != first)
+"""
+
+
+def test_the_directory_a_holders_starter_ran_in_is_off_its_module_path(tmp_path):
+    """As ``python -P``: a ``-c`` or ``-m`` start puts its directory first on the path;
+    the holder takes it off, so its forks never import a caller's file of a module's name."""
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    r = subprocess.run([sys.executable, "-c", _PATH_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["''", "True"], r.stdout
+    r = subprocess.run([sys.executable, "-P", "-c", _PATH_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.stdout.split()[1] == "False", r.stdout  # -P: nothing of the caller's there to take off
