@@ -65,6 +65,18 @@ def detached_run(default_mode: str, run_id: str, started_fd: int | None, args: l
     return run_detached(request, run)  # its log held to --log-max on disk (core.logkeeper)
 
 
+def served_front(request: RunRequest, prog: str) -> int:
+    """A compiled client's ``--background`` command line, read by its session's
+    holder; this process is the holder's fork, made the client's process
+    context with its stdio (``ctl/session_spawner.py``): run here as ``main``
+    runs it, its exit code the client's."""
+    try:
+        return run(request)
+    except CorralError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
 def run(request: RunRequest) -> int:
     """Run ``request`` here; print its warnings, record and summary; its exit code."""
     if request.json_fd is not None:  # before anything starts: 125 if it is no place for the record

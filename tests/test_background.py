@@ -255,6 +255,15 @@ def test_the_log_keeps_head_and_tail_past_log_max(bg):
     assert bg.ctl("logs", run_id, "--tail", "1").stdout.startswith("corral: ")
 
 
+def wait_started(directory, within: float = 20) -> None:
+    """Until a run's command has started (its corral logs "started"), at most ``within`` s."""
+    end = time.monotonic() + within
+    while time.monotonic() < end and not any(
+        '"event":"started"' in p.read_text() for p in directory.glob("*.log") if directory.exists()
+    ):
+        time.sleep(0.02)
+
+
 def test_a_signal_to_the_waiting_front_stops_the_run(bg):
     marker = new_marker()
     front = subprocess.Popen(
@@ -265,11 +274,7 @@ def test_a_signal_to_the_waiting_front_stops_the_run(bg):
         text=True,
     )
     try:
-        end = time.monotonic() + 20  # until the command has started (its corral logs "started")
-        while time.monotonic() < end and not any(
-            '"event":"started"' in p.read_text() for p in bg.directory.glob("*.log") if bg.directory.exists()
-        ):
-            time.sleep(0.02)
+        wait_started(bg.directory)
         front.send_signal(signal.SIGINT)
         out, err = front.communicate(timeout=30)
         assert front.returncode == 130, err

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from context_probe import CAPABILITIES
+from serving import compiled_client  # noqa: F401  (fixture)
 from test_context_parity import PROBE, ROWS
 
 from conftest import CORRAL
@@ -75,18 +76,31 @@ def _wrapped(tmp: Path, settings: str, argv: list[str], env: dict) -> tuple[subp
     return proc, out
 
 
-def _case(tmp_path, mode: str, settings: str):
-    """(the bare probe's report, the background run's, the start record, what the caller was)."""
+#: The clients: the Python one (its own corral is the front), the compiled one (the
+#: session's holder forks its front, made its context: ``Spawner.front``).
+CLIENTS = ["python", "compiled"]
+
+
+def _client(request, client: str) -> list[str]:
+    return list(CORRAL) if client == "python" else request.getfixturevalue("compiled_client")
+
+
+def _case(tmp_path, mode: str, settings: str, client: list[str] = CORRAL):
+    """(the bare probe's report, the background run's, the start record, what the
+    front said on stderr, what the caller was). CORRAL_SERVICE_DEBUG: a compiled
+    client whose holder would not be its front says so."""
     marker = new_marker()
     state = tmp_path / "state"
     env = dict(os.environ, CORRAL_STATE_DIR=str(state), CTX_CWD=str(tmp_path), CTX_MOUNT_DIR=str(tmp_path))
+    if client != CORRAL:
+        env["CORRAL_SERVICE_DEBUG"] = "1"
     sid = _start_session(env, mode)
     env.update({"CORRAL_SESSION": sid, MARKER_ENV: marker})
     try:
         bare, bare_out = _wrapped(tmp_path / "bare", settings, PROBE, env)
         assert bare.returncode == 0, bare.stderr
         front, out = _wrapped(
-            tmp_path / "bg", settings, [*CORRAL, *mode_flags(mode), "--background", "--json", "-", "--", *PROBE], env
+            tmp_path / "bg", settings, [*client, *mode_flags(mode), "--background", "--json", "-", "--", *PROBE], env
         )
         assert front.returncode == 0, front.stderr
         started = json.loads(front.stdout)
@@ -116,21 +130,25 @@ def capabilities_differ(got: dict, bare: dict) -> list[str]:
     return [f"{k}: {got.get(k)} != {bare.get(k)}" for k in CAPABILITIES if got.get(k) != bare.get(k)]
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("mode", MODES)
-def test_a_background_run_is_the_holders_child_with_the_callers_context(tmp_path, mode):
-    bare, got, started, stderr, caller = _case(tmp_path, mode, CARRIED)
+def test_a_background_run_is_the_holders_child_with_the_callers_context(tmp_path, mode, client, request):
+    bare, got, started, stderr, caller = _case(tmp_path, mode, CARRIED, _client(request, client))
     assert started["started_by"] == "holder" and started["warnings"] == [], stderr
-    assert "warning" not in stderr
+    assert "warning" not in stderr  # the compiled client's front: the holder's, none declined
     wrong = _wrong(CARRIED_ROWS, got, bare, started, caller)
     wrong += capabilities_differ(got["status"], bare["status"])
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("setting", list(DECLINED))
-def test_what_the_holder_cannot_give_the_front_keeps(tmp_path, mode, setting):
+def test_what_the_holder_cannot_give_the_front_keeps(tmp_path, mode, setting, client, request):
     row, named = DECLINED[setting]
-    bare, got, started, stderr, caller = _case(tmp_path, mode, setting)
+    bare, got, started, stderr, caller = _case(tmp_path, mode, setting, _client(request, client))
+    if client == "compiled":  # the holder declined to be its front, for the same reason
+        assert "the session's holder is not this run's front" in stderr and named in stderr, stderr
     assert started["started_by"] == "front", started
     assert len(started["warnings"]) == 1 and named in started["warnings"][0], started["warnings"]
     assert "corral: warning: started by this corral, not by session" in stderr

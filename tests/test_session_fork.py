@@ -1,8 +1,12 @@
-"""Issue 38: a session's background run's corral is a fork of the session's holder.
+"""Issue 38: a session's holder forks a background run's corral, and a compiled client's front.
 
 The holder has loaded what a run's corral loads, so it forks it (no second
 interpreter start); what a fork would carry that exec would not is put right
-in the child. Each test reads the kernel's view (/proc), never a name:
+in the child. The compiled client asks the holder to be a ``--background``
+command line's front (no interpreter starts at all for it): the holder reads
+the line as corral does, forks the front made the client's context with its
+stdio, and the client relays the stop signals and exits with the front's
+code. Each test reads the kernel's view (/proc), never a name:
 
 - the run's corral is the holder's child running the holder's program (a
   fork: its command line is the holder's, not a new interpreter's), yet it
@@ -13,7 +17,11 @@ in the child. Each test reads the kernel's view (/proc), never a name:
   root only);
 - the caches a fork would share (the journal's socket, the mount table's
   watch) are dropped in a forked child, their descriptors closed at once;
-- the directory a holder's starter ran in is not on its module path.
+- the directory a holder's starter ran in is not on its module path;
+- a compiled client whose own way to Python is gone still starts a background
+  run of a session (its front is the holder's), says what corral says, and
+  stops the run on a signal as corral's front does; a client of another
+  version is declined (its own corral runs it).
 """
 
 import os
@@ -23,7 +31,11 @@ import time
 from pathlib import Path
 
 import pytest
+from serving import CLIENT_BUILD, compiled_client  # noqa: F401  (fixture)
+from test_background import free_port, wait_started
 from test_sessions import agent, start_session  # noqa: F401  (fixture)
+
+from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
 
 ROOT = os.geteuid() == 0
 HERE = Path(__file__).resolve().parent
@@ -170,3 +182,106 @@ def test_the_directory_a_holders_starter_ran_in_is_off_its_module_path(tmp_path)
     assert r.stdout.split() == ["''", "True"], r.stdout
     r = subprocess.run([sys.executable, "-P", "-c", _PATH_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert r.stdout.split()[1] == "False", r.stdout  # -P: nothing of the caller's there to take off
+
+
+def _client(tmp_path, in_process: str, version: str | None = None) -> list[str]:
+    """The compiled client, its way to Python ``in_process``; ``version``: another than the package's."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    binary = tmp_path / "corral"
+    if version is None:
+        subprocess.run(["sh", CLIENT_BUILD, binary, in_process], env=dict(os.environ, CC=cc), check=True, timeout=120)
+    else:
+        source = CLIENT_BUILD.parent / "corral.c"
+        defines = [f'-DCORRAL_INPROCESS="{in_process}"', f'-DCORRAL_VERSION="{version}"']
+        subprocess.run([cc, "-O2", *defines, "-o", binary, source], check=True, timeout=120)
+    return [str(binary)]
+
+
+def test_a_compiled_clients_background_front_is_the_holders(agent, tmp_path):
+    """No way to Python left to the client: the run starts all the same (its front is
+    the holder's fork), the start record on the client's stdout; the same command
+    line outside the session needs the client's own corral, and fails for want of it."""
+    client = _client(tmp_path, "/nonexistent/corral-inprocess")
+    sid = start_session(agent, mode="fallback")
+    marker = new_marker()
+    env = dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker})
+    try:
+        r = subprocess.run(
+            [*client, "--session", sid, "--background", "--json", "-", "--", "sleep", "30"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        started = __import__("json").loads(r.stdout)
+        assert started["started_by"] == "holder" and started["warnings"] == [], started
+        assert "not this run's front" not in r.stderr, r.stderr
+        assert marked_pids(marker), "the run's command is not running"
+        alone = subprocess.run([*client, "--background", "--", "true"], env=env, capture_output=True, text=True)
+        assert alone.returncode == 125 and "cannot run the in-process corral" in alone.stderr, alone.stderr
+    finally:
+        agent.ctl("session", "end", sid)
+        kill_marked(marker)
+
+
+def test_the_holders_front_says_what_corral_says(agent, compiled_client):  # noqa: F811
+    sid = start_session(agent, mode="fallback")
+    args = ["--session", sid, "--background", "--ready-port", "0", "--", "true"]
+    # CORRAL_SERVICE_DEBUG: a client whose holder declined says so (and the two would differ)
+    served = subprocess.run(
+        [*compiled_client, *args], env=dict(agent.env, CORRAL_SERVICE_DEBUG="1"), capture_output=True, text=True
+    )
+    own = subprocess.run(
+        [*compiled_client, *args], env=dict(agent.env, CORRAL_SERVICE="0"), capture_output=True, text=True
+    )
+    assert served.returncode == own.returncode == 125
+    assert served.stderr == own.stderr and "a TCP port, 1 to 65535" in served.stderr, (served.stderr, own.stderr)
+    agent.ctl("session", "end", sid)
+
+
+def test_a_signal_to_the_client_stops_the_run_as_corrals_front_does(agent, compiled_client):  # noqa: F811
+    sid = start_session(agent, mode="fallback")
+    marker = new_marker()
+    front = subprocess.Popen(
+        [*compiled_client, "--session", sid, "--background", "--ready-port", str(free_port()), "--", "sleep", "1000"],
+        env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_started(agent.directory)
+        front.send_signal(__import__("signal").SIGINT)
+        out, err = front.communicate(timeout=30)
+        assert front.returncode == 130, err
+        assert "stopped before it was ready (SIGINT)" in err and "not this run's front" not in err, err
+        assert marked_pids(marker) == []
+    finally:
+        front.kill()
+        agent.ctl("session", "end", sid)
+        kill_marked(marker)
+
+
+def test_a_client_of_another_version_is_declined_by_the_holder(agent, tmp_path):
+    in_process = tmp_path / "corral-inprocess"
+    in_process.write_text(
+        f"#!{sys.executable} -I\nfrom corral_systemd.client import entry_in_process\n\nentry_in_process()\n"
+    )
+    in_process.chmod(0o755)
+    client = _client(tmp_path, str(in_process), version="0.0.0-another")
+    sid = start_session(agent, mode="fallback")
+    r = subprocess.run(
+        [*client, "--session", sid, "--background", "--json", "-", "--", "true"],
+        env=dict(agent.env, CORRAL_SERVICE_DEBUG="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    agent.ctl("session", "end", sid)
+    assert r.returncode == 0, r.stderr
+    assert "the session's holder is not this run's front" in r.stderr and "0.0.0-another" in r.stderr, r.stderr

@@ -306,14 +306,17 @@ def run_detached(request, run_here) -> int:
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def fork_run_corral(log_fd: int, keep: "tuple[int, ...]", become: "Callable[[], int]") -> int:
+def fork_run_corral(
+    log_fd: int, keep: "tuple[int, ...]", become: "Callable[[], int]", stderr: int | None = None
+) -> int:
     """Fork a background run's own corral: the one way both its starters do it
-    (the front, ``launch``; a session's holder, ``ctl/session_spawner.py``).
-    Returns the child's pid; never returns in the child.
+    (the front, ``launch``; a session's holder, ``ctl/session_spawner.py``, which
+    forks a compiled client's front so too). Returns the child's pid; never
+    returns in the child.
 
     The child is detached (``kernel.detach``: its own session, /dev/null for
-    stdin, ``log_fd`` as stdout and stderr, no descriptor of its parent's but
-    ``keep``), and its signals are as a freshly exec'd corral's: every one its
+    stdin, ``log_fd`` as stdout and stderr, or ``stderr`` for that; no
+    descriptor of its parent's but ``keep``), and its signals are as a freshly exec'd corral's: every one its
     parent handled in Python (the front's stop handlers, a holder's own) at its
     default, what was ignored still ignored. The stop signals are blocked across
     the fork, so one sent to the child before that is taken then, by the
@@ -325,7 +328,7 @@ def fork_run_corral(log_fd: int, keep: "tuple[int, ...]", become: "Callable[[], 
 
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        pid = fork_detached(stdout=log_fd, stderr=log_fd, keep=keep)
+        pid = fork_detached(stdout=log_fd, stderr=log_fd if stderr is None else stderr, keep=keep)
         if pid == 0:
             _handlers_at_default()
     finally:

@@ -19,7 +19,9 @@ Either way the holder
   the kernel names it to whoever connects, and serves ``Join`` (a run's corral
   asks to be admitted: the holder alone decides, one call at a time, so
   ``--max-runs`` holds), ``Spawn`` (a background run's corral started as its
-  child, ``session_spawner.py``) and ``End`` (``session end``: answered, after
+  child, ``session_spawner.py``), ``Front`` (a compiled client's ``--background``
+  command line: its front forked here, made the client's context, so no
+  interpreter starts for it) and ``End`` (``session end``: answered, after
   the end, with what is not proven). A caller in another user namespace than
   the holder's is refused: every sealed run's command is in one of its own
   (``kernel/seal.py``), so no sealed run reaches a holder, present or future;
@@ -56,6 +58,7 @@ from ..kernel.pidfd import exited, pid_of
 from ..state import registry as REG
 from ..state import sessions as S
 from ..varlink.wire import Channel, ProtocolError, close_fds, peer_credentials
+from .session_spawner import Refused, Spawner
 
 #: How long the session's end waits for its background runs' corrals to finish their records.
 SWEEP_GRACE = 10.0
@@ -65,10 +68,6 @@ REWRITE_DELAY = 0.2
 CALL_TIMEOUT = 2.0
 #: How soon a fallback holder that was SIGSTOPped is continued by its own timer (``kernel.selfcontinue``).
 CONTINUE_EVERY = 2.0
-
-
-class Refused(Exception):
-    """A call the holder refuses: ``args`` = (error name, its one-line why)."""
 
 
 class Holder:
@@ -110,7 +109,6 @@ class Holder:
     # -- its life ---------------------------------------------------------------------------
     def run(self, ready_w: int | None = None) -> int:
         from ..kernel.prctl import set_dumpable
-        from .session_spawner import Spawner
 
         set_dumpable(False)  # the runs' commands are of its uid: none may ptrace it or open its descriptors
         _off_the_callers_directory()
@@ -316,6 +314,11 @@ class Holder:
                 if self.state != "open":
                     raise Refused("SessionEnding", f"session {self.session_id} is ending")
                 keep = self.spawner.spawn(channel, params, fds)
+                return None
+            if method == S.FRONT_METHOD:
+                if self.state != "open":  # the client's own corral says so, as for any run
+                    raise Refused("NotServed", f"session {self.session_id} is ending")
+                keep = self.spawner.front(channel, pid, params, fds)
                 return None
             if method == S.END_METHOD:
                 self._end_callers.append(channel)

@@ -31,6 +31,18 @@ copy of what exec gave; the run's command gets the caller's, as exec gives
 it); a locale the caller's environment names is not loaded again (Python's
 own encodings are the holder's).
 
+A compiled client's ``--background`` command line (``Front``) has its
+front forked here too (``Spawner.front``): no interpreter starts for it at
+all. The holder reads the line as corral does, with the client's environment
+and working directory as the kernel shows them (``ProcessContext.of_process``:
+the client waits, so they cannot change meanwhile), declines what would be
+another run here (not a background run of this session; a context it cannot
+give, as for ``Spawn``), and forks the front with the client's stdio; the
+front is corral in the client's place (``cli.served_front``: it asks this
+holder to ``Spawn`` the run's corral, waits for readiness, prints the start
+record and the messages); the client relays its stop signals through the
+front's pidfd and exits with its code.
+
 Why the holder: it is a child subreaper, so every process of the session's
 background runs stays below it, whatever befalls their corrals (a SIGKILLed
 corral's orphans come to the holder, not to init), and at the session's end
@@ -52,6 +64,12 @@ from ..kernel.context import ProcessContext
 from ..kernel.pidfd import signal_process
 from ..state import sessions as S
 from ..varlink.wire import Channel
+
+
+class Refused(Exception):
+    """A call the holder refuses: ``args`` = (error name, its one-line why).
+    Declared here, which every holder imports once: the holder itself may be
+    ``python -m``'s ``__main__`` (a holder unit), another copy of its own module."""
 
 
 class Spawner:
@@ -76,7 +94,23 @@ class Spawner:
     def spawn(self, channel: Channel, params: dict, fds: list[int]) -> bool:
         """Start the run's corral (``Spawn``), answer with its pid and a pidfd
         (``continues``); True if ``channel`` is kept to tell the front its exit code."""
-        pid, pidfd = self._spawn(params, fds)
+        return self._answer(channel, *self._spawn(params, fds))
+
+    def front(self, channel: Channel, caller: int, params: dict, fds: list[int]) -> bool:
+        """A compiled client's ``--background`` command line in this session
+        (``Front``): its front is forked here, as the run's corral is, made the
+        client's process context (read from the kernel: ``ProcessContext.of_process``)
+        with the client's stdin, stdout and stderr (``fds``), and runs the command
+        line as corral would in the client's place (``cli.served_front``: the
+        readiness wait, the start record, the messages, the exit code). Answered
+        as ``spawn``: the front's pid and pidfd (the client relays its stop
+        signals through it), then its exit code. ``NotServed`` (the client's own
+        corral runs it) for anything that would be another run here: not a
+        background run of this session, a context the holder cannot give, a
+        client of another version; ``UsageError`` for a command line corral refuses."""
+        return self._answer(channel, *self._front(caller, params, fds))
+
+    def _answer(self, channel: Channel, pid: int, pidfd: int) -> bool:
         try:
             channel.send({"parameters": {"pid": pid, "pidfd": 0}, "continues": True}, [pidfd])
             self.children[pid] = channel
@@ -115,6 +149,60 @@ class Spawner:
 
         keep = (cwd_fd, *([] if started_fd is None else [started_fd]))
         pid = fork_run_corral(log_fd, keep, become)
+        return pid, os.pidfd_open(pid)
+
+    def _front(self, caller: int, params: dict, fds: list[int]) -> tuple[int, int]:
+        from ..common.errors import UsageError
+        from ..common.programs import PROGRAMS
+        from ..common.version import __version__
+        from ..core.background import fork_run_corral
+        from ..core.request import Printing, parse_command_line
+        from ..kernel.context import cannot_carry, own_place
+
+        def not_served(why: str) -> Exception:  # the client's own corral runs it
+            return Refused("NotServed", why)
+
+        if params.get("version") != __version__:
+            raise not_served(f"the session's holder is corral {__version__}, the client {params.get('version')}")
+        program, argv = params.get("program"), params.get("argv")
+        if program not in PROGRAMS or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise ValueError("program or argv")
+        if len(fds) != 3:
+            raise ValueError("stdin, stdout, stderr")
+        ctx = ProcessContext.of_process(caller)
+        why = cannot_carry(os.getpid(), ctx, own_place(), caller=caller)
+        if why is not None:
+            raise not_served(f"the session's holder cannot be the client's front: {why}")
+        if "CORRAL_RUN_ID" in ctx.env:
+            raise not_served("a run inside a corral run: its front stays inside it")
+        try:
+            request = parse_command_line(argv, default_mode=PROGRAMS[program], environ=ctx.env, cwd=ctx.cwd)
+        except Printing:
+            raise not_served("help, version and completion are printed by corral itself") from None
+        except UsageError as exc:
+            raise Refused("UsageError", str(exc)) from None
+        if request.background is None or request.yield_after is not None or request.json_fd is not None:
+            raise not_served("not a --background command line (or one with --yield or --json-fd)")
+        if request.spec.session != self.session_id:
+            raise not_served(f"not a run of session {self.session_id}")
+        cwd_fd = os.open(f"/proc/{caller}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._warm()
+
+        def become() -> int:  # in the child: the client's context and stdio, then corral in its place
+            from ..cli import served_front
+
+            ctx.apply(cwd_fd)
+            os.close(cwd_fd)
+            os.dup2(fds[0], 0)
+            os.close(fds[0])  # a number of its own: received here, never 0 (the holder's is /dev/null)
+            os.environ.clear()
+            os.environ.update(ctx.env)
+            return served_front(request, program)
+
+        try:
+            pid = fork_run_corral(fds[1], (cwd_fd, fds[0]), become, stderr=fds[2])
+        finally:
+            os.close(cwd_fd)
         return pid, os.pidfd_open(pid)
 
     def _warm(self) -> None:
@@ -214,8 +302,10 @@ def own_descendants(root: int | None = None) -> list[int]:
 
 
 #: What a background run's corral loads (``_warm``): the CLI's run, the
-#: supervisor and the in-process engines; with a manager, the systemd engine
-#: too. A module missing here is only imported later, by the child itself.
+#: supervisor and the in-process engines with what the engine ladder reads
+#: (the cgroup tiers' modules, even where it climbs past them); with a
+#: manager, the systemd engine too. A module missing here is only imported
+#: later, by the child itself (a few ms of the run's start).
 WARM_MODULES = (
     "..cli",
     "..core.assemble",
@@ -225,6 +315,14 @@ WARM_MODULES = (
     "..core.signalwatch",
     "..core.supervisor",
     "..core.runguard",
+    "..engines.cgroup_limits",
+    "..engines.cgroupv2",
+    "..engines.delegated",
+    "..engines.unitcgroup",
+    "..kernel.cgroupfs",
+    "..core.output",
+    "..state.journal",
+    "threading",
     "..engines.fallback",
     "..engines.fallback_tether",
     "..engines.pidns",

@@ -73,20 +73,41 @@ class ProcessContext:
     @classmethod
     def here(cls, env: dict[str, str]) -> "ProcessContext":
         """This process's context, with ``env`` as its environment."""
+        return cls._of(os.getpid(), env, os.getcwd())
+
+    @classmethod
+    def of_process(cls, pid: int) -> "ProcessContext":
+        """Process ``pid``'s context as the kernel shows it: the environment its exec
+        gave it (/proc/PID/environ, read as Python reads its own: the first of a
+        name), its working directory's path, and the rest as ``here``. For a caller
+        that cannot change them meanwhile (a compiled client waiting for its answer);
+        of this uid and dumpable, else OSError."""
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+        env: dict[str, str] = {}
+        for entry in raw.split(b"\0"):
+            name, sep, value = entry.partition(b"=")
+            if sep and name:
+                env.setdefault(os.fsdecode(name), os.fsdecode(value))
+        return cls._of(pid, env, os.readlink(f"/proc/{pid}/cwd"))
+
+    @classmethod
+    def _of(cls, pid: int, env: dict[str, str], cwd: str) -> "ProcessContext":
         from .capabilities import status_sets
 
-        umask = os.umask(0o022)
-        os.umask(umask)
-        inheritable, ambient = status_sets(_status(os.getpid()) or {})
+        status = _status(pid)
+        if status is None:
+            raise OSError(f"process {pid}: its status cannot be read")
+        inheritable, ambient = status_sets(status)
         return cls(
             env=dict(env),
-            cwd=os.getcwd(),
-            umask=umask,
-            rlimits={name: list(resource.getrlimit(number)) for name, number in RLIMITS.items()},
-            nice=os.getpriority(os.PRIO_PROCESS, 0),
-            affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            oom_score_adj=_read_int(f"/proc/{os.getpid()}/oom_score_adj"),
-            ignored=_ignored_signals(os.getpid()),
+            cwd=cwd,
+            umask=int(status["Umask"], 8),
+            rlimits={name: list(resource.prlimit(pid, number)) for name, number in RLIMITS.items()},
+            nice=os.getpriority(os.PRIO_PROCESS, pid),
+            affinity=sorted(os.sched_getaffinity(pid)) if hasattr(os, "sched_getaffinity") else None,
+            oom_score_adj=_read_int(f"/proc/{pid}/oom_score_adj"),
+            ignored=_ignored(status),
             cap_inheritable=inheritable,
             cap_ambient=ambient,
         )
@@ -161,12 +182,14 @@ def own_place() -> dict:
     return {"ns": {ns: _link(f"/proc/self/ns/{ns}") for ns in _NAMESPACES}, "root": [root.st_dev, root.st_ino]}
 
 
-def cannot_carry(pid: int, ctx: ProcessContext, place: dict | None = None) -> str | None:
-    """Why a child of process ``pid`` cannot be given ``ctx`` and be what this
-    process's own child would be (None: it can). Reads ``pid``'s /proc; its
-    namespaces and root as ``place`` states them (``own_place``, from ``pid``
-    itself) where given."""
-    mine, theirs = _status(os.getpid()) or {}, _status(pid)
+def cannot_carry(pid: int, ctx: ProcessContext, place: dict | None = None, caller: int | None = None) -> str | None:
+    """Why a child of process ``pid`` cannot be given ``ctx`` and be what the
+    caller's own child would be (None: it can). The caller: this process, or
+    process ``caller`` (a compiled client, whose context ``ctx`` is:
+    ``ProcessContext.of_process``). Reads ``pid``'s /proc; its namespaces and
+    root as ``place`` states them (``own_place``, from ``pid`` itself) where given."""
+    me = "self" if caller is None else str(caller)
+    mine, theirs = _status(os.getpid() if caller is None else caller) or {}, _status(pid)
     if theirs is None:
         return f"process {pid} cannot be read"
     for key in _SAME_STATUS:
@@ -181,17 +204,17 @@ def cannot_carry(pid: int, ctx: ProcessContext, place: dict | None = None) -> st
             return f"its {key} lacks capabilities of this process ({wanted:016x} here, {theirs.get(key)} there)"
     stated = place.get("ns") if isinstance(place, dict) and isinstance(place.get("ns"), dict) else None
     for ns in _NAMESPACES:
-        here = _link(f"/proc/self/ns/{ns}")
+        here = _link(f"/proc/{me}/ns/{ns}")
         there = stated.get(ns) if stated is not None else _link(f"/proc/{pid}/ns/{ns}")
         if here != there:
             return f"another {ns} namespace"
     if stated is not None:
-        a = os.stat("/proc/self/root")
+        a = os.stat(f"/proc/{me}/root")
         if [a.st_dev, a.st_ino] != place.get("root"):  # type: ignore[union-attr]
             return "another root directory"
     else:
         try:
-            a, b = os.stat("/proc/self/root"), os.stat(f"/proc/{pid}/root")
+            a, b = os.stat(f"/proc/{me}/root"), os.stat(f"/proc/{pid}/root")
         except OSError as exc:
             return f"its root directory cannot be compared ({exc.strerror})"
         if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
@@ -223,8 +246,8 @@ def _status(pid: int) -> dict[str, str] | None:
         return None
 
 
-def _ignored_signals(pid: int) -> list[int]:
-    mask = int((_status(pid) or {}).get("SigIgn", "0"), 16)
+def _ignored(status: dict[str, str]) -> list[int]:
+    mask = int(status.get("SigIgn", "0"), 16)
     return [n for n in range(1, 65) if mask & (1 << (n - 1))]
 
 

@@ -63,6 +63,8 @@ INTERFACE = "io.corral.SessionHolder"
 SPAWN_METHOD = f"{INTERFACE}.Spawn"
 JOIN_METHOD = f"{INTERFACE}.Join"
 END_METHOD = f"{INTERFACE}.End"
+#: A compiled client's ``--background`` command line, its front forked by the holder (``ctl/session_spawner.py``).
+FRONT_METHOD = f"{INTERFACE}.Front"
 
 
 def holder_address(session_id: str, uid: int | None = None) -> str:

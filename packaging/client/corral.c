@@ -8,6 +8,14 @@
  * /usr/bin/corral-enforced; pip installs keep the Python client. Each does,
  * in this order:
  *
+ *   0. a --background command line of a session (its id: --session ID or
+ *      CORRAL_SESSION): the session's holder is asked to be its front
+ *      (io.corral.SessionHolder.Front at @corral-session/UID/ID, this uid's
+ *      alone; front_via_holder): argv, this client's version, stdin, stdout and
+ *      stderr; the holder reads the line as corral does and forks the front,
+ *      made this process's context as the kernel shows it, which prints what
+ *      corral prints; this process relays SIGINT, SIGTERM and SIGHUP to it and
+ *      exits with its code. Declined (NotServed): on to 1, nothing having run;
  *   1. sockets: none with CORRAL_SERVICE=0 (no, off, false) or while shell
  *      completion asks (_CORRAL_COMPLETE...); CORRAL_SERVICE_SOCKET alone if
  *      set; else $XDG_RUNTIME_DIR/io.corral.Run (/run/user/UID without the
@@ -52,6 +60,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -545,8 +554,10 @@ static int send_all(int fd, const char *data, size_t len, const int *fds, int nf
 }
 
 /* The next NUL-terminated message into *msg (NUL replaced by the end of the
- * string); 1, or 0 at end of file between messages, or -1 with why set. */
-static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
+ * string); 1, or 0 at end of file between messages, or -1 with why set.
+ * Descriptors that come with it are closed, but for the first one into *kept
+ * when kept is not NULL (and *kept is still -1). */
+static int receive_keeping(int fd, struct buf *in, struct buf *msg, const char **why, int *kept) {
     for (;;) {
         char *nul = in->len ? memchr(in->data, 0, in->len) : NULL;
         if (nul) {
@@ -580,9 +591,15 @@ static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
             return -1;
         }
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) /* none expected: closed */
-                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-                    close(((int *)CMSG_DATA(c))[i]);
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                    int got_fd;
+                    memcpy(&got_fd, CMSG_DATA(c) + i * sizeof(int), sizeof got_fd);
+                    if (kept && *kept < 0)
+                        *kept = got_fd;
+                    else
+                        close(got_fd); /* none expected */
+                }
         if (got == 0) {
             if (in->len) {
                 *why = "end of file inside a message";
@@ -593,6 +610,10 @@ static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
         }
         in->len += (size_t)got;
     }
+}
+
+static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
+    return receive_keeping(fd, in, msg, why, NULL);
 }
 
 /* The descriptor a command line names with --json-fd (its last one before
@@ -681,6 +702,19 @@ static int write_all(int fd, const char *data, size_t len) {
         len -= (size_t)n;
     }
     return 0;
+}
+
+/* A call's "program" and "argv" members: this program's name, its arguments exactly as typed. */
+static void buf_program_argv(struct buf *out, int argc, char **argv) {
+    buf_str(out, "\"program\":");
+    buf_json_string(out, prog);
+    buf_str(out, ",\"argv\":[");
+    for (int i = 1; i < argc; i++) {
+        if (i > 1)
+            buf_add(out, ",", 1);
+        buf_json_string(out, argv[i]);
+    }
+    buf_add(out, "]", 1);
 }
 
 /* What corral prints and writes once the run is over (client.py _finish). */
@@ -862,15 +896,9 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, int
     umask(mask);
 
     struct buf out = {0};
-    buf_str(&out, "{\"method\":\"io.corral.Run.Run\",\"parameters\":{\"program\":");
-    buf_json_string(&out, prog);
-    buf_str(&out, ",\"argv\":[");
-    for (int i = 1; i < argc; i++) {
-        if (i > 1)
-            buf_add(&out, ",", 1);
-        buf_json_string(&out, argv[i]);
-    }
-    buf_str(&out, "],\"environment\":[");
+    buf_str(&out, "{\"method\":\"io.corral.Run.Run\",\"parameters\":{");
+    buf_program_argv(&out, argc, argv);
+    buf_str(&out, ",\"environment\":[");
     int first = 1;
     for (char **e = environ; *e; e++) {
         const char *eq = strchr(*e, '=');
@@ -975,6 +1003,148 @@ static enum outcome run_via_service(const char *path, int argc, char **argv, int
     }
 }
 
+/* ---- a session's holder as a --background run's front ------------------ */
+
+/* The session a --background command line names (--session ID, --session=ID,
+ * else CORRAL_SESSION), if it is an id (1-64 lowercase hex digits: a name is
+ * looked up by the Python side); NULL when the line has no --background
+ * before "--". A hint, not the parser: the holder reads the line as corral
+ * does and declines what is not a background run of its session. */
+static const char *background_session(int argc, char **argv) {
+    int background = 0;
+    const char *session = getenv("CORRAL_SESSION");
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+        if (!strcmp(argv[i], "--background"))
+            background = 1;
+        else if (!strcmp(argv[i], "--session") && i + 1 < argc)
+            session = argv[++i];
+        else if (!strncmp(argv[i], "--session=", 10))
+            session = argv[i] + 10;
+    }
+    if (!background || !session)
+        return NULL;
+    size_t n = strspn(session, "0123456789abcdef");
+    return n > 0 && n <= 64 && !session[n] ? session : NULL;
+}
+
+static int front_pidfd = -1;
+
+static void relay_signal(int signum) {
+    int saved = errno;
+    syscall(SYS_pidfd_send_signal, front_pidfd, signum, NULL, 0);
+    errno = saved;
+}
+
+/* The signals corral's own front stops a starting background run on (core/background.py). */
+static const int front_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+/* Ask the session's holder (its abstract address, served by this uid alone)
+ * to be this --background command line's front: it reads the line as corral
+ * does and forks its front, made this process's context (the kernel's view of
+ * it: environment, cwd, umask, rlimits...) with this process's stdin, stdout
+ * and stderr, which prints what corral prints. This process relays the stop
+ * signals corral's front acts on (SIGINT, SIGTERM, SIGHUP) to it through the
+ * pidfd the holder sends, and exits with its exit code. Declined (NotServed,
+ * nobody at the address, another version): nothing ran, the Python side
+ * goes on; UsageError: the one line, 125. */
+static enum outcome front_via_holder(const char *session, int argc, char **argv, struct attempt *a) {
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int len = snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "corral-session/%u/%s", (unsigned)geteuid(), session);
+    if (len < 0 || (size_t)len >= sizeof addr.sun_path - 1)
+        return decline(a, 0, "the session's address is too long");
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return decline(a, 0, "socket: %s", strerror(errno));
+    if (connect(sock, (struct sockaddr *)&addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len)) < 0) {
+        close(sock);
+        return decline(a, 0, "session %s's holder: %s", session, strerror(errno));
+    }
+    struct ucred peer;
+    socklen_t peerlen = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peerlen) < 0 || peer.uid != geteuid()) {
+        close(sock);
+        return decline(a, 0, "session %s's address is not this user's", session);
+    }
+    struct buf out = {0};
+    buf_str(&out, "{\"method\":\"io.corral.SessionHolder.Front\",\"parameters\":{\"version\":");
+    buf_json_string(&out, CORRAL_VERSION);
+    buf_add(&out, ",", 1);
+    buf_program_argv(&out, argc, argv);
+    buf_str(&out, "}}");
+    buf_add(&out, "", 1);
+    int stdio[3] = {0, 1, 2};
+    int sent = send_all(sock, out.data, out.len, stdio, 3);
+    free(out.data);
+    if (sent < 0) {
+        close(sock);
+        return decline(a, 0, "session %s's holder: %s", session, strerror(errno));
+    }
+    struct buf in = {0}, msg = {0};
+    int started = 0;
+    for (;;) {
+        const char *why = NULL;
+        int kept = -1;
+        int got = receive_keeping(sock, &in, &msg, &why, started ? NULL : &kept);
+        struct jvalue reply = {0};
+        struct parser ps = {msg.data, msg.data + (msg.len ? msg.len - 1 : 0), 0};
+        if (got == 1 && (!parse_value(&ps, &reply, 0) || (skip_space(&ps), ps.p != ps.end) || reply.type != J_OBJECT)) {
+            got = -1;
+            why = "a message that is not a JSON object";
+        }
+        if (got <= 0) {
+            if (kept >= 0)
+                close(kept);
+            if (!started) {
+                close(sock);
+                return decline(a, 1, "session %s's holder ended before it took the run (%s)", session, why);
+            }
+            /* Its front goes on (the holder's child): once it has ended, what it said is on stderr. */
+            struct pollfd p = {front_pidfd, POLLIN, 0};
+            while (poll(&p, 1, -1) < 0 && errno == EINTR)
+                ;
+            fprintf(stderr, "%s: session %s's holder ended before it told the exit code (%s)\n", prog, session, why);
+            a->code = 120;
+            return DONE;
+        }
+        const struct jvalue *parameters = member(&reply, "parameters");
+        if (member(&reply, "error")) {
+            if (kept >= 0)
+                close(kept);
+            const char *name = member_string(&reply, "error");
+            const char *text = member_string(parameters, "why");
+            close(sock);
+            if (name && !strcmp(name, "io.corral.SessionHolder.UsageError")) {
+                fprintf(stderr, "%s: %s\n", prog, text ? text : name);
+                a->code = 125;
+                return DONE;
+            }
+            return decline(a, name && strcmp(name, "io.corral.SessionHolder.NotServed"), "session %s's holder: %s (%s)",
+                           session, name ? name : "an error", text ? text : "");
+        }
+        if (!started) {
+            struct jvalue *continues = member(&reply, "continues");
+            if (kept < 0 || !continues || continues->type != J_BOOL || !continues->boolean) {
+                if (kept >= 0)
+                    close(kept);
+                close(sock);
+                return decline(a, 1, "session %s's holder answered with no front", session);
+            }
+            started = 1;
+            front_pidfd = kept;
+            struct sigaction sa = {0};
+            sa.sa_handler = relay_signal;
+            sa.sa_flags = SA_RESTART;
+            sigfillset(&sa.sa_mask);
+            for (size_t i = 0; i < sizeof front_signals / sizeof *front_signals; i++)
+                sigaction(front_signals[i], &sa, NULL);
+            continue;
+        }
+        struct jvalue *code = member(parameters, "exit_code");
+        a->code = code && code->type == J_NUMBER ? (int)code->number : 120;
+        return DONE;
+    }
+}
+
 static int service_off(void) {
     const char *v = getenv("CORRAL_SERVICE");
     return v && (!strcasecmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off") || !strcasecmp(v, "false"));
@@ -1028,6 +1198,16 @@ int main(int argc, char **argv) {
             if (geteuid() == 0)
                 snprintf(paths[npaths++], PATH_MAX, "/run/" SOCKET_NAME);
         }
+    }
+    /* A --background run of a session: its front is the session's holder's fork
+     * (no interpreter starts here), where the holder takes it. */
+    const char *session = background_session(argc, argv);
+    if (session && !service_off() && !completing() && record_fd < 0) {
+        struct attempt a = {{0}, 0, 0};
+        if (front_via_holder(session, argc, argv, &a) == DONE)
+            return a.code;
+        if (a.warn || getenv("CORRAL_SERVICE_DEBUG"))
+            fprintf(stderr, "%s: warning: the session's holder is not this run's front: %s\n", prog, a.reason);
     }
     int absent = npaths > 0; /* nobody listened anywhere: the Python side may start the service */
     for (int i = 0; i < npaths; i++) {
