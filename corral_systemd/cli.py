@@ -65,11 +65,13 @@ def detached_run(default_mode: str, run_id: str, started_fd: int | None, args: l
     return run_detached(request, run)  # its log held to --log-max on disk (core.logkeeper)
 
 
-def served_front(request: RunRequest, prog: str) -> int:
+def served_front(request: RunRequest, prog: str, connection: int) -> int:
     """A compiled client's ``--background`` command line, read by its session's
     holder; this process is the holder's fork, made the client's process
     context with its stdio (``ctl/session_spawner.py``): run here as ``main``
-    runs it, its exit code the client's."""
+    runs it, its exit code the client's. The client's ``connection`` hanging
+    up (the client gone) before the run is ready stops it, as a served caller's."""
+    request.hangup_fd = connection
     try:
         return run(request)
     except CorralError as exc:

@@ -25,6 +25,7 @@ code. Each test reads the kernel's view (/proc), never a name:
 """
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -267,6 +268,17 @@ def test_a_signal_to_the_client_stops_the_run_as_corrals_front_does(agent, compi
         kill_marked(marker)
 
 
+def _in_session(agent, client: list[str], sid: str, *args: str) -> subprocess.CompletedProcess:
+    """``client --session SID --background ARGS``; CORRAL_SERVICE_DEBUG: a declined front says why."""
+    return subprocess.run(
+        [*client, "--session", sid, "--background", *args],
+        env=dict(agent.env, CORRAL_SERVICE_DEBUG="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_client_of_another_version_is_declined_by_the_holder(agent, tmp_path):
     in_process = tmp_path / "corral-inprocess"
     in_process.write_text(
@@ -275,13 +287,120 @@ def test_a_client_of_another_version_is_declined_by_the_holder(agent, tmp_path):
     in_process.chmod(0o755)
     client = _client(tmp_path, str(in_process), version="0.0.0-another")
     sid = start_session(agent, mode="fallback")
-    r = subprocess.run(
-        [*client, "--session", sid, "--background", "--json", "-", "--", "true"],
-        env=dict(agent.env, CORRAL_SERVICE_DEBUG="1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _in_session(agent, client, sid, "--json", "-", "--", "true")
     agent.ctl("session", "end", sid)
     assert r.returncode == 0, r.stderr
     assert "the session's holder is not this run's front" in r.stderr and "0.0.0-another" in r.stderr, r.stderr
+
+
+_WIPED = """
+import os, sys
+from corral_systemd.common.verdict import Verdicts
+
+verdicts = Verdicts()
+before = verdicts.session_id
+child = os.fork()
+if child == 0:  # a fork before the holder says so: the secrets are there (the holder is one)
+    os._exit(0 if verdicts.session_id == before else 1)
+assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0, "a fork before keep_from_forks lost them"
+verdicts.keep_from_forks()
+child = os.fork()
+if child == 0:
+    os._exit(0 if bytes(verdicts._proven) == bytes(32) and bytes(verdicts._unproven) == bytes(32) else 1)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+def test_a_fork_of_the_holder_sees_the_secrets_wiped():
+    """Any uid: once the holder has said so, its forks read zeros where the secrets are."""
+    r = subprocess.run([sys.executable, "-c", _WIPED], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_what_the_holder_cannot_read_never_ends_the_session(agent, compiled_client):  # noqa: F811
+    """A Front call whose parameters are not an object, and a command line whose
+    --ready-log the regex engine refuses (OverflowError): each is answered, the
+    second by the client's own corral; the holder serves on and a run still joins."""
+    from corral_systemd.state import sessions as S
+    from corral_systemd.varlink.wire import Channel, VarlinkError
+
+    sid = start_session(agent, mode="fallback")
+    holder = _holder(agent, sid)
+    sock, _pid = S.connect_holder(sid)
+    with pytest.raises(VarlinkError) as refused:
+        Channel(sock).call(S.FRONT_METHOD, [1])
+    sock.close()
+    assert refused.value.name.endswith(".InvalidParameter"), refused.value.name
+    r = _in_session(agent, compiled_client, sid, "--ready-log", "a{4294967296}", "--", "true")
+    assert "the session's holder is not this run's front" in r.stderr, r.stderr
+    assert os.path.exists(f"/proc/{holder}") and agent.session_entry(sid)["state"] == "open"
+    run_id = _start(agent, sid, "--", "true")
+    assert agent.ctl("wait", run_id).returncode == 0
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stderr
+
+
+def test_a_client_gone_before_the_run_is_ready_stops_it_and_frees_its_pipes(agent, compiled_client):  # noqa: F811
+    """As a served caller's lost connection: the front sees the client's connection
+    hang up, stops the run, and no longer holds the caller's stdout."""
+    sid = start_session(agent, mode="fallback")
+    marker = new_marker()
+    front = subprocess.Popen(
+        [*compiled_client, "--session", sid, "--background", "--ready-timeout", "120s"]
+        + ["--ready-port", str(free_port()), "--", "sleep", "1000"],
+        env=dict(agent.env, **{MARKER_ENV: marker}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_started(agent.directory)
+        assert marked_pids(marker), "the run's command did not start"
+        front.kill()
+        front.wait()
+        # End of file well before the readiness timeout: nothing holds the pipe's write end.
+        assert select.select([front.stdout], [], [], 20)[0], "the caller's stdout is still held"
+        assert front.stdout.read() == b""
+        end = time.monotonic() + 20
+        while marked_pids(marker) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert marked_pids(marker) == []
+    finally:
+        front.kill()
+        agent.ctl("session", "end", sid)
+        kill_marked(marker)
+
+
+def test_a_signal_before_the_holders_answer_goes_to_the_front(agent, compiled_client):  # noqa: F811
+    """SIGINT while the holder has not answered yet (held back: the holder is
+    stopped) is not the client's death (which would leave the front to start the
+    run unwatched): relayed once the front exists, it ends the front, 130 as
+    corral's front says it, and no run is left: the front was stopped before it
+    started one, or stopped it."""
+    import signal
+
+    sid = start_session(agent, mode="fallback")
+    holder = _holder(agent, sid)
+    marker = new_marker()
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        front = subprocess.Popen(
+            [*compiled_client, "--session", sid, "--background"]
+            + ["--ready-port", str(free_port()), "--", "sleep", "1000"],
+            env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(0.3)  # its call sent, its answer not come
+        front.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        os.kill(holder, signal.SIGCONT)
+        out, err = front.communicate(timeout=60)
+        assert front.returncode == 130, (front.returncode, err)  # not -2: the client did not die of it
+        assert "not this run's front" not in err, err
+        time.sleep(0.5)  # a run the front had started is stopped before it exits: none is left to appear
+        assert marked_pids(marker) == []
+    finally:
+        os.kill(holder, signal.SIGCONT)
+        agent.ctl("session", "end", sid)
+        kill_marked(marker)

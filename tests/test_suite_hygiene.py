@@ -27,3 +27,20 @@ def test_the_suite_removes_its_state_directory(tmp_path, workers):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.glob("corral-test-state-*")) == []
+
+
+def test_every_test_the_vm_lane_names_exists():
+    """tests/vm/guest-lane names some tests by node id; one renamed (a new parameter)
+    would make its step collect nothing (pytest exit 4 or 5) only in the guest."""
+    import re
+
+    named = sorted(set(re.findall(r"tests/test_\w+\.py::[^\s\"]+", (ROOT / "tests/vm/guest-lane").read_text())))
+    assert named, "no node ids found in tests/vm/guest-lane"
+    r = subprocess.run(  # a node id that names nothing: "ERROR: not found", exit 4
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *named],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

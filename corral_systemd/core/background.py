@@ -232,7 +232,7 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
         finally:
             os.close(log_fd)
             os.close(started_w)  # the run's corral holds the only write end now
-        hangup = None if caller is None else caller.connection
+        hangup = request.hangup_fd if caller is None else caller.connection
         started = _await_ready(request, bg, corral, started_r, asked, wake_r, hangup)
         started.warnings = warnings
         if keep_corral:
@@ -316,21 +316,28 @@ def fork_run_corral(
 
     The child is detached (``kernel.detach``: its own session, /dev/null for
     stdin, ``log_fd`` as stdout and stderr, or ``stderr`` for that; no
-    descriptor of its parent's but ``keep``), and its signals are as a freshly exec'd corral's: every one its
-    parent handled in Python (the front's stop handlers, a holder's own) at its
-    default, what was ignored still ignored. The stop signals are blocked across
-    the fork, so one sent to the child before that is taken then, by the
-    default action, never by the parent's handlers. Then ``become()`` is the
-    run's corral: its return is the child's exit code; a CorralError's line goes
-    to the log with its exit code (as ``cli.main`` says it), anything else is
-    125. Python's buffered output is written before the exit."""
+    descriptor of its parent's but ``keep``); Python's ``sys.stdin``,
+    ``stdout`` and ``stderr`` are made again on 0, 1 and 2, as an interpreter's
+    start makes them (``kernel.startup.fresh_stdio``); every signal its parent
+    handled in Python (the front's stop handlers, a holder's own) is at its
+    default action (SIGINT too, where a fresh interpreter would raise
+    KeyboardInterrupt: until the run's corral has its own, a stop signal ends
+    it at once), what was ignored is still ignored. The stop signals are
+    blocked across the fork, so one sent to the child before that is taken
+    then, by the default action, never by the parent's handlers. Then
+    ``become()`` is the run's corral: its return is the child's exit code; a
+    CorralError's line goes to stderr with its exit code (as ``cli.main`` says
+    it), anything else is 125. Python's buffered output is written before the exit."""
     from ..kernel.detach import fork_detached
 
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         pid = fork_detached(stdout=log_fd, stderr=log_fd if stderr is None else stderr, keep=keep)
         if pid == 0:
+            from ..kernel.startup import fresh_stdio
+
             _handlers_at_default()
+            fresh_stdio()
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if pid:

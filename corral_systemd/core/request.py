@@ -80,6 +80,9 @@ class RunRequest:
     #: A detached run's corral: the write end of its front's ready pipe, told once
     #: the command has started (``core.background.StartedPipe``); None: no front waits.
     started_fd: int | None = None
+    #: --background: a connection whose hang-up stops the run while it is not yet ready, as
+    #: a served caller's does (a compiled client's, for the front its session's holder forked).
+    hangup_fd: int | None = None
     #: The command line it was read from, and the --cgroup-mode it defaulted to (the
     #: program's): a session's holder reads it again for a background run's corral.
     args: list[str] = field(default_factory=list)

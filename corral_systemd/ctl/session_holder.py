@@ -306,6 +306,8 @@ class Holder:
             call, fds = got
             self._check_caller(pid, uid)
             method, params = call.get("method"), call.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise Refused("InvalidParameter", "parameters: not an object")
             if method == S.JOIN_METHOD:
                 pidfd, reply = self._join(pid, params)
                 channel.send({"parameters": reply})
@@ -329,6 +331,8 @@ class Holder:
             _reply_error(channel, exc.args[0], exc.args[1])
         except (OSError, ProtocolError, ValueError, KeyError, TypeError) as exc:
             _reply_error(channel, "InvalidParameter", str(exc))
+        except Exception as exc:  # noqa: BLE001  a caller's input never ends the session: said, and served on
+            _reply_error(channel, "InternalError", f"{type(exc).__name__}: {exc}")
         finally:
             close_fds(fds)
             if not keep:

@@ -28,8 +28,11 @@ it). A session's verdict secrets are in memory a fork wipes
 (``common.verdict``): no run's corral holds them. Not put right: the run's
 corral's /proc/PID/environ and cmdline read as the holder's (the kernel's
 copy of what exec gave; the run's command gets the caller's, as exec gives
-it); a locale the caller's environment names is not loaded again (Python's
-own encodings are the holder's).
+it): where the session was started inside a corral run, the holder's
+environment names that run, so the runs' corrals, as the holder itself, read
+as its members to a scan of the environment; a locale the caller's
+environment names is not loaded again (Python's own encodings are the
+holder's).
 
 A compiled client's ``--background`` command line (``Front``) has its
 front forked here too (``Spawner.front``): no interpreter starts for it at
@@ -41,7 +44,11 @@ give, as for ``Spawn``), and forks the front with the client's stdio; the
 front is corral in the client's place (``cli.served_front``: it asks this
 holder to ``Spawn`` the run's corral, waits for readiness, prints the start
 record and the messages); the client relays its stop signals through the
-front's pidfd and exits with its code.
+front's pidfd (held back until it has it) and exits with its code. The
+client gone before the run is ready (its connection hung up) stops the run,
+as a served caller's does. What the holder reads of the client is of the
+process that connected (the connection's pidfd, ``SO_PEERPIDFD``, where the
+kernel gives one), alive until after the last read.
 
 Why the holder: it is a child subreaper, so every process of the session's
 background runs stays below it, whatever befalls their corrals (a SIGKILLed
@@ -56,7 +63,9 @@ abstract address, whose holder the kernel names (``state.sessions.connect_holder
 """
 
 import os
+import select
 import signal
+import socket
 import time
 
 from ..kernel import procfs
@@ -108,7 +117,7 @@ class Spawner:
         corral runs it) for anything that would be another run here: not a
         background run of this session, a context the holder cannot give, a
         client of another version; ``UsageError`` for a command line corral refuses."""
-        return self._answer(channel, *self._front(caller, params, fds))
+        return self._answer(channel, *self._front(channel, caller, params, fds))
 
     def _answer(self, channel: Channel, pid: int, pidfd: int) -> bool:
         try:
@@ -149,9 +158,9 @@ class Spawner:
 
         keep = (cwd_fd, *([] if started_fd is None else [started_fd]))
         pid = fork_run_corral(log_fd, keep, become)
-        return pid, os.pidfd_open(pid)
+        return pid, _pidfd_or_kill(pid)
 
-    def _front(self, caller: int, params: dict, fds: list[int]) -> tuple[int, int]:
+    def _front(self, channel: Channel, caller: int, params: dict, fds: list[int]) -> tuple[int, int]:
         from ..common.errors import UsageError
         from ..common.programs import PROGRAMS
         from ..common.version import __version__
@@ -169,41 +178,57 @@ class Spawner:
             raise ValueError("program or argv")
         if len(fds) != 3:
             raise ValueError("stdin, stdout, stderr")
-        ctx = ProcessContext.of_process(caller)
-        why = cannot_carry(os.getpid(), ctx, own_place(), caller=caller)
-        if why is not None:
-            raise not_served(f"the session's holder cannot be the client's front: {why}")
-        if "CORRAL_RUN_ID" in ctx.env:
-            raise not_served("a run inside a corral run: its front stays inside it")
-        try:
-            request = parse_command_line(argv, default_mode=PROGRAMS[program], environ=ctx.env, cwd=ctx.cwd)
-        except Printing:
-            raise not_served("help, version and completion are printed by corral itself") from None
-        except UsageError as exc:
-            raise Refused("UsageError", str(exc)) from None
-        if request.background is None or request.yield_after is not None or request.json_fd is not None:
-            raise not_served("not a --background command line (or one with --yield or --json-fd)")
-        if request.spec.session != self.session_id:
-            raise not_served(f"not a run of session {self.session_id}")
-        cwd_fd = os.open(f"/proc/{caller}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._warm()
-
-        def become() -> int:  # in the child: the client's context and stdio, then corral in its place
-            from ..cli import served_front
-
-            ctx.apply(cwd_fd)
-            os.close(cwd_fd)
-            os.dup2(fds[0], 0)
-            os.close(fds[0])  # a number of its own: received here, never 0 (the holder's is /dev/null)
-            os.environ.clear()
-            os.environ.update(ctx.env)
-            return served_front(request, program)
-
+        # The client, pinned: what is read of it below is of the process that connected (its pidfd
+        # from the connection, where the kernel gives one), alive until after the last read.
+        client = _peer_pidfd(channel.sock, caller)
+        cwd_fd = -1
         try:
-            pid = fork_run_corral(fds[1], (cwd_fd, fds[0]), become, stderr=fds[2])
+            ctx = ProcessContext.of_process(caller)
+            cwd_fd = os.open(f"/proc/{caller}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            why = cannot_carry(os.getpid(), ctx, own_place(), caller=caller)
+            if select.select([client], [], [], 0)[0]:
+                raise not_served("the client ended")
+        except BaseException:
+            if cwd_fd >= 0:
+                os.close(cwd_fd)
+            raise
+        finally:
+            os.close(client)
+        try:
+            if why is not None:
+                raise not_served(f"the session's holder cannot be the client's front: {why}")
+            if "CORRAL_RUN_ID" in ctx.env:
+                raise not_served("a run inside a corral run: its front stays inside it")
+            try:
+                request = parse_command_line(argv, default_mode=PROGRAMS[program], environ=ctx.env, cwd=ctx.cwd)
+            except Printing:
+                raise not_served("help, version and completion are printed by corral itself") from None
+            except UsageError as exc:
+                raise Refused("UsageError", str(exc)) from None
+            except Exception as exc:  # noqa: BLE001  (a line the parser chokes on: the client's corral says it)
+                raise not_served(f"the command line could not be read here ({type(exc).__name__})") from None
+            if request.background is None or request.yield_after is not None or request.json_fd is not None:
+                raise not_served("not a --background command line (or one with --yield or --json-fd)")
+            if request.spec.session != self.session_id:
+                raise not_served(f"not a run of session {self.session_id}")
+            connection = channel.sock.fileno()
+
+            def become() -> int:  # in the child: the client's context and stdio, then corral in its place
+                from ..cli import served_front
+
+                ctx.apply(cwd_fd)
+                os.close(cwd_fd)
+                os.dup2(fds[0], 0)
+                os.close(fds[0])  # a number of its own: received here, never 0 (the holder's is /dev/null)
+                os.environ.clear()
+                os.environ.update(ctx.env)
+                return served_front(request, program, connection)
+
+            pid = fork_run_corral(fds[1], (cwd_fd, fds[0], connection), become, stderr=fds[2])
         finally:
             os.close(cwd_fd)
-        return pid, os.pidfd_open(pid)
+        return pid, _pidfd_or_kill(pid)
 
     def _warm(self) -> None:
         """Load, once, the modules a run's corral loads, before the first fork: each
@@ -275,6 +300,31 @@ class Spawner:
                 if info is not None:
                     signal_process(info, signal.SIGKILL, lambda _current: True)
             time.sleep(0.05)
+
+
+def _pidfd_or_kill(pid: int) -> int:
+    """A pidfd of ``pid``, this holder's unreaped child just forked; if none can be had,
+    the child is SIGKILLed and reaped (it has not been answered for: nobody would
+    wait for it, and its caller runs it another way) and the OSError raised."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        os.kill(pid, signal.SIGKILL)  # its number cannot have been reused: unreaped
+        os.waitpid(pid, 0)
+        raise
+
+
+def _peer_pidfd(sock, pid: int) -> int:
+    """A pidfd of the process that connected ``sock``: the kernel's (``SO_PEERPIDFD``,
+    Linux 6.5), else one opened by ``pid`` (what ``SO_PEERCRED`` said at connect)."""
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
+    except OSError:
+        return os.pidfd_open(pid)
+
+
+#: getsockopt(2)'s SO_PEERPIDFD (Python's socket module does not name it).
+_SO_PEERPIDFD = 77
 
 
 def own_descendants(root: int | None = None) -> list[int]:

@@ -50,6 +50,25 @@ def open_closed_stdio() -> None:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", errors=errors, closefd=False))
 
 
+def fresh_stdio() -> None:
+    """``sys.stdin``, ``sys.stdout`` and ``sys.stderr`` made again on 0, 1 and 2,
+    as an interpreter's start makes them (its encoding and error handlers;
+    line-buffered on a terminal, stderr always), for a forked process whose 0,
+    1 and 2 are now others: a background run's corral, or a compiled client's
+    front, forked by a session's holder. The former objects never close their
+    descriptors (Python's own are ``closefd=False``) and are dropped unflushed
+    (``kernel.detach`` flushed them before the fork)."""
+    import sys
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        encoding = getattr(old, "encoding", None) or "utf-8"
+        errors = "backslashreplace" if fd == 2 else (getattr(old, "errors", None) or "strict")
+        buffering = 1 if fd == 2 or os.isatty(fd) else -1  # 1: by line (text)
+        mode = "r" if fd == 0 else "w"
+        setattr(sys, name, open(fd, mode, buffering, encoding=encoding, errors=errors, closefd=False))
+
+
 def undo_locale_coercion() -> None:
     value = os.environ.get("LC_CTYPE")
     if value not in _COERCED:

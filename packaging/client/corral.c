@@ -1072,12 +1072,21 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
     buf_program_argv(&out, argc, argv);
     buf_str(&out, "}}");
     buf_add(&out, "", 1);
+    /* From the call on, a stop signal is the front's: held back until its pidfd is
+     * here, then relayed (a decline puts the mask back: corral's own front takes it). */
+    sigset_t stops, before;
+    sigemptyset(&stops);
+    for (size_t i = 0; i < sizeof front_signals / sizeof *front_signals; i++)
+        sigaddset(&stops, front_signals[i]);
+    sigprocmask(SIG_BLOCK, &stops, &before);
     int stdio[3] = {0, 1, 2};
     int sent = send_all(sock, out.data, out.len, stdio, 3);
+    int send_errno = errno;
     free(out.data);
     if (sent < 0) {
+        sigprocmask(SIG_SETMASK, &before, NULL);
         close(sock);
-        return decline(a, 0, "session %s's holder: %s", session, strerror(errno));
+        return decline(a, 0, "session %s's holder: %s", session, strerror(send_errno));
     }
     struct buf in = {0}, msg = {0};
     int started = 0;
@@ -1091,43 +1100,51 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
             got = -1;
             why = "a message that is not a JSON object";
         }
-        if (got <= 0) {
+        const struct jvalue *parameters = got == 1 ? member(&reply, "parameters") : NULL;
+        const char *error = got == 1 ? member_string(&reply, "error") : NULL;
+        if (got <= 0 || (started && (error || member(&reply, "error")))) {
             if (kept >= 0)
                 close(kept);
             if (!started) {
+                sigprocmask(SIG_SETMASK, &before, NULL);
                 close(sock);
-                return decline(a, 1, "session %s's holder ended before it took the run (%s)", session, why);
+                return decline(a, 1, "session %s's holder ended before it took the run (%s)", session, why ? why : "?");
             }
-            /* Its front goes on (the holder's child): once it has ended, what it said is on stderr. */
+            /* Its front goes on (the holder's child), never started again here: once it
+             * has ended, what it said is on stderr, and its exit code is not known. */
             struct pollfd p = {front_pidfd, POLLIN, 0};
             while (poll(&p, 1, -1) < 0 && errno == EINTR)
                 ;
-            fprintf(stderr, "%s: session %s's holder ended before it told the exit code (%s)\n", prog, session, why);
+            fprintf(stderr, "%s: session %s's holder did not tell the front's exit code (%s)\n", prog, session,
+                    got <= 0 ? (why ? why : "?") : (error ? error : "an error"));
             a->code = 120;
             return DONE;
         }
-        const struct jvalue *parameters = member(&reply, "parameters");
         if (member(&reply, "error")) {
             if (kept >= 0)
                 close(kept);
-            const char *name = member_string(&reply, "error");
             const char *text = member_string(parameters, "why");
+            sigprocmask(SIG_SETMASK, &before, NULL);
             close(sock);
-            if (name && !strcmp(name, "io.corral.SessionHolder.UsageError")) {
-                fprintf(stderr, "%s: %s\n", prog, text ? text : name);
+            if (error && !strcmp(error, "io.corral.SessionHolder.UsageError")) {
+                fprintf(stderr, "%s: %s\n", prog, text ? text : error);
                 a->code = 125;
                 return DONE;
             }
-            return decline(a, name && strcmp(name, "io.corral.SessionHolder.NotServed"), "session %s's holder: %s (%s)",
-                           session, name ? name : "an error", text ? text : "");
+            return decline(a, !error || strcmp(error, "io.corral.SessionHolder.NotServed"), "session %s's holder: %s (%s)",
+                           session, error ? error : "an error", text ? text : "");
         }
         if (!started) {
             struct jvalue *continues = member(&reply, "continues");
             if (kept < 0 || !continues || continues->type != J_BOOL || !continues->boolean) {
+                /* A reply that is not the protocol's: whether a front started is not known,
+                 * so nothing starts here either (a second front would start a second run). */
                 if (kept >= 0)
                     close(kept);
-                close(sock);
-                return decline(a, 1, "session %s's holder answered with no front", session);
+                fprintf(stderr, "%s: session %s's holder answered with no front: whether the run started is not known\n",
+                        prog, session);
+                a->code = 120;
+                return DONE;
             }
             started = 1;
             front_pidfd = kept;
@@ -1137,6 +1154,7 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
             sigfillset(&sa.sa_mask);
             for (size_t i = 0; i < sizeof front_signals / sizeof *front_signals; i++)
                 sigaction(front_signals[i], &sa, NULL);
+            sigprocmask(SIG_SETMASK, &before, NULL); /* one held back meanwhile goes to the front now */
             continue;
         }
         struct jvalue *code = member(parameters, "exit_code");
