@@ -370,37 +370,80 @@ def test_a_client_gone_before_the_run_is_ready_stops_it_and_frees_its_pipes(agen
         kill_marked(marker)
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_signal_before_the_holders_answer_goes_to_the_front(agent, compiled_client):  # noqa: F811
     """SIGINT while the holder has not answered yet (held back: the holder is
     stopped) is not the client's death (which would leave the front to start the
     run unwatched): relayed once the front exists, it ends the front, 130 as
     corral's front says it, and no run is left: the front was stopped before it
-    started one, or stopped it."""
+    started one, or stopped it. A fallback holder continues itself every 2 s
+    (``CONTINUE_EVERY``): an attempt in which it was not stopped still when the
+    signal went is made again, with a new session."""
     import signal
 
+    for _attempt in range(5):
+        sid = start_session(agent, mode="fallback")
+        holder = _holder(agent, sid)
+        marker = new_marker()
+        front = None
+        os.kill(holder, signal.SIGSTOP)
+        try:
+            front = subprocess.Popen(
+                [*compiled_client, "--session", sid, "--background"]
+                + ["--ready-port", str(free_port()), "--", "sleep", "1000"],
+                env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(0.3)  # its call sent, its answer not come
+            if _state(holder) != "T":
+                continue  # continued by its own timer meanwhile: perhaps answered already
+            front.send_signal(signal.SIGINT)
+            time.sleep(0.1)
+            if _state(holder) != "T":
+                continue
+            os.kill(holder, signal.SIGCONT)
+            out, err = front.communicate(timeout=60)
+            assert front.returncode == 130, (front.returncode, err)  # not -2: the client did not die of it
+            assert "not this run's front" not in err, err
+            time.sleep(0.5)  # a run the front had started is stopped before it exits: none is left to appear
+            assert marked_pids(marker) == []
+            return
+        finally:
+            os.kill(holder, signal.SIGCONT)
+            if front is not None:
+                front.kill()
+                front.wait()
+            agent.ctl("session", "end", sid)
+            kill_marked(marker)
+    pytest.fail("the holder was continued by its own timer in every attempt")
+
+
+def test_a_front_that_cannot_be_made_on_the_clients_stdio_ends_alone(agent, compiled_client):  # noqa: F811
+    """A client whose stderr is a directory: no stream can be made on it in the
+    front (as no interpreter could start on it), so the front ends, 125, and never
+    returns into the holder's code it was forked from: the holder serves on."""
     sid = start_session(agent, mode="fallback")
     holder = _holder(agent, sid)
-    marker = new_marker()
-    os.kill(holder, signal.SIGSTOP)
+    directory = os.open(agent.directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        front = subprocess.Popen(
-            [*compiled_client, "--session", sid, "--background"]
-            + ["--ready-port", str(free_port()), "--", "sleep", "1000"],
-            env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
+        r = subprocess.run(
+            [*compiled_client, "--session", sid, "--background", "--", "true"],
+            env=agent.env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=directory,
+            timeout=60,
         )
-        time.sleep(0.3)  # its call sent, its answer not come
-        front.send_signal(signal.SIGINT)
-        time.sleep(0.1)
-        os.kill(holder, signal.SIGCONT)
-        out, err = front.communicate(timeout=60)
-        assert front.returncode == 130, (front.returncode, err)  # not -2: the client did not die of it
-        assert "not this run's front" not in err, err
-        time.sleep(0.5)  # a run the front had started is stopped before it exits: none is left to appear
-        assert marked_pids(marker) == []
     finally:
-        os.kill(holder, signal.SIGCONT)
-        agent.ctl("session", "end", sid)
-        kill_marked(marker)
+        os.close(directory)
+    assert r.returncode == 125, r.returncode
+    assert os.path.exists(f"/proc/{holder}") and agent.session_entry(sid)["state"] == "open"
+    run_id = _start(agent, sid, "--", "true")
+    assert agent.ctl("wait", run_id).returncode == 0
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stderr

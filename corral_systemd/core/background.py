@@ -334,16 +334,16 @@ def fork_run_corral(
     try:
         pid = fork_detached(stdout=log_fd, stderr=log_fd if stderr is None else stderr, keep=keep)
         if pid == 0:
-            from ..kernel.startup import fresh_stdio
-
             _handlers_at_default()
-            fresh_stdio()
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if pid:
         return pid
     code = 125
-    try:  # the run's own corral, from here to os._exit
+    try:  # the run's own corral, from here to os._exit: nothing returns into the parent's code
+        from ..kernel.startup import fresh_stdio
+
+        fresh_stdio()
         code = become()
     except CorralError as exc:
         code = exc.exit_code

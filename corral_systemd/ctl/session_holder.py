@@ -298,8 +298,10 @@ class Holder:
         channel = Channel(conn)
         fds: list[int] = []
         keep = False
+        pinned = -1
         try:
             pid, uid, _gid = peer_credentials(conn)
+            pinned = _peer_pidfd(conn, pid)  # before anything is read of it: the process that connected
             got = channel.receive()
             if got is None:
                 return None  # a look at who holds the address (``state.sessions.holder_token``)
@@ -320,7 +322,7 @@ class Holder:
             if method == S.FRONT_METHOD:
                 if self.state != "open":  # the client's own corral says so, as for any run
                     raise Refused("NotServed", f"session {self.session_id} is ending")
-                keep = self.spawner.front(channel, pid, params, fds)
+                keep = self.spawner.front(channel, pid, pinned, params, fds)
                 return None
             if method == S.END_METHOD:
                 self._end_callers.append(channel)
@@ -335,6 +337,8 @@ class Holder:
             _reply_error(channel, "InternalError", f"{type(exc).__name__}: {exc}")
         finally:
             close_fds(fds)
+            if pinned >= 0:
+                os.close(pinned)
             if not keep:
                 conn.close()
         return None
@@ -520,6 +524,26 @@ def user_namespace_view(pid: int) -> tuple[str, str, str] | None:
         )
     except OSError:
         return None
+
+
+def _peer_pidfd(sock: socket.socket, pid: int) -> int:
+    """A pidfd of the process that connected ``sock``: the kernel's (``SO_PEERPIDFD``,
+    Linux 6.5), else, where the kernel has no such option, one opened by ``pid`` (what
+    ``SO_PEERCRED`` said at connect). OSError if the peer has ended (its pid is not
+    looked up again then: it could be another process's by now)."""
+    import errno
+
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, getattr(socket, "SO_PEERPIDFD", _SO_PEERPIDFD))
+    except OSError as exc:
+        if exc.errno != errno.ENOPROTOOPT:
+            raise
+    return os.pidfd_open(pid)
+
+
+#: getsockopt(2)'s SO_PEERPIDFD where Python's socket module does not name it (the
+#: generic value: x86, arm, riscv, s390, ppc; parisc, sparc and alpha differ).
+_SO_PEERPIDFD = 77
 
 
 def _off_the_callers_directory() -> None:

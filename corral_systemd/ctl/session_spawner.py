@@ -48,7 +48,8 @@ front's pidfd (held back until it has it) and exits with its code. The
 client gone before the run is ready (its connection hung up) stops the run,
 as a served caller's does. What the holder reads of the client is of the
 process that connected (the connection's pidfd, ``SO_PEERPIDFD``, where the
-kernel gives one), alive until after the last read.
+kernel gives one, taken at once: ``session_holder._peer_pidfd``), alive
+until after the last read.
 
 Why the holder: it is a child subreaper, so every process of the session's
 background runs stays below it, whatever befalls their corrals (a SIGKILLed
@@ -65,7 +66,6 @@ abstract address, whose holder the kernel names (``state.sessions.connect_holder
 import os
 import select
 import signal
-import socket
 import time
 
 from ..kernel import procfs
@@ -105,7 +105,7 @@ class Spawner:
         (``continues``); True if ``channel`` is kept to tell the front its exit code."""
         return self._answer(channel, *self._spawn(params, fds))
 
-    def front(self, channel: Channel, caller: int, params: dict, fds: list[int]) -> bool:
+    def front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> bool:
         """A compiled client's ``--background`` command line in this session
         (``Front``): its front is forked here, as the run's corral is, made the
         client's process context (read from the kernel: ``ProcessContext.of_process``)
@@ -116,8 +116,9 @@ class Spawner:
         signals through it), then its exit code. ``NotServed`` (the client's own
         corral runs it) for anything that would be another run here: not a
         background run of this session, a context the holder cannot give, a
-        client of another version; ``UsageError`` for a command line corral refuses."""
-        return self._answer(channel, *self._front(channel, caller, params, fds))
+        client of another version; ``UsageError`` for a command line corral refuses.
+        ``pinned``: a pidfd of the client (``caller``), alive after the last read of it."""
+        return self._answer(channel, *self._front(channel, caller, pinned, params, fds))
 
     def _answer(self, channel: Channel, pid: int, pidfd: int) -> bool:
         try:
@@ -160,7 +161,7 @@ class Spawner:
         pid = fork_run_corral(log_fd, keep, become)
         return pid, _pidfd_or_kill(pid)
 
-    def _front(self, channel: Channel, caller: int, params: dict, fds: list[int]) -> tuple[int, int]:
+    def _front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> tuple[int, int]:
         from ..common.errors import UsageError
         from ..common.programs import PROGRAMS
         from ..common.version import __version__
@@ -179,22 +180,17 @@ class Spawner:
         if len(fds) != 3:
             raise ValueError("stdin, stdout, stderr")
         self._warm()
-        # The client, pinned: what is read of it below is of the process that connected (its pidfd
-        # from the connection, where the kernel gives one), alive until after the last read.
-        client = _peer_pidfd(channel.sock, caller)
         cwd_fd = -1
         try:
             ctx = ProcessContext.of_process(caller)
             cwd_fd = os.open(f"/proc/{caller}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             why = cannot_carry(os.getpid(), ctx, own_place(), caller=caller)
-            if select.select([client], [], [], 0)[0]:
+            if select.select([pinned], [], [], 0)[0]:  # what was read is of the process that connected
                 raise not_served("the client ended")
         except BaseException:
             if cwd_fd >= 0:
                 os.close(cwd_fd)
             raise
-        finally:
-            os.close(client)
         try:
             if why is not None:
                 raise not_served(f"the session's holder cannot be the client's front: {why}")
@@ -312,19 +308,6 @@ def _pidfd_or_kill(pid: int) -> int:
         os.kill(pid, signal.SIGKILL)  # its number cannot have been reused: unreaped
         os.waitpid(pid, 0)
         raise
-
-
-def _peer_pidfd(sock, pid: int) -> int:
-    """A pidfd of the process that connected ``sock``: the kernel's (``SO_PEERPIDFD``,
-    Linux 6.5), else one opened by ``pid`` (what ``SO_PEERCRED`` said at connect)."""
-    try:
-        return sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
-    except OSError:
-        return os.pidfd_open(pid)
-
-
-#: getsockopt(2)'s SO_PEERPIDFD (Python's socket module does not name it).
-_SO_PEERPIDFD = 77
 
 
 def own_descendants(root: int | None = None) -> list[int]:

@@ -57,7 +57,10 @@ def fresh_stdio() -> None:
     1 and 2 are now others: a background run's corral, or a compiled client's
     front, forked by a session's holder. The former objects never close their
     descriptors (Python's own are ``closefd=False``) and are dropped unflushed
-    (``kernel.detach`` flushed them before the fork)."""
+    (``kernel.detach`` flushed them before the fork). Not made: ``-u``'s
+    unbuffered streams (``PYTHONUNBUFFERED``: a corral's own lines are whole
+    lines either way). OSError for a descriptor no such stream can be made on
+    (a directory)."""
     import sys
 
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
@@ -66,7 +69,7 @@ def fresh_stdio() -> None:
         errors = "backslashreplace" if fd == 2 else (getattr(old, "errors", None) or "strict")
         buffering = 1 if fd == 2 or os.isatty(fd) else -1  # 1: by line (text)
         mode = "r" if fd == 0 else "w"
-        setattr(sys, name, open(fd, mode, buffering, encoding=encoding, errors=errors, closefd=False))
+        setattr(sys, name, open(fd, mode, buffering, encoding=encoding, errors=errors, newline="\n", closefd=False))
 
 
 def undo_locale_coercion() -> None:

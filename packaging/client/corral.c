@@ -1138,9 +1138,15 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
             struct jvalue *continues = member(&reply, "continues");
             if (kept < 0 || !continues || continues->type != J_BOOL || !continues->boolean) {
                 /* A reply that is not the protocol's: whether a front started is not known,
-                 * so nothing starts here either (a second front would start a second run). */
-                if (kept >= 0)
+                 * so nothing starts here either (a second front would start a second run);
+                 * a front whose pidfd came is waited for, as when the holder ends early. */
+                sigprocmask(SIG_SETMASK, &before, NULL);
+                if (kept >= 0) {
+                    struct pollfd p = {kept, POLLIN, 0};
+                    while (poll(&p, 1, -1) < 0 && errno == EINTR)
+                        ;
                     close(kept);
+                }
                 fprintf(stderr, "%s: session %s's holder answered with no front: whether the run started is not known\n",
                         prog, session);
                 a->code = 120;
