@@ -148,13 +148,8 @@ class Spawner:
 
         def become() -> int:  # in the child: the caller's context, then the run's corral
             from ..cli import detached_run
-            from ..kernel.prctl import set_dumpable
 
-            set_dumpable(False)  # inherited from the holder; said again: the command is of this uid
-            ctx.apply(cwd_fd)
-            os.close(cwd_fd)
-            os.environ.clear()  # the caller's environment, exactly: what exec would have given
-            os.environ.update(ctx.env)
+            ctx.enter(cwd_fd)
             return detached_run(default_mode, run_id, started_fd, argv)
 
         keep = (cwd_fd, *([] if started_fd is None else [started_fd]))
@@ -213,12 +208,9 @@ class Spawner:
             def become() -> int:  # in the child: the client's context and stdio, then corral in its place
                 from ..cli import served_front
 
-                ctx.apply(cwd_fd)
-                os.close(cwd_fd)
+                ctx.enter(cwd_fd)
                 os.dup2(fds[0], 0)
                 os.close(fds[0])  # a number of its own: received here, never 0 (the holder's is /dev/null)
-                os.environ.clear()
-                os.environ.update(ctx.env)
                 return served_front(request, program, connection)
 
             pid = fork_run_corral(fds[1], (cwd_fd, fds[0], connection), become, stderr=fds[2])

@@ -173,6 +173,18 @@ class ProcessContext:
             # Last: nothing above needs them, and exec passes these two sets on.
             lower_to(self.cap_inheritable, self.cap_ambient, status_sets(_status(os.getpid()) or {})[1])
 
+    def enter(self, cwd_fd: int) -> None:
+        """A fork of a session's holder becomes this context for good: ``apply``,
+        ``cwd_fd`` closed, ``os.environ`` exactly this environment (what exec
+        would have given), and not dumpable (its holder's memory is in it)."""
+        from .prctl import set_dumpable
+
+        set_dumpable(False)
+        self.apply(cwd_fd)
+        os.close(cwd_fd)
+        os.environ.clear()
+        os.environ.update(self.env)
+
 
 def own_place() -> dict:
     """This process's namespaces and root directory, as ``cannot_carry`` compares
