@@ -447,3 +447,38 @@ def test_a_front_that_cannot_be_made_on_the_clients_stdio_ends_alone(agent, comp
     assert agent.ctl("wait", run_id).returncode == 0
     end = agent.ctl("session", "end", sid)
     assert end.returncode == 0, end.stderr
+
+
+def test_a_run_its_holders_front_forked_is_kept_below_the_holder(agent, compiled_client):  # noqa: F811
+    """The holder's front forks the run's corral itself, with the request it read (no
+    ``Spawn``, no second reading): once the front has exited, that corral is the holder's
+    child (its subreaper), a background run's, so it keeps no session open past its idle
+    timeout (the kernel's word: its parent was the holder's front); and the session's end
+    stops and proves it, its record written."""
+    import json
+
+    from conftest import TIME_SCALE
+
+    idle = 3 * TIME_SCALE
+    sid = start_session(agent, "--idle-timeout", f"{idle:g}s", mode="fallback")
+    marker = new_marker()
+    try:
+        r = subprocess.run(
+            [*compiled_client, "--session", sid, "--background", "--json", "-", "--", "sleep", "1000"],
+            env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
+            capture_output=True,
+            text=True,
+            timeout=60 * TIME_SCALE,
+        )
+        assert r.returncode == 0, r.stderr
+        started = json.loads(r.stdout)
+        assert started["started_by"] == "holder" and "not this run's front" not in r.stderr, (started, r.stderr)
+        _run_corral(agent, sid, started["run_id"])  # the holder's child: its front has exited
+        ended = agent.wait_ended(sid, within=30 * TIME_SCALE)
+        assert ended["why"] == f"idle for {idle:g}s" and ended["not_proven"] == [], ended
+        assert marked_pids(marker) == []
+        record = json.loads((agent.directory / f"{started['run_id']}.json").read_text())
+        assert record["state"] == "finished" and record["verified"] is True, record
+    finally:
+        agent.ctl("session", "end", sid)
+        kill_marked(marker)

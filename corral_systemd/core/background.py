@@ -91,7 +91,8 @@ class Started:
     mode: str | None
     #: The run's own corral (it supervises the run to its end).
     corral_pid: int
-    #: Its corral's parent: "holder" (the session's holder: the run stays below it) or "front".
+    #: Who keeps its corral: "holder" (the session's holder: the run stays below it, whether
+    #: the holder forked the corral or the front it forked did) or "front" (detached from it).
     started_by: str = "front"
     #: Why the session's holder did not start it, where it did not.
     warnings: list[str] = field(default_factory=list)
@@ -177,7 +178,10 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
 
     In a session, the run's corral is started by the session's holder, as its
     child (``ctl/session_spawner.py``), with this process's context (or the
-    ``caller``'s); where the holder cannot give it that context
+    ``caller``'s) -- or, where this process is the holder's own fork
+    (``request.below_holder``), forked here with this request as it is, below the
+    holder as surely (its child subreaper: the corral is its child once this
+    front exits); where the holder cannot give it that context
     (``kernel.context.cannot_carry``) or cannot be reached, this process forks
     it, and ``Started.warnings`` says why (for a ``caller``: SetupError).
     ``run_here(request)`` runs a request in this process and returns its
@@ -189,7 +193,9 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     bg = request.background
     _check_target_free(bg, own_network=request.spec.network == "none")
     directory = REG.ensure_state_dir()
-    if request.spec.session is not None:  # said here, in one line, not from the detached corral's log
+    # Said here, in one line, not from the detached corral's log (the holder's own
+    # fork was forked while its session was open: its run's Join decides alone).
+    if request.spec.session is not None and not request.below_holder:
         from ..state import sessions as S
 
         try:
@@ -217,15 +223,14 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     warnings: list[str] = []
     try:
         try:
-            if request.spec.session is not None:
+            if request.spec.session is not None and not request.below_holder:
                 corral = _by_holder(request, directory, log_fd, started_w, warnings, caller)
             if corral is None and caller is not None:
                 raise SetupError(warnings[-1] if warnings else "a served background run must be in a session")
             if corral is None:
                 detach(request, run_id, bg.log)
-                corral = _Forked(
-                    fork_run_corral(log_fd, (started_w,), lambda: _as_run_corral(request, run_here, started_w))
-                )
+                pid = fork_run_corral(log_fd, (started_w,), lambda: _as_run_corral(request, run_here, started_w))
+                corral = _Forked(pid, "holder" if request.below_holder else "front")
         except BaseException:
             _remove(bg.log)
             raise
@@ -627,12 +632,12 @@ class _Corral:
 
 
 class _Forked(_Corral):
-    """This process's unreaped child: its number cannot have been reused."""
+    """This process's unreaped child: its number cannot have been reused.
+    ``started_by``: "holder" where this process is below the session's holder
+    (its fork: the child is the holder's once this front exits), else "front"."""
 
-    started_by = "front"
-
-    def __init__(self, pid: int):
-        self.pid = pid
+    def __init__(self, pid: int, started_by: str):
+        self.pid, self.started_by = pid, started_by
         self._code: int | None = None
         self._pidfd: int | None = None
 

@@ -83,6 +83,10 @@ class RunRequest:
     #: --background: a connection whose hang-up stops the run while it is not yet ready, as
     #: a served caller's does (a compiled client's, for the front its session's holder forked).
     hangup_fd: int | None = None
+    #: --background in a session, read by its holder: this process is the holder's fork
+    #: (the compiled client's front, ``ctl/session_spawner.py``), so the run's corral is
+    #: forked here, below the holder, with this request as it is (never read again).
+    below_holder: bool = False
     #: The command line it was read from, and the --cgroup-mode it defaulted to (the
     #: program's): a session's holder reads it again for a background run's corral.
     args: list[str] = field(default_factory=list)

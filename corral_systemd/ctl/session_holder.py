@@ -385,7 +385,7 @@ class Holder:
         except BaseException:
             os.close(pidfd)
             raise
-        self.live[pidfd] = (run_id, pid in self.spawner.children)
+        self.live[pidfd] = (run_id, self.spawner.keeps(pid))
         if run_id not in self.members:
             self.members.append(run_id)
         if within is not None:
@@ -436,7 +436,7 @@ class Holder:
             left += stop_slice(self.session_id)
         # What is still below the holder: a background run's corral finishing its
         # record, an orphan of one whose corral was killed (stopped by its tether, or not).
-        stray = self.spawner.sweep(grace=SWEEP_GRACE)
+        stray = self.spawner.sweep([fd for fd, (_, background) in self.live.items() if background], grace=SWEEP_GRACE)
         if self.config.get("engine") == "systemd":  # a former holder's children, left in the unit (KillMode=process)
             stray += _sweep_own_unit(self.config["holder_unit"])
         if stray:

@@ -41,9 +41,11 @@ and working directory as the kernel shows them (``ProcessContext.of_process``:
 the client waits, so they cannot change meanwhile), declines what would be
 another run here (not a background run of this session; a context it cannot
 give, as for ``Spawn``), and forks the front with the client's stdio; the
-front is corral in the client's place (``cli.served_front``: it asks this
-holder to ``Spawn`` the run's corral, waits for readiness, prints the start
-record and the messages); the client relays its stop signals through the
+front is corral in the client's place (``cli.served_front``: it forks the
+run's corral itself, with the request the holder read -- no ``Spawn``, no
+second reading; below the holder all the same, whose child it becomes when
+the front exits -- waits for readiness, prints the start record and the
+messages); the client relays its stop signals through the
 front's pidfd (held back until it has it) and exits with its code. The
 client gone before the run is ready (its connection hung up) stops the run,
 as a served caller's does. What the holder reads of the client is of the
@@ -70,7 +72,7 @@ import time
 
 from ..kernel import procfs
 from ..kernel.context import ProcessContext
-from ..kernel.pidfd import signal_process
+from ..kernel.pidfd import exited, signal_process
 from ..state import sessions as S
 from ..varlink.wire import Channel
 
@@ -87,7 +89,8 @@ class Spawner:
 
         set_child_subreaper()
         self.directory, self.session_id = directory, session_id
-        #: The background runs' corrals this holder started, and the fronts waiting for their end.
+        #: The background runs' corrals this holder started (and compiled clients' fronts, which
+        #: fork their runs' corrals), and the callers waiting for their end.
         self.children: dict[int, Channel | None] = {}
         #: The session's runs are the manager's (``_warm`` loads the systemd engine too).
         self.systemd = systemd
@@ -211,6 +214,7 @@ class Spawner:
                 ctx.enter(cwd_fd)
                 os.dup2(fds[0], 0)
                 os.close(fds[0])  # a number of its own: received here, never 0 (the holder's is /dev/null)
+                request.below_holder = True  # the run's corral is forked by the front: no Spawn, no second reading
                 return served_front(request, program, connection)
 
             pid = fork_run_corral(fds[1], (cwd_fd, fds[0], connection), become, stderr=fds[2])
@@ -240,6 +244,15 @@ class Spawner:
         gc.freeze()
 
     # -- the children -----------------------------------------------------------------------
+    def keeps(self, pid: int) -> bool:
+        """Is ``pid`` (a member's corral, alive) a background run's corral below this
+        holder: its child, the child of a front it forked, or one come to it when that
+        front exited? The kernel's word (its parent), never the caller's."""
+        if pid in self.children:
+            return True
+        info = procfs.read_stat(pid)
+        return info is not None and (info.ppid in self.children or info.ppid == os.getpid())
+
     def reap(self) -> None:
         """Reap every child that has exited (the runs' corrals, and orphans of
         their runs re-parented here); tell a waiting front its run's exit code."""
@@ -259,9 +272,10 @@ class Spawner:
                     pass
                 channel.sock.close()
 
-    def sweep(self, grace: float, bound: float = 10.0) -> list[int]:
-        """At the session's end: give the runs' corrals ``grace`` to finish (their
-        runs are stopped: they write their records and exit), then SIGKILL every
+    def sweep(self, corrals: "list[int]", grace: float, bound: float = 10.0) -> list[int]:
+        """At the session's end: give the runs' corrals (this holder's children, and
+        ``corrals``: pidfds of the others) ``grace`` to finish (their runs are
+        stopped: they write their records and exit), then SIGKILL every
         process below the holder (found through the kernel's children lists of
         its own tree, signalled through pidfds) until ``waitpid`` reports no
         child left. That is the proof: the holder is a child subreaper, so
@@ -269,7 +283,7 @@ class Spawner:
         it forked, detached or cleared its environment. [] when proven; else
         (after ``bound`` seconds) the pids still below."""
         end = time.monotonic() + grace
-        while self.children and time.monotonic() < end:
+        while (self.children or not all(map(exited, corrals))) and time.monotonic() < end:
             self.reap()
             time.sleep(min(0.25, max(0.0, end - time.monotonic())))  # a child's SIGCHLD does not cut it short
         end = time.monotonic() + bound
@@ -355,5 +369,6 @@ WARM_MODULES = (
     "..engines.tether",
     "..kernel.inotify",
     "..kernel.spawn",
+    "..kernel.startup",
 )
 WARM_SYSTEMD = ("..engines.systemd", "..engines.systemd.engine", "..dbus.connection", "..dbus.systemd1")

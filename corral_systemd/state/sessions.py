@@ -190,9 +190,8 @@ def joinable(text: str, directory: str) -> str:
     entry = find(text, directory)
     if entry is None:
         raise NotJoinable(f"no session {text!r}")
-    bound = holder_pid(entry["session"]) is not None
-    token = holder_token(entry["session"]) if bound else None
-    if (bound and token is None) or (not bound and holder_unseen(entry["session"])):
+    token = holder_token(entry["session"])
+    if token is None and (holder_pid(entry["session"]) is not None or holder_unseen(entry["session"])):
         # bound but not answering (stopped, busy), or outside this pid namespace: the holder decides at ``join``
         return entry["session"]
     if token is None:
