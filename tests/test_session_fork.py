@@ -482,3 +482,35 @@ def test_a_run_its_holders_front_forked_is_kept_below_the_holder(agent, compiled
     finally:
         agent.ctl("session", "end", sid)
         kill_marked(marker)
+
+
+_GATE = """
+import json, os, sys
+from corral_systemd.ctl import session_spawner
+
+r, w = os.pipe()
+
+def become():
+    os.write(w, b"ran")
+    return 0
+
+pid, pidfd, gate = session_spawner._fork_answered(os.open(os.devnull, os.O_WRONLY), (w,), become)
+if sys.argv[1] == "answered":
+    session_spawner._release(gate)
+else:
+    os.close(gate)  # as the kernel closes a SIGKILLed holder's descriptors, unanswered
+os.close(w)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps({"code": code, "ran": os.read(r, 16).decode()}))
+"""
+
+
+@pytest.mark.parametrize("holder", ["answered", "died"])
+def test_a_calls_child_runs_only_once_its_caller_was_answered(holder):
+    """Spawn's run corral and Front's front are held at a gate until the holder has
+    answered the call: a holder killed before that (its caller then starts the run
+    itself) leaves a child that exits without a run, so no run is started twice."""
+    r = subprocess.run([sys.executable, "-c", _GATE, holder], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    told = __import__("json").loads(r.stdout)
+    assert told == ({"code": 0, "ran": "ran"} if holder == "answered" else {"code": 125, "ran": ""}), told

@@ -13,7 +13,9 @@ it alone; ``ProcessContext.apply``, the caller's environment as
 ``os.environ``) and is the detached run of that id (``cli.detached_run``,
 the command line read there, as the front read it); the holder closes its
 copy of the pipe and answers at once with the child's pid and a pidfd of it
-(``continues``), and once it has reaped the child, its exit code.
+(``continues``), and once it has reaped the child, its exit code. The child
+waits for that answer to be sent (``_fork_answered``): a holder killed
+before it leaves no run behind that its caller, unanswered, would start again.
 
 A fork, not an exec: the holder has loaded what a run's corral loads
 (``_warm``, once), so a run's corral starts without an interpreter's start
@@ -123,7 +125,7 @@ class Spawner:
         ``pinned``: a pidfd of the client (``caller``), alive after the last read of it."""
         return self._answer(channel, *self._front(channel, caller, pinned, params, fds))
 
-    def _answer(self, channel: Channel, pid: int, pidfd: int) -> bool:
+    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int) -> bool:
         try:
             channel.send({"parameters": {"pid": pid, "pidfd": 0}, "continues": True}, [pidfd])
             self.children[pid] = channel
@@ -133,10 +135,10 @@ class Spawner:
             return False
         finally:
             os.close(pidfd)
+            _release(gate)
 
-    def _spawn(self, params: dict, fds: list[int]) -> tuple[int, int]:
-        """Fork the run's corral; (its pid, a pidfd of it)."""
-        from ..core.background import fork_run_corral
+    def _spawn(self, params: dict, fds: list[int]) -> tuple[int, int, int]:
+        """Fork the run's corral; (its pid, a pidfd of it, its gate: ``_fork_answered``)."""
         from ..core.spec import CGROUP_MODES
 
         default_mode, run_id, argv = params["default_mode"], params["run_id"], params["argv"]
@@ -155,15 +157,12 @@ class Spawner:
             ctx.enter(cwd_fd)
             return detached_run(default_mode, run_id, started_fd, argv)
 
-        keep = (cwd_fd, *([] if started_fd is None else [started_fd]))
-        pid = fork_run_corral(log_fd, keep, become)
-        return pid, _pidfd_or_kill(pid)
+        return _fork_answered(log_fd, (cwd_fd, *([] if started_fd is None else [started_fd])), become)
 
-    def _front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> tuple[int, int]:
+    def _front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> tuple[int, int, int]:
         from ..common.errors import UsageError
         from ..common.programs import PROGRAMS
         from ..common.version import __version__
-        from ..core.background import fork_run_corral
         from ..core.request import Printing, parse_command_line
         from ..kernel.context import cannot_carry, own_place
 
@@ -217,10 +216,9 @@ class Spawner:
                 request.below_holder = True  # the run's corral is forked by the front: no Spawn, no second reading
                 return served_front(request, program, connection)
 
-            pid = fork_run_corral(fds[1], (cwd_fd, fds[0], connection), become, stderr=fds[2])
+            return _fork_answered(fds[1], (cwd_fd, fds[0], connection), become, stderr=fds[2])
         finally:
             os.close(cwd_fd)
-        return pid, _pidfd_or_kill(pid)
 
     def _warm(self) -> None:
         """Load, once, the modules a run's corral loads, before the first fork: each
@@ -302,6 +300,47 @@ class Spawner:
                 if info is not None:
                     signal_process(info, signal.SIGKILL, lambda _current: True)
             time.sleep(0.05)
+
+
+def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | None = None) -> tuple[int, int, int]:
+    """Fork a call's child (``core.background.fork_run_corral``), held until the call
+    is answered: (its pid, a pidfd of it, the write end of its gate, which ``_answer``
+    releases once the caller has been told, or was found gone). A holder that dies
+    before that (SIGKILL) closes the gate unreleased, and the child exits at once
+    without a run: its caller, never answered, starts the run another way (its own
+    front), so no run is started twice."""
+    from ..core.background import fork_run_corral
+
+    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+
+    def answered_then_become() -> int:
+        told = os.read(gate_r, 1)
+        os.close(gate_r)
+        if told != b"1":
+            os._exit(125)  # the holder died unanswered: this call's run is its caller's to start
+        return become()
+
+    try:
+        pid = fork_run_corral(log_fd, (*keep, gate_r), answered_then_become, stderr=stderr)
+    except BaseException:
+        os.close(gate_w)
+        raise
+    finally:
+        os.close(gate_r)
+    try:
+        return pid, _pidfd_or_kill(pid), gate_w
+    except BaseException:
+        os.close(gate_w)
+        raise
+
+
+def _release(gate: int) -> None:
+    try:
+        os.write(gate, b"1")
+    except OSError:
+        pass  # the child is gone already
+    finally:
+        os.close(gate)
 
 
 def _pidfd_or_kill(pid: int) -> int:
