@@ -72,7 +72,9 @@ def user_manager_reachable() -> bool:
     return probe.returncode == 0
 
 
-def environment_info() -> dict:
+def environment_info(env: dict | None = None) -> dict:
+    """The machine and the corral measured; ``env``: the environment corral ran with
+    (default: this process's), for where its registry was."""
     import platform
 
     info = {
@@ -84,6 +86,7 @@ def environment_info() -> dict:
         "harness_layout": os.environ.get("CORRAL_HARNESS_LAYOUT"),
         "user_manager": user_manager_reachable(),
         "pythondontwritebytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+        "state_dir": state_dir_info(os.environ if env is None else env),
     }
     try:
         from corral_systemd import __version__
@@ -97,6 +100,25 @@ def environment_info() -> dict:
     except Exception:
         info["systemd"] = None
     return info
+
+
+def state_dir_info(env) -> dict | None:
+    """Where corral's registry was (``CORRAL_STATE_DIR``, else its default) and the
+    file system under it: each registry write is fsynced, which costs nothing on a
+    tmpfs (``/run`` and ``/run/user/UID`` where systemd is PID 1) and a disk's
+    flush elsewhere."""
+    try:
+        from corral_systemd.state.registry import state_dir
+    except ImportError:  # pragma: no cover
+        return None
+    path = state_dir(env)
+    mount, fs = "", None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, point, kind, *_ = line.split()
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(mount):
+                mount, fs = point, kind
+    return {"path": path, "fs": fs}
 
 
 def exit_status(returncode: int) -> int:

@@ -289,7 +289,7 @@ def main() -> int:
         sid = sid.stdout.strip()
         with open(os.path.join(state, "sessions", f"{sid}.json")) as f:
             mode = json.load(f)["engine"]
-        data = {"mode": mode, "environment": environment_info()}
+        data = {"mode": mode, "environment": environment_info(env)}
         if not args.waiting_only:
             data["start_to_ready"] = start_to_ready(args.rounds, env, sid, args.also)
         subprocess.run([*CTL, "session", "end", sid], capture_output=True, env=env, check=True)

@@ -195,11 +195,12 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     directory = REG.ensure_state_dir()
     # Said here, in one line, not from the detached corral's log (the holder's own
     # fork was forked while its session was open: its run's Join decides alone).
+    session = None
     if request.spec.session is not None and not request.below_holder:
         from ..state import sessions as S
 
         try:
-            S.joinable(request.spec.session, directory)
+            session = S.open_session(request.spec.session, directory)
         except S.NotJoinable as exc:
             raise SetupError(str(exc)) from None
     if request.name is not None:
@@ -223,8 +224,8 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     warnings: list[str] = []
     try:
         try:
-            if request.spec.session is not None and not request.below_holder:
-                corral = _by_holder(request, directory, log_fd, started_w, warnings, caller)
+            if session is not None:
+                corral = _by_holder(request, session, directory, log_fd, started_w, warnings, caller)
             if corral is None and caller is not None:
                 raise SetupError(warnings[-1] if warnings else "a served background run must be in a session")
             if corral is None:
@@ -723,19 +724,25 @@ def _remove(path: str | None) -> None:
 
 
 def _by_holder(
-    request, directory: str, log_fd: int, started_fd: int, warnings: list[str], caller=None
+    request,
+    session: "tuple[str, dict | None]",
+    directory: str,
+    log_fd: int,
+    started_fd: int,
+    warnings: list[str],
+    caller=None,
 ) -> "_Corral | None":
     """Ask the session's holder to start the run's corral as its child, handing it
     the ready pipe's write end; None (and the reason in ``warnings``) where it
-    cannot be had faithfully."""
+    cannot be had faithfully. ``session``: its id and its holder's token
+    (``state.sessions.open_session``)."""
     from ..kernel.context import ProcessContext, cannot_carry
     from ..state import sessions as S
     from ..varlink.wire import Channel, ProtocolError, VarlinkError
 
-    session_id = S.joinable(request.spec.session or "", directory)
     # The holder's word on where it is (its token, read before the Spawn call:
     # the holder serves one connection at a time), then the call to the same process.
-    token = S.holder_token(session_id) or {}
+    session_id, token = session[0], session[1] or {}
     connected = S.connect_holder(session_id, timeout=10)  # the holder the kernel names, not an entry
     if connected is None:
         raise SetupError(f"session {session_id} has ended")

@@ -106,11 +106,11 @@ class RunGuard:
         from ..state.registry import MARK_ENV, RegistryObserver, new_mark, register
 
         mark = new_mark(self.spec.run_id) if engine.marks_processes else None
-        session_id = self._session_open(engine) if self.spec.session is not None else None
+        session_id, token = self._session_open(engine) if self.spec.session is not None else (None, None)
         in_slice = False
         if session_id is not None:
             self.labels = dict(self.labels, session=session_id)
-            in_slice = self._join_session(engine, session_id)
+            in_slice = self._join_session(engine, session_id, token)
         facts = engine.registry_facts()
         try:
             self.registration = register(
@@ -152,19 +152,20 @@ class RunGuard:
             self.spec.env = env
         return RegistryObserver(self.registration)
 
-    def _session_open(self, engine) -> str:
-        """The id of the session asked for, if it is open (``state.sessions.joinable``);
-        else the engine is closed and SetupError says why (125: the command never starts)."""
+    def _session_open(self, engine) -> "tuple[str, dict | None]":
+        """The id of the session asked for, if it is open, and its holder's token
+        (``state.sessions.open_session``); else the engine is closed and SetupError
+        says why (125: the command never starts)."""
         from ..state import registry as REG
         from ..state import sessions as S
 
         try:
-            return S.joinable(self.spec.session or "", REG.state_dir())
+            return S.open_session(self.spec.session or "", REG.state_dir())
         except S.NotJoinable as exc:
             engine.close()
             raise SetupError(str(exc)) from None
 
-    def _join_session(self, engine, session_id: str) -> bool:
+    def _join_session(self, engine, session_id: str, token: "dict | None") -> bool:
         """Put the run in its session's slice (systemd mode: the session's aggregate
         limits hold it, and ending the session stops the slice); True if it is there.
         A run that cannot be (another engine or manager, its own --slice) is still
@@ -173,7 +174,6 @@ class RunGuard:
         from ..common.unit_names import DEFAULT_SLICE
         from ..state import sessions as S
 
-        token = S.holder_token(session_id)
         limits = S.session_limits(token)
         in_slice = S.token_slice(token)
         if in_slice is None:

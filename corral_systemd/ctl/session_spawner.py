@@ -310,6 +310,7 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
     without a run: its caller, never answered, starts the run another way (its own
     front), so no run is started twice."""
     from ..core.background import fork_run_corral
+    from ..kernel.gate import EXIT_NOT_RELEASED
 
     gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
 
@@ -317,7 +318,7 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
         told = os.read(gate_r, 1)
         os.close(gate_r)
         if told != b"1":
-            os._exit(125)  # the holder died unanswered: this call's run is its caller's to start
+            os._exit(EXIT_NOT_RELEASED)  # the holder died unanswered: this call's run is its caller's to start
         return become()
 
     try:

@@ -187,13 +187,19 @@ def joinable(text: str, directory: str) -> str:
     """The id of session ``text`` (an id or a name) if its holder lives and its
     token says open: a check before anything starts. Only the holder admits a
     run (``join``). NotJoinable else."""
+    return open_session(text, directory)[0]
+
+
+def open_session(text: str, directory: str) -> "tuple[str, dict | None]":
+    """``joinable``'s id, and the holder's token it read (``holder_token``; None: bound
+    but not answering, or outside this pid namespace): one look for both."""
     entry = find(text, directory)
     if entry is None:
         raise NotJoinable(f"no session {text!r}")
     token = holder_token(entry["session"])
     if token is None and (holder_pid(entry["session"]) is not None or holder_unseen(entry["session"])):
         # bound but not answering (stopped, busy), or outside this pid namespace: the holder decides at ``join``
-        return entry["session"]
+        return entry["session"], None
     if token is None:
         if _holder_elsewhere(entry):
             raise NotJoinable(
@@ -203,7 +209,7 @@ def joinable(text: str, directory: str) -> str:
         raise NotJoinable(f"session {entry['session']} has ended")
     if token.get("state") != "open":
         raise NotJoinable(f"session {entry['session']} is ending")
-    return entry["session"]
+    return entry["session"], token
 
 
 def _holder_elsewhere(entry: dict) -> bool:
