@@ -111,11 +111,12 @@ def state_dir_info(env) -> dict | None:
         from corral_systemd.state.registry import state_dir
     except ImportError:  # pragma: no cover
         return None
-    path = state_dir(env)
+    path = os.path.realpath(state_dir(env))
     mount, fs = "", None
     with open("/proc/self/mounts") as f:
         for line in f:
             _, point, kind, *_ = line.split()
+            point = point.replace("\\040", " ").replace("\\011", "\t")  # the table's escapes
             if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(mount):
                 mount, fs = point, kind
     return {"path": path, "fs": fs}

@@ -146,7 +146,7 @@ def main() -> int:
             plain_times += asyncio.run(_timed_calls([sys.executable, str(plain)], env, args.calls // 3))
         kills = [asyncio.run(_kill_to_gone(env, ctl)) for _ in range(args.kills)]
     result = {
-        "environment": environment_info(),
+        "environment": environment_info(env),
         "exec_true_ms": {
             "corral_mcp_median": statistics.median(corral_times) * 1000,
             "plain_mcp_median": statistics.median(plain_times) * 1000,

@@ -178,3 +178,38 @@ def test_a_caller_in_another_network_namespace_cannot_join(tmp_path):
             ], r.stderr
     finally:
         subprocess.run([*CTL, "session", "end", sid], env=env, capture_output=True)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_environment_options_of_a_session_run_are_read_with_the_callers_environment(
+    tmp_path, mode, client, request
+):
+    """--env-clear --env-keep PATH in a session: the run's corral reads the command line
+    with the caller's whole environment (so the registry it names, CORRAL_STATE_DIR, is
+    the one used, and the record says what was dropped), and the command gets PATH alone."""
+    state = tmp_path / "state"
+    marker = new_marker()
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_SESSION"}
+    env.update(CORRAL_STATE_DIR=str(state), **{MARKER_ENV: marker})
+    sid = _start_session(env, mode)
+    try:
+        front = subprocess.run(
+            [*_client(request, client), *mode_flags(mode), "--session", sid, "--background", "--json", "-"]
+            + ["--env-clear", "--env-keep", "PATH", "--", "sh", "-c", 'echo "[${HOME-unset}]"'],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert front.returncode == 0, front.stderr
+        started = json.loads(front.stdout)
+        assert started["started_by"] == "holder", started
+        wait = subprocess.run([*CTL, "wait", started["run_id"]], env=env, capture_output=True, text=True)
+        assert wait.returncode == 0, wait.stderr
+        record = json.loads((state / f"{started['run_id']}.json").read_text())  # this registry's, not another's
+        assert record["environment"]["kept"] == ["PATH"] and "CORRAL_STATE_DIR" in record["environment"]["dropped"]
+        assert "[unset]" in (state / f"{started['run_id']}.out").read_text().splitlines()
+    finally:
+        subprocess.run([*CTL, "session", "end", sid], env=env, capture_output=True)
+        kill_marked(marker)

@@ -59,6 +59,11 @@ def _cmdline(pid: int) -> bytes:
         return f.read()
 
 
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def _run_corral(agent, sid: str, run_id: str) -> int:
     """The run's corral (its registry entry's owner), checked to be the holder's child."""
     pid = __import__("json").loads((agent.directory / f"{run_id}.json").read_text())["owner"]["pid"]
@@ -451,8 +456,9 @@ def test_a_front_that_cannot_be_made_on_the_clients_stdio_ends_alone(agent, comp
 
 def test_a_run_its_holders_front_forked_is_kept_below_the_holder(agent, compiled_client):  # noqa: F811
     """The holder's front forks the run's corral itself, with the request it read (no
-    ``Spawn``, no second reading): once the front has exited, that corral is the holder's
-    child (its subreaper), a background run's, so it keeps no session open past its idle
+    ``Spawn``): while the front waits, the run's corral is the front's child (not the
+    holder's, as a Spawned one is); once the front has exited, it is the holder's child
+    (its subreaper), a background run's, so it keeps no session open past its idle
     timeout (the kernel's word: its parent was the holder's front); and the session's end
     stops and proves it, its record written."""
     import json
@@ -461,16 +467,27 @@ def test_a_run_its_holders_front_forked_is_kept_below_the_holder(agent, compiled
 
     idle = 3 * TIME_SCALE
     sid = start_session(agent, "--idle-timeout", f"{idle:g}s", mode="fallback")
+    holder = _holder(agent, sid)
     marker = new_marker()
+    ready = agent.directory.parent / "ready"
     try:
-        r = subprocess.run(
-            [*compiled_client, "--session", sid, "--background", "--json", "-", "--", "sleep", "1000"],
+        client = subprocess.Popen(
+            [*compiled_client, "--session", sid, "--background", "--json", "-", "--ready-file", str(ready)]
+            + ["--", "sleep", "1000"],
             env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=60 * TIME_SCALE,
         )
-        assert r.returncode == 0, r.stderr
+        wait_started(agent.directory)
+        (entry,) = agent.directory.glob("*.json")
+        corral = json.loads(entry.read_text())["owner"]["pid"]
+        front = _ppid(corral)  # while the front waits: the run's corral is its child, and it the holder's
+        assert front != holder and _ppid(front) == holder, (corral, front, holder)
+        ready.touch()
+        out, err = client.communicate(timeout=60 * TIME_SCALE)
+        assert client.returncode == 0, err
+        r = subprocess.CompletedProcess(client.args, 0, out, err)
         started = json.loads(r.stdout)
         assert started["started_by"] == "holder" and "not this run's front" not in r.stderr, (started, r.stderr)
         _run_corral(agent, sid, started["run_id"])  # the holder's child: its front has exited
@@ -497,20 +514,50 @@ def become():
 pid, pidfd, gate = session_spawner._fork_answered(os.open(os.devnull, os.O_WRONLY), (w,), become)
 if sys.argv[1] == "answered":
     session_spawner._release(gate)
-else:
+elif sys.argv[1] == "died":
     os.close(gate)  # as the kernel closes a SIGKILLed holder's descriptors, unanswered
+else:  # the caller gone (or given up) before its answer: the answer cannot be sent
+    import socket
+
+    from corral_systemd.varlink.wire import Channel
+
+    mine, theirs = socket.socketpair()
+    theirs.close()
+    assert session_spawner.Spawner("/nonexistent", "x")._answer(Channel(mine), pid, pidfd, gate) is False
 os.close(w)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 print(json.dumps({"code": code, "ran": os.read(r, 16).decode()}))
 """
 
 
-@pytest.mark.parametrize("holder", ["answered", "died"])
+@pytest.mark.parametrize("holder", ["answered", "died", "caller-gone"])
 def test_a_calls_child_runs_only_once_its_caller_was_answered(holder):
     """Spawn's run corral and Front's front are held at a gate until the holder has
-    answered the call: a holder killed before that (its caller then starts the run
-    itself) leaves a child that exits without a run, so no run is started twice."""
+    answered the call: a holder killed before that, or a caller gone or given up
+    waiting (it then starts the run itself), leaves a child that exits without a run,
+    so no run is started twice."""
     r = subprocess.run([sys.executable, "-c", _GATE, holder], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     told = __import__("json").loads(r.stdout)
     assert told == ({"code": 0, "ran": "ran"} if holder == "answered" else {"code": 125, "ran": ""}), told
+
+
+def test_a_foreground_run_inside_a_background_run_keeps_its_session_busy(agent):
+    """A run's corral whose parent is a background run's own corral (a subreaper run's
+    command) is a foreground member, as one started anywhere else: only a child of a
+    front the holder forked is taken for a background run's corral."""
+    from conftest import TIME_SCALE
+
+    idle = 3 * TIME_SCALE
+    sid = start_session(agent, "--idle-timeout", f"{idle:g}s", mode="fallback")
+    nested = [sys.executable, "-m", "corral_systemd", "--guarantee", "subreaper", "--session", sid]
+    r = agent.corral(
+        ["--guarantee", "subreaper", "--session", sid, "--background", "--", *nested, "--", "sleep", f"{3 * idle:g}"]
+    )
+    try:
+        assert r.returncode == 0, r.stderr
+        time.sleep(2 * idle)
+        assert agent.session_entry(sid)["state"] == "open"  # idle for its timeout, but the nested run goes on
+        assert agent.wait_ended(sid, within=30 * TIME_SCALE)["why"] == f"idle for {idle:g}s"
+    finally:
+        agent.ctl("session", "end", sid)

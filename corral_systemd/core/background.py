@@ -225,7 +225,7 @@ def launch(request, run_here, caller: ServedCaller | None = None, keep_corral: b
     try:
         try:
             if session is not None:
-                corral = _by_holder(request, session, directory, log_fd, started_w, warnings, caller)
+                corral = _by_holder(request, *session, directory, log_fd, started_w, warnings, caller)
             if corral is None and caller is not None:
                 raise SetupError(warnings[-1] if warnings else "a served background run must be in a session")
             if corral is None:
@@ -725,7 +725,8 @@ def _remove(path: str | None) -> None:
 
 def _by_holder(
     request,
-    session: "tuple[str, dict | None]",
+    session_id: str,
+    token: "dict | None",
     directory: str,
     log_fd: int,
     started_fd: int,
@@ -734,15 +735,15 @@ def _by_holder(
 ) -> "_Corral | None":
     """Ask the session's holder to start the run's corral as its child, handing it
     the ready pipe's write end; None (and the reason in ``warnings``) where it
-    cannot be had faithfully. ``session``: its id and its holder's token
-    (``state.sessions.open_session``)."""
+    cannot be had faithfully. ``session_id`` and ``token``: the session and its
+    holder's token, as ``state.sessions.open_session`` read them."""
     from ..kernel.context import ProcessContext, cannot_carry
     from ..state import sessions as S
     from ..varlink.wire import Channel, ProtocolError, VarlinkError
 
     # The holder's word on where it is (its token, read before the Spawn call:
     # the holder serves one connection at a time), then the call to the same process.
-    session_id, token = session[0], session[1] or {}
+    token = token or {}
     connected = S.connect_holder(session_id, timeout=10)  # the holder the kernel names, not an entry
     if connected is None:
         raise SetupError(f"session {session_id} has ended")
@@ -750,7 +751,9 @@ def _by_holder(
     if caller is not None:
         context = caller.context
     else:
-        context = ProcessContext.here(dict(os.environ if request.spec.env is None else request.spec.env))
+        # The environment the command line was read with (the run's corral reads it again
+        # with it: --env-clear and the like apply there), not the command's.
+        context = ProcessContext.here(dict(os.environ))
     why = cannot_carry(holder, context, token.get("place") if token.get("pid") == holder else None)
     if why is not None:
         sock.close()

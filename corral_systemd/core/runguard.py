@@ -174,6 +174,8 @@ class RunGuard:
         from ..common.unit_names import DEFAULT_SLICE
         from ..state import sessions as S
 
+        if token is None:  # the holder did not answer the first look (busy, stopped): once more
+            token = S.holder_token(session_id)
         limits = S.session_limits(token)
         in_slice = S.token_slice(token)
         if in_slice is None:

@@ -94,6 +94,8 @@ class Spawner:
         #: The background runs' corrals this holder started (and compiled clients' fronts, which
         #: fork their runs' corrals), and the callers waiting for their end.
         self.children: dict[int, Channel | None] = {}
+        #: Those of them that are fronts (``Front``): a child of one is a background run's corral.
+        self.fronts: set[int] = set()
         #: The session's runs are the manager's (``_warm`` loads the systemd engine too).
         self.systemd = systemd
         self._warmed = False
@@ -103,6 +105,7 @@ class Spawner:
             if channel is not None:
                 channel.sock.close()
         self.children.clear()
+        self.fronts.clear()
 
     # -- a front's call ---------------------------------------------------------------------
     def spawn(self, channel: Channel, params: dict, fds: list[int]) -> bool:
@@ -123,19 +126,26 @@ class Spawner:
         background run of this session, a context the holder cannot give, a
         client of another version; ``UsageError`` for a command line corral refuses.
         ``pinned``: a pidfd of the client (``caller``), alive after the last read of it."""
-        return self._answer(channel, *self._front(channel, caller, pinned, params, fds))
+        pid, pidfd, gate = self._front(channel, caller, pinned, params, fds)
+        self.fronts.add(pid)
+        return self._answer(channel, pid, pidfd, gate)
 
     def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int) -> bool:
+        """Tell the caller the child's pid and pidfd, then let the child go on (its
+        gate, ``_fork_answered``). A caller gone by then (or one that gave up
+        waiting and starts the run itself) is not answered, and the child, never
+        let go, exits without a run: reaped here."""
         try:
             channel.send({"parameters": {"pid": pid, "pidfd": 0}, "continues": True}, [pidfd])
-            self.children[pid] = channel
-            return True
         except OSError:
-            self.children[pid] = None  # the front is gone: the run goes on, reaped here
+            self.children[pid] = None
+            os.close(gate)
             return False
         finally:
             os.close(pidfd)
-            _release(gate)
+        self.children[pid] = channel
+        _release(gate)
+        return True
 
     def _spawn(self, params: dict, fds: list[int]) -> tuple[int, int, int]:
         """Fork the run's corral; (its pid, a pidfd of it, its gate: ``_fork_answered``)."""
@@ -214,6 +224,7 @@ class Spawner:
                 os.dup2(fds[0], 0)
                 os.close(fds[0])  # a number of its own: received here, never 0 (the holder's is /dev/null)
                 request.below_holder = True  # the run's corral is forked by the front: no Spawn, no second reading
+                request.spec.cwd = None  # the caller's directory is this one (its descriptor), not a path to it
                 return served_front(request, program, connection)
 
             return _fork_answered(fds[1], (cwd_fd, fds[0], connection), become, stderr=fds[2])
@@ -249,7 +260,7 @@ class Spawner:
         if pid in self.children:
             return True
         info = procfs.read_stat(pid)
-        return info is not None and (info.ppid in self.children or info.ppid == os.getpid())
+        return info is not None and (info.ppid in self.fronts or info.ppid == os.getpid())
 
     def reap(self) -> None:
         """Reap every child that has exited (the runs' corrals, and orphans of
@@ -262,6 +273,7 @@ class Spawner:
             if pid == 0:
                 return
             channel = self.children.pop(pid, None)
+            self.fronts.discard(pid)
             if channel is not None:
                 code = os.waitstatus_to_exitcode(status)
                 try:
@@ -286,11 +298,10 @@ class Spawner:
             time.sleep(min(0.25, max(0.0, end - time.monotonic())))  # a child's SIGCHLD does not cut it short
         end = time.monotonic() + bound
         while True:
+            self.reap()  # every child that has ended, its caller told
             try:
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass
+                os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                self.reap()  # the fronts still waiting are told
                 return []
             below = own_descendants()
             if time.monotonic() >= end:
@@ -305,10 +316,11 @@ class Spawner:
 def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | None = None) -> tuple[int, int, int]:
     """Fork a call's child (``core.background.fork_run_corral``), held until the call
     is answered: (its pid, a pidfd of it, the write end of its gate, which ``_answer``
-    releases once the caller has been told, or was found gone). A holder that dies
-    before that (SIGKILL) closes the gate unreleased, and the child exits at once
-    without a run: its caller, never answered, starts the run another way (its own
-    front), so no run is started twice."""
+    releases once the caller has been told). A gate closed unreleased -- the holder
+    died first (SIGKILL), or the caller was gone or had given up waiting -- makes
+    the child exit at once without a run: a caller never answered starts the run
+    another way (its own front), so no run is started twice."""
+    from ..core.background import _say as say
     from ..core.background import fork_run_corral
     from ..kernel.gate import EXIT_NOT_RELEASED
 
@@ -317,8 +329,9 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
     def answered_then_become() -> int:
         told = os.read(gate_r, 1)
         os.close(gate_r)
-        if told != b"1":
-            os._exit(EXIT_NOT_RELEASED)  # the holder died unanswered: this call's run is its caller's to start
+        if told != b"1":  # its caller was not answered: the run is the caller's to start, or nobody's
+            say("corral: the session's holder did not answer for this run: it was not started\n")
+            os._exit(EXIT_NOT_RELEASED)
         return become()
 
     try:
