@@ -7,6 +7,7 @@ thread has exited; never names). Processes are only ever killed by pid.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,7 +117,7 @@ def state_dir_info(env) -> dict | None:
     with open("/proc/self/mounts") as f:
         for line in f:
             _, point, kind, *_ = line.split()
-            point = point.replace("\\040", " ").replace("\\011", "\t")  # the table's escapes
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)  # the table's escapes
             if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(mount):
                 mount, fs = point, kind
     return {"path": path, "fs": fs}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 from serving import CLIENT_BUILD, compiled_client  # noqa: F401  (fixture)
-from test_background import free_port, wait_started
+from test_background import READY_TIMEOUT, free_port, wait_started
 from test_sessions import agent, start_session  # noqa: F401  (fixture)
 
 from procscan import MARKER_ENV, kill_marked, marked_pids, new_marker
@@ -473,13 +473,13 @@ def test_a_run_its_holders_front_forked_is_kept_below_the_holder(agent, compiled
     try:
         client = subprocess.Popen(
             [*compiled_client, "--session", sid, "--background", "--json", "-", "--ready-file", str(ready)]
-            + ["--", "sleep", "1000"],
+            + [*READY_TIMEOUT, "--", "sleep", "1000"],
             env=dict(agent.env, CORRAL_SERVICE_DEBUG="1", **{MARKER_ENV: marker}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        wait_started(agent.directory)
+        wait_started(agent.directory, within=20 * TIME_SCALE)
         (entry,) = agent.directory.glob("*.json")
         corral = json.loads(entry.read_text())["owner"]["pid"]
         front = _ppid(corral)  # while the front waits: the run's corral is its child, and it the holder's

@@ -255,12 +255,13 @@ class Spawner:
     # -- the children -----------------------------------------------------------------------
     def keeps(self, pid: int) -> bool:
         """Is ``pid`` (a member's corral, alive) a background run's corral below this
-        holder: its child, the child of a front it forked, or one come to it when that
-        front exited? The kernel's word (its parent), never the caller's."""
+        holder: its child, or the child of a front it forked? The kernel's word (its
+        parent), never the caller's. One whose front died before its Join (come to the
+        holder) is taken for a foreground run: it keeps the session open, never ends it early."""
         if pid in self.children:
             return True
         info = procfs.read_stat(pid)
-        return info is not None and (info.ppid in self.fronts or info.ppid == os.getpid())
+        return info is not None and info.ppid in self.fronts
 
     def reap(self) -> None:
         """Reap every child that has exited (the runs' corrals, and orphans of
@@ -330,7 +331,8 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
         told = os.read(gate_r, 1)
         os.close(gate_r)
         if told != b"1":  # its caller was not answered: the run is the caller's to start, or nobody's
-            say("corral: the session's holder did not answer for this run: it was not started\n")
+            if stderr is not None:  # a client's (Front); a Spawned corral's is the run's log, which its caller reuses
+                say("corral: the session's holder did not answer for this run: it was not started\n")
             os._exit(EXIT_NOT_RELEASED)
         return become()
 
