@@ -71,6 +71,16 @@ def _run_corral(agent, sid: str, run_id: str) -> int:
     return pid
 
 
+def _serves_on(agent, sid: str, holder: int) -> None:
+    """The holder lives and its session is open: a run starts and ends in it, and the
+    session ends, proven."""
+    assert os.path.exists(f"/proc/{holder}") and agent.session_entry(sid)["state"] == "open"
+    run_id = _start(agent, sid, "--", "true")
+    assert agent.ctl("wait", run_id).returncode == 0
+    end = agent.ctl("session", "end", sid)
+    assert end.returncode == 0, end.stderr
+
+
 def _start(agent, sid: str, *args, env=None) -> str:
     r = agent.corral(["--session", sid, "--background", "--json", "-", *args], env=env)
     assert r.returncode == 0, r.stderr
@@ -338,11 +348,7 @@ def test_what_the_holder_cannot_read_never_ends_the_session(agent, compiled_clie
     assert refused.value.name.endswith(".InvalidParameter"), refused.value.name
     r = _in_session(agent, compiled_client, sid, "--ready-log", "a{4294967296}", "--", "true")
     assert "the session's holder is not this run's front" in r.stderr, r.stderr
-    assert os.path.exists(f"/proc/{holder}") and agent.session_entry(sid)["state"] == "open"
-    run_id = _start(agent, sid, "--", "true")
-    assert agent.ctl("wait", run_id).returncode == 0
-    end = agent.ctl("session", "end", sid)
-    assert end.returncode == 0, end.stderr
+    _serves_on(agent, sid, holder)
 
 
 def test_a_client_gone_before_the_run_is_ready_stops_it_and_frees_its_pipes(agent, compiled_client):  # noqa: F811
@@ -447,11 +453,7 @@ def test_a_front_that_cannot_be_made_on_the_clients_stdio_ends_alone(agent, comp
     finally:
         os.close(directory)
     assert r.returncode == 125, r.returncode
-    assert os.path.exists(f"/proc/{holder}") and agent.session_entry(sid)["state"] == "open"
-    run_id = _start(agent, sid, "--", "true")
-    assert agent.ctl("wait", run_id).returncode == 0
-    end = agent.ctl("session", "end", sid)
-    assert end.returncode == 0, end.stderr
+    _serves_on(agent, sid, holder)
 
 
 def test_a_run_its_holders_front_forked_is_kept_below_the_holder(agent, compiled_client):  # noqa: F811

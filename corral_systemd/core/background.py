@@ -743,9 +743,7 @@ def _by_holder(
 
     # The holder's word on where it is (its token, read before the Spawn call:
     # the holder serves one connection at a time), then the call to the same process.
-    if token is None:  # the holder did not answer the first look (busy, stopped): once more
-        token = S.holder_token(session_id)
-    token = token or {}
+    token = S.looked_again(session_id, token) or {}
     connected = S.connect_holder(session_id, timeout=10)  # the holder the kernel names, not an entry
     if connected is None:
         raise SetupError(f"session {session_id} has ended")

@@ -174,8 +174,7 @@ class RunGuard:
         from ..common.unit_names import DEFAULT_SLICE
         from ..state import sessions as S
 
-        if token is None:  # the holder did not answer the first look (busy, stopped): once more
-            token = S.holder_token(session_id)
+        token = S.looked_again(session_id, token)
         limits = S.session_limits(token)
         in_slice = S.token_slice(token)
         if in_slice is None:

@@ -212,6 +212,12 @@ def open_session(text: str, directory: str) -> "tuple[str, dict | None]":
     return entry["session"], token
 
 
+def looked_again(session_id: str, token: "dict | None") -> "dict | None":
+    """``open_session``'s token, or, where its look found the holder busy or stopped
+    (None), a second look (``holder_token``): what a run needs of it (its slice, its place)."""
+    return token if token is not None else holder_token(session_id)
+
+
 def _holder_elsewhere(entry: dict) -> bool:
     """Does the process the entry names as holder live in another network namespace?
     (Only to say why a session cannot be joined: nothing else rests on the entry.)"""
