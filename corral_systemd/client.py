@@ -198,9 +198,9 @@ def _prctl(option: int, value: int) -> None:
     """prctl(2) on this process. PR_SET_DUMPABLE 0: the command, which runs
     as this uid, cannot ptrace it or open its descriptors through /proc (its
     exit pipe, its control pipe, its connection to the service)."""
-    import ctypes
+    from .kernel import libc
 
-    ctypes.CDLL(None).prctl(option, value, 0, 0, 0)
+    libc.library().prctl(option, value, 0, 0, 0)
 
 
 def _hello(channel, path: str) -> None:

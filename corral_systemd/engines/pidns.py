@@ -108,7 +108,7 @@ class PidNamespace:
         # its pid namespace (uid 0 of a user namespace) and any other user in a
         # user namespace of their own first, which owns them.
         self.userns = uid != 0
-        lib = ns.libc()
+        lib = ns.preloaded()
         # Loaded here, before the clone: the init starts with its code (and json)
         # in memory instead of loading it while corral waits for its ``ready``.
         from . import pidns_init

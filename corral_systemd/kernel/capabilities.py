@@ -11,20 +11,20 @@ Only lowering is done here, which the kernel always allows: a set that asks
 for a bit this process lacks is refused (OSError EPERM), nothing changed.
 """
 
-import ctypes
 import os
 
+from . import libc
 from .prctl import lower_ambient
 
 _VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set
 
 
-class _Header(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class _Header(libc.Structure):
+    _fields_ = [("version", libc.c_uint32), ("pid", libc.c_int)]
 
 
-class _Data(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+class _Data(libc.Structure):
+    _fields_ = [("effective", libc.c_uint32), ("permitted", libc.c_uint32), ("inheritable", libc.c_uint32)]
 
 
 def status_sets(status: dict[str, str]) -> tuple[int, int]:
@@ -37,9 +37,9 @@ def lower_to(inheritable: int, ambient: int, have_amb: int) -> None:
     effective and permitted sets untouched); ``have_amb``: its ambient set now
     (/proc/self/status: capget(2) does not tell it). OSError if either holds a
     bit this process's own set lacks (that would be a gain) or the kernel refuses."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    lib = libc.library()
     header, data = _Header(_VERSION_3, 0), (_Data * 2)()
-    if libc.capget(ctypes.byref(header), data) != 0:
+    if lib.capget(libc.byref(header), data) != 0:
         _raise()
     have_inh = data[0].inheritable | (data[1].inheritable << 32)
     if inheritable & ~have_inh or ambient & ~have_amb:
@@ -51,10 +51,10 @@ def lower_to(inheritable: int, ambient: int, have_amb: int) -> None:
             lower_ambient(cap)
     if inheritable != have_inh:
         data[0].inheritable, data[1].inheritable = inheritable & 0xFFFFFFFF, inheritable >> 32
-        if libc.capset(ctypes.byref(header), data) != 0:
+        if lib.capset(libc.byref(header), data) != 0:
             _raise()
 
 
 def _raise():
-    err = ctypes.get_errno()
+    err = libc.get_errno()
     raise OSError(err, os.strerror(err))

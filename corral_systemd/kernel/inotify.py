@@ -14,9 +14,10 @@ ENOSYS where libc or the kernel has no inotify. The queue can overflow
 (IN_Q_OVERFLOW): events are lost, never the fact that something changed.
 """
 
-import ctypes
 import os
 import struct
+
+from . import libc
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
@@ -35,12 +36,8 @@ IN_ONLYDIR = 0x01000000
 _EVENT = struct.Struct("iIII")
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _error(what: str) -> OSError:
-    err = ctypes.get_errno()
+    err = libc.get_errno()
     return OSError(err, f"{what}: {os.strerror(err)}")
 
 
@@ -48,7 +45,7 @@ class Inotify:
     """One inotify instance: ``watch`` paths, poll ``fileno()``, ``read()`` what came."""
 
     def __init__(self):
-        self._libc = _libc()
+        self._libc = libc.library()
         self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0:
             raise _error("inotify_init1")

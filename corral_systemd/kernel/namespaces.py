@@ -19,8 +19,9 @@ EINVAL (a kernel without the namespace).
 """
 
 import _signal  # not signal: the same numbers without enum's start-up cost
-import ctypes
 import os
+
+from . import libc
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -40,10 +41,10 @@ _SYS_CLONE3 = 435  # the same number on every architecture
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220, "ppc64le": 120, "s390x": 120, "riscv64": 220}
 
 
-def libc():
+def preloaded():
     """libc's unshare, mount, umount2 and prctl, errno kept (``os.unshare``
-    is Python 3.12's); load it before a fork, call it in the child."""
-    lib = ctypes.CDLL(None, use_errno=True)
+    is Python 3.12's), looked up now: load them before a fork, call them in the child."""
+    lib = libc.library()
     for name in ("unshare", "mount", "umount2", "prctl", "syscall"):
         getattr(lib, name)
     return lib
@@ -51,12 +52,12 @@ def libc():
 
 def errno_error(what: str) -> OSError:
     """The last libc call's errno as an OSError naming ``what``."""
-    err = ctypes.get_errno()
+    err = libc.get_errno()
     return OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def mount(lib, source, target, fstype, flags: int, data: str | None = None) -> None:
-    """mount(2) through ``lib`` (``libc()``); OSError naming ``target`` if refused."""
+    """mount(2) through ``lib`` (``preloaded()``); OSError naming ``target`` if refused."""
     args = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
     if lib.mount(args[0], args[1], args[2], flags, args[3]) != 0:
         raise errno_error(f"mount {target}")
@@ -120,8 +121,8 @@ _SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
 _AT_FDCWD = -100
 
 
-def _c(value: int) -> ctypes.c_long:
-    return ctypes.c_long(value)
+def _c(value: int) -> libc.c_long:
+    return libc.c_long(value)
 
 
 def _detached_proc(lib) -> int:
@@ -176,9 +177,9 @@ def _unescaped(field: bytes) -> bytes:
     return b"".join(out)
 
 
-class _CloneArgs(ctypes.Structure):
+class _CloneArgs(libc.Structure):
     _fields_ = [
-        (name, ctypes.c_uint64)
+        (name, libc.c_uint64)
         for name in (
             "flags",
             "pidfd",
@@ -198,18 +199,17 @@ class _CloneArgs(ctypes.Structure):
 def clone_into(flags: int) -> tuple[int, int]:
     """Fork into new namespaces (``CLONE_NEW*`` ``flags``): (pid, pidfd) in
     the parent, (0, -1) in the child. See the module's docstring."""
-    pidfd = ctypes.c_int(-1)
-    args = _CloneArgs(flags=flags | _CLONE_PIDFD, pidfd=ctypes.addressof(pidfd), exit_signal=_signal.SIGCHLD)
-    lib = ctypes.PyDLL(None, use_errno=True)  # the GIL stays held across the call
-    lib.syscall.restype = ctypes.c_long
-    api = ctypes.pythonapi
+    pidfd = libc.c_int(-1)
+    args = _CloneArgs(flags=flags | _CLONE_PIDFD, pidfd=libc.addressof(pidfd), exit_signal=_signal.SIGCHLD)
+    api = libc.pythonapi()  # the GIL stays held across each call
+    api.syscall.restype = libc.c_long
     api.PyOS_BeforeFork()
-    pid = lib.syscall(_SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
-    err = ctypes.get_errno() if pid < 0 else 0
+    pid = api.syscall(_SYS_CLONE3, libc.byref(args), libc.sizeof(args))
+    err = libc.get_errno() if pid < 0 else 0
     if pid < 0 and err == 38 and (number := _SYS_CLONE.get(os.uname().machine)) is not None:
         # ENOSYS: clone3 filtered (Docker's seccomp profile does), the old clone is allowed.
-        pid = lib.syscall(number, ctypes.c_ulong(flags | _signal.SIGCHLD), None, None, None, None)
-        err = ctypes.get_errno() if pid < 0 else 0
+        pid = api.syscall(number, libc.c_ulong(flags | _signal.SIGCHLD), None, None, None, None)
+        err = libc.get_errno() if pid < 0 else 0
         pidfd.value = -2
     if pid == 0:
         api.PyOS_AfterFork_Child()

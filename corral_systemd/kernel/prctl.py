@@ -1,17 +1,18 @@
 """prctl(2) calls Python does not expose."""
 
-import ctypes
 import os
+
+from . import libc
 
 PR_SET_CHILD_SUBREAPER = 36
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc = libc.library()
+_libc.prctl.argtypes = [libc.c_int, libc.c_ulong, libc.c_ulong, libc.c_ulong, libc.c_ulong]
 
 
 def _prctl(option: int, arg: int, arg3: int = 0) -> None:
     if _libc.prctl(option, arg, arg3, 0, 0) != 0:
-        err = ctypes.get_errno()
+        err = libc.get_errno()
         raise OSError(err, os.strerror(err))
 
 

@@ -43,7 +43,7 @@ import stat
 from . import namespaces as ns
 from . import netns
 from .handoff import Mask
-from .namespaces import errno_error, libc, map_self, mount, set_dumpable
+from .namespaces import errno_error, map_self, mount, preloaded, set_dumpable
 
 #: The record's ``network`` for --network none made this way.
 HOW = "userns+netns"
@@ -61,7 +61,7 @@ class Seal:
         self.host_user = os.readlink("/proc/self/ns/user")
         self.host_mnt = os.readlink("/proc/self/ns/mnt")
         self.uid, self.gid = os.geteuid(), os.getegid()
-        self._libc = libc()
+        self._libc = preloaded()
 
     # -- in the child ----------------------------------------------------
     def apply(self) -> None:

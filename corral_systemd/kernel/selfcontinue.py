@@ -22,30 +22,30 @@ once (a signal, and the wakeup fd of a ``_signal.set_wakeup_fd`` caller).
 """
 
 import _signal  # not signal: the same numbers without enum's start-up cost
-import ctypes
 
+from . import libc
 from .namespaces import errno_error
 
 _CLOCK_MONOTONIC = 1
 _SIGEV_SIGNAL = 0
 
 
-class _SigEvent(ctypes.Structure):
+class _SigEvent(libc.Structure):
     """``struct sigevent`` (64 bytes: its value, signal, kind, then a union)."""
 
     _fields_ = [
-        ("sigev_value", ctypes.c_void_p),
-        ("sigev_signo", ctypes.c_int),
-        ("sigev_notify", ctypes.c_int),
-        ("_rest", ctypes.c_int * 12),
+        ("sigev_value", libc.c_void_p),
+        ("sigev_signo", libc.c_int),
+        ("sigev_notify", libc.c_int),
+        ("_rest", libc.c_int * 12),
     ]
 
 
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+class _Timespec(libc.Structure):
+    _fields_ = [("tv_sec", libc.c_long), ("tv_nsec", libc.c_long)]
 
 
-class _ITimerSpec(ctypes.Structure):
+class _ITimerSpec(libc.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
@@ -53,11 +53,11 @@ def continue_every(seconds: float) -> None:
     """Have the kernel send this process SIGCONT every ``seconds`` from now
     on (see the module). OSError where the timer cannot be had."""
     _signal.signal(_signal.SIGCONT, lambda signum, frame: None)
-    libc = ctypes.CDLL(None, use_errno=True)
+    lib = libc.library()
     event = _SigEvent(sigev_signo=int(_signal.SIGCONT), sigev_notify=_SIGEV_SIGNAL)
-    timer = ctypes.c_void_p()
-    if libc.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
+    timer = libc.c_void_p()
+    if lib.timer_create(_CLOCK_MONOTONIC, libc.byref(event), libc.byref(timer)) != 0:
         raise errno_error("timer_create")
     every = _Timespec(int(seconds), int(seconds % 1 * 1_000_000_000))
-    if libc.timer_settime(timer, 0, ctypes.byref(_ITimerSpec(every, every)), None) != 0:
+    if lib.timer_settime(timer, 0, libc.byref(_ITimerSpec(every, every)), None) != 0:
         raise errno_error("timer_settime")

@@ -79,9 +79,9 @@ def default_libc_signals() -> None:
     number = _SYS_RT_SIGACTION.get(os.uname().machine) if sys.maxsize > 2**32 else None
     if number is None:
         return
-    import ctypes
+    from . import libc
 
-    syscall = ctypes.CDLL(None, use_errno=True).syscall
-    zeroed = ctypes.create_string_buffer(64)
+    syscall = libc.library().syscall
+    zeroed = libc.string_buffer(64)
     for sig in range(32, _signal.SIGRTMIN):
-        syscall(ctypes.c_long(number), ctypes.c_int(sig), zeroed, None, ctypes.c_size_t(8))
+        syscall(libc.c_long(number), libc.c_int(sig), zeroed, None, libc.c_size_t(8))

@@ -23,17 +23,16 @@ def exited_with_usage(pid: int) -> tuple[int, int | None, int | None] | None:
     descendant it waited for, in microseconds, final (what wait4 would give
     at reaping, what a benchmark runner reports). ``None`` figures where the
     raw call is not to be had (another machine), with the status from os.waitid."""
-    import ctypes
+    from . import libc
 
     number = _SYS_WAITID.get(os.uname().machine)  # not platform: it imports re (ms of every start)
     if number is None:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         return None if info is None else (wait_status(info), None, None)
-    libc = ctypes.CDLL(None, use_errno=True)
-    siginfo = ctypes.create_string_buffer(128)  # zeroed: si_pid stays 0 while the child runs
-    rusage = ctypes.create_string_buffer(144)
-    if libc.syscall(number, os.P_PID, pid, siginfo, os.WEXITED | os.WNOHANG | os.WNOWAIT, rusage) != 0:
-        err = ctypes.get_errno()
+    siginfo = libc.string_buffer(128)  # zeroed: si_pid stays 0 while the child runs
+    rusage = libc.string_buffer(144)
+    if libc.library().syscall(number, os.P_PID, pid, siginfo, os.WEXITED | os.WNOHANG | os.WNOWAIT, rusage) != 0:
+        err = libc.get_errno()
         raise OSError(err, os.strerror(err))
     code, child, status = (int.from_bytes(siginfo.raw[at : at + 4], sys.byteorder, signed=True) for at in (8, 16, 24))
     if child == 0:
