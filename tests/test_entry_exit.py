@@ -41,8 +41,8 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
     # dataclasses (and inspect with it: common/plainclass.py), json (and re:
     # common/jsoncodec.py), re (units.py) or enum (signal's: _signal instead);
     # nor contextlib (and functools: common/cleanup.py), collections (array's
-    # import of collections.abc too: kernel/fdpass.py), ctypes (kernel/libc.py), or a
-    # --pty run's termios.
+    # import of collections.abc too: kernel/fdpass.py), ctypes (kernel/libc.py), math
+    # (common/units.py's finite), or a --pty run's termios.
     # Without site (-S): an editable install's finder loads re and more before
     # corral does; the package is found on its path instead.
     unused = [
@@ -61,6 +61,7 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
         "collections",
         "array",
         "ctypes",
+        "math",
         "termios",
         "corral_systemd.core.pty",
         "corral_systemd.state.registry.audit",

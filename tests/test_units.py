@@ -1,6 +1,6 @@
 import pytest
 
-from corral_systemd.common.units import parse_count, parse_duration, parse_size
+from corral_systemd.common.units import finite, parse_count, parse_cpus, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,28 @@ def test_sizes(text, value):
 def test_bad_sizes(text):
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (0, True),
+        (-2.5, True),
+        (10**400, True),
+        (1e308, True),
+        (float("inf"), False),
+        (-float("inf"), False),
+        (float("nan"), False),
+    ],
+)
+def test_finite_is_maths(value, expected):
+    assert finite(value) is expected
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e999", "infinity%", "0", "-1"])
+def test_bad_cpus(text):
+    with pytest.raises(ValueError):
+        parse_cpus(text)
 
 
 @pytest.mark.parametrize("text", ["0", "-3", "x", "1.5", ""])

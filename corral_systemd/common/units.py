@@ -5,14 +5,18 @@ they never accept a value that would be silently misread (negative, NaN,
 infinite, empty, or with an unknown suffix).
 """
 
-import math
-
 # Read by hand, not with ``re``: most runs parse a duration, and ``re``
 # costs every run's start more than the parse. The grammar: a DURATION is
 # DIGITS[.DIGITS] or .DIGITS, then a unit; a SIZE is DIGITS, then an
 # optional suffix (DIGITS: ASCII digits).
 _DURATION_SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SIZE_SCALE = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def finite(value: float) -> bool:
+    """Neither infinite nor NaN (``math.isfinite``, whose module is a shared
+    object to load at every run's start): only then is ``value - value`` zero."""
+    return value - value == 0
 
 
 def parse_duration(text: str, *, what: str = "duration") -> float:
@@ -25,7 +29,7 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
     if not well_formed:
         raise ValueError(f"invalid {what} {text!r}: expected a number with ms, s, m or h (e.g. 500ms, 2s)")
     value = float(number) * _DURATION_SCALE[unit]
-    if not math.isfinite(value):
+    if not finite(value):
         raise ValueError(f"invalid {what} {text!r}: out of range")
     return value
 
@@ -69,8 +73,8 @@ def parse_cpus(text: str, *, what: str = "cpus") -> float:
     try:
         value = float(body[:-1] if scale != 1.0 else body) / scale
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
+        value = float("nan")
+    if not finite(value) or value <= 0:
         raise ValueError(f"invalid {what} {text!r}: expected a number of CPUs greater than zero (e.g. 0.5 or 50%)")
     return value
 

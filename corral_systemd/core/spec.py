@@ -17,13 +17,13 @@ Bounds:
 - argv, env, cwd: strings without NUL bytes (exec could not pass them).
 """
 
-import math
 import os
 
 from ..common.errors import UsageError
 from ..common.limits import LIMITS, MAX_CPUS, MAX_DURATION, MAX_PIDS, MAX_SIZE, TIMINGS
 from ..common.plainclass import field, plainclass
 from ..common.unit_names import new_run_id
+from ..common.units import finite
 from ..engines.kinds import GUARANTEES
 
 CGROUP_MODES = ("auto", "enforced", "fallback")
@@ -229,7 +229,7 @@ def _check_duration(name: str, value, *, optional: bool) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"invalid {name} {value!r}: expected seconds")
-    if not math.isfinite(value) or value < 0:
+    if not finite(value) or value < 0:
         raise UsageError(f"invalid {name} {value!r}: must be a finite number of seconds, not negative")
     if value > MAX_DURATION:
         raise UsageError(f"invalid {name}: {value:g}s is out of range (at most {MAX_DURATION / 3600:.0f}h, 100 years)")
@@ -241,7 +241,7 @@ def _check_cpus(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"invalid {name} {value!r}: expected a number of CPUs")
     # systemd's CPUQuota= is whole microseconds per second: below 0.000001 CPU is none.
-    if not math.isfinite(value) or value < 1e-6 or value > MAX_CPUS:
+    if not finite(value) or value < 1e-6 or value > MAX_CPUS:
         raise UsageError(f"invalid {name} {value!r}: expected 0.000001 to {MAX_CPUS:g} CPUs")
 
 
