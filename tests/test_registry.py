@@ -548,7 +548,12 @@ def test_registration_prunes_a_few_stale_runs_at_most_once_per_interval(state, d
     assert len(stale - left()) == REG.PRUNE_BATCH  # a bounded batch...
     assert not {".json", ".log"} & set().union(*(files_of(state, i) for i in stale - left()))
     corral_run()
-    assert left() == set()  # ... and the next registration goes on with the rest
+    assert len(stale - left()) == REG.PRUNE_BATCH  # ... not looked for again at the next registration...
+    due = stamp.stat().st_mtime + REG.PRUNE_INTERVAL - time.time()
+    assert 0 < due <= REG.PRUNE_AGAIN  # ... but PRUNE_AGAIN later
+    os.utime(stamp, (0, 0))  # that time has passed
+    corral_run()
+    assert left() == set()  # the rest
     assert files_of(state, recent) == {".json", ".log"}
     again = make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid)
     corral_run()

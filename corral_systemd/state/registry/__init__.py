@@ -29,7 +29,7 @@ Retention: a finished entry and its log stay at least ``KEEP_FINISHED``
 (24 h) after the run finished; then ``corralctl gc`` removes them
 (``--keep-finished``), and so does registration of a new run, at most
 ``PRUNE_BATCH`` of them and only when ``.pruned`` is older than
-``PRUNE_INTERVAL`` (see ``maybe_prune``). Active and expired entries, and
+``PRUNE_INTERVAL`` (``PRUNE_AGAIN`` while a backlog lasts; see ``maybe_prune``). Active and expired entries, and
 entries whose owner still runs, are never removed.
 
 The run's own uid can rewrite all of these files (see README "Security:
@@ -104,6 +104,7 @@ from .paths import (  # noqa: F401
 )
 from .retention import (  # noqa: F401
     KEEP_FINISHED,
+    PRUNE_AGAIN,
     PRUNE_BATCH,
     PRUNE_INTERVAL,
     PRUNE_STAMP,

@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 KEEP_FINISHED = 24 * 3600.0
 #: Registration looks for stale finished runs at most this often (by PRUNE_STAMP's mtime) ...
 PRUNE_INTERVAL = 3600.0
-#: ... and removes at most this many of them each time.
-PRUNE_BATCH = 8
+#: ... and removes at most this many of them each time ...
+PRUNE_BATCH = 64
+#: ... and, when that left more, looks again this long after (not at the next
+#: registration: each look stats every entry, tens of ms with tens of thousands).
+PRUNE_AGAIN = 60.0
 PRUNE_STAMP = ".pruned"
 
 
@@ -121,7 +124,10 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
     Otherwise it renews the stamp first (concurrent registrations then skip)
     and removes at most ``PRUNE_BATCH`` runs finished more than
     ``KEEP_FINISHED`` ago; if it removed that many, more may be left, so it
-    makes the stamp stale again for the next registration to go on.
+    dates the stamp for the next look ``PRUNE_AGAIN`` from now. A look stats
+    every entry (the runs of the last ``KEEP_FINISHED``), which is what a
+    registration pays for it: a backlog of old runs (a day of heavy use)
+    costs one look a minute, never one per run.
     Returns how many runs it removed.
     """
     now = time.time() if now is None else now
@@ -139,7 +145,8 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
             os.close(fd)
         removed = prune_finished(directory, KEEP_FINISHED, limit=PRUNE_BATCH, now=now)
         if len(removed) >= PRUNE_BATCH:
-            os.utime(stamp, (0, 0))
+            again = now - PRUNE_INTERVAL + PRUNE_AGAIN
+            os.utime(stamp, (again, again))
         return len(removed)
     except Exception:  # noqa: BLE001 -- the run is registered; pruning must never stop it
         return 0
