@@ -513,35 +513,49 @@ def become():
     os.write(w, b"ran")
     return 0
 
+import socket
+
+from corral_systemd.state import sessions
+from corral_systemd.varlink.wire import Channel
+
 pid, pidfd, gate = session_spawner._fork_answered(os.open(os.devnull, os.O_WRONLY), (w,), become)
-if sys.argv[1] == "answered":
-    session_spawner._release(gate)
-elif sys.argv[1] == "died":
+holder = session_spawner.Spawner("/nonexistent", "x")
+mine, theirs = socket.socketpair()
+how = sys.argv[1]
+if how == "answered":  # Front's: the holder lets it go once the answer is sent
+    assert holder._answer(Channel(mine), pid, pidfd, gate) is True
+elif how == "died":
     os.close(gate)  # as the kernel closes a SIGKILLed holder's descriptors, unanswered
-else:  # the caller gone (or given up) before its answer: the answer cannot be sent
-    import socket
-
-    from corral_systemd.varlink.wire import Channel
-
-    mine, theirs = socket.socketpair()
+elif how == "caller-gone":  # before its answer: the answer cannot be sent
     theirs.close()
-    assert session_spawner.Spawner("/nonexistent", "x")._answer(Channel(mine), pid, pidfd, gate) is False
+    assert holder._answer(Channel(mine), pid, pidfd, gate) is False
+else:  # Spawn's: the gate goes with the answer, its caller lets the child go
+    assert holder._answer(Channel(mine), pid, pidfd, gate, caller_releases=True) is True
+    if how == "spawn-answered":  # as a Python front does once it has read the answer
+        reply, fds = Channel(theirs).receive()
+        assert reply["parameters"]["gate"] == 1 and len(fds) == 2, reply
+        sessions.release(fds[reply["parameters"]["gate"]])
+    else:  # "spawn-given-up": the caller's timeout came as the answer landed: never read
+        theirs.close()
 os.close(w)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 print(json.dumps({"code": code, "ran": os.read(r, 16).decode()}))
 """
 
 
-@pytest.mark.parametrize("holder", ["answered", "died", "caller-gone"])
+@pytest.mark.parametrize("holder", ["answered", "died", "caller-gone", "spawn-answered", "spawn-given-up"])
 def test_a_calls_child_runs_only_once_its_caller_was_answered(holder):
-    """Spawn's run corral and Front's front are held at a gate until the holder has
-    answered the call: a holder killed before that, or a caller gone or given up
-    waiting (it then starts the run itself), leaves a child that exits without a run,
-    so no run is started twice."""
+    """Spawn's run corral and Front's front are held at a gate until the call is
+    answered: a holder killed before that, or a caller gone, leaves a child that exits
+    without a run, so no run is started twice. Spawn's caller (a Python front, which
+    gives up after a timeout and starts the run itself) lets its child go itself, with
+    the gate its answer brings: an answer that landed after it gave up is never read,
+    and that child exits without a run too."""
     r = subprocess.run([sys.executable, "-c", _GATE, holder], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     told = __import__("json").loads(r.stdout)
-    assert told == ({"code": 0, "ran": "ran"} if holder == "answered" else {"code": 125, "ran": ""}), told
+    ran = holder in ("answered", "spawn-answered")
+    assert told == ({"code": 0, "ran": "ran"} if ran else {"code": 125, "ran": ""}), told
 
 
 def test_a_foreground_run_inside_a_background_run_keeps_its_session_busy(agent):

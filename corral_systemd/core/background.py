@@ -791,11 +791,12 @@ def _by_holder(
         return None
     finally:
         os.close(cwd_fd)
-    if len(fds) != 1 or type(reply.get("pid")) is not int:
+    if len(fds) != 2 or type(reply.get("pid")) is not int or (reply.get("pidfd"), reply.get("gate")) != (0, 1):
         for fd in fds:
             os.close(fd)
-        sock.close()
+        sock.close()  # a gate among them closed unreleased: no run of the holder's
         raise SetupError(f"session {session_id}'s holder answered with no process")
+    S.release(fds[1])  # answered, so the run is the holder's: its corral may go on
     return _HeldByHolder(channel, reply["pid"], fds[0])
 
 

@@ -14,8 +14,11 @@ it alone; ``ProcessContext.apply``, the caller's environment as
 the command line read there, as the front read it); the holder closes its
 copy of the pipe and answers at once with the child's pid and a pidfd of it
 (``continues``), and once it has reaped the child, its exit code. The child
-waits for that answer to be sent (``_fork_answered``): a holder killed
-before it leaves no run behind that its caller, unanswered, would start again.
+waits at a gate (``_fork_answered``) whose only other end goes with that
+answer: the front lets it go once it has read the answer. A holder killed
+before answering, or a front that gave up waiting (its timeout: it starts
+the run itself) as the answer landed, closes the gate unreleased, and the
+child exits without a run: no run is started twice.
 
 A fork, not an exec: the holder has loaded what a run's corral loads
 (``_warm``, once), so a run's corral starts without an interpreter's start
@@ -109,9 +112,10 @@ class Spawner:
 
     # -- a front's call ---------------------------------------------------------------------
     def spawn(self, channel: Channel, params: dict, fds: list[int]) -> bool:
-        """Start the run's corral (``Spawn``), answer with its pid and a pidfd
-        (``continues``); True if ``channel`` is kept to tell the front its exit code."""
-        return self._answer(channel, *self._spawn(params, fds))
+        """Start the run's corral (``Spawn``), answer with its pid, a pidfd and its
+        gate, which the front releases (``continues``); True if ``channel`` is kept
+        to tell the front its exit code."""
+        return self._answer(channel, *self._spawn(params, fds), caller_releases=True)
 
     def front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> bool:
         """A compiled client's ``--background`` command line in this session
@@ -130,13 +134,17 @@ class Spawner:
         self.fronts.add(pid)
         return self._answer(channel, pid, pidfd, gate)
 
-    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int) -> bool:
-        """Tell the caller the child's pid and pidfd, then let the child go on (its
-        gate, ``_fork_answered``). A caller gone by then (or one that gave up
-        waiting and starts the run itself) is not answered, and the child, never
-        let go, exits without a run: reaped here."""
+    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int, caller_releases: bool = False) -> bool:
+        """Tell the caller the child's pid and pidfd, and let the child go on (its
+        gate, ``_fork_answered``): here, once the answer is sent, or, with
+        ``caller_releases``, by the caller, to whom the gate goes with the answer
+        (``state.sessions.release``; a caller with a timeout: one that gave up as
+        the answer landed never reads it, and the gate closes with its socket).
+        A caller gone by then is not answered, and the child, never let go, exits
+        without a run: reaped here."""
+        answer: dict = {"pid": pid, "pidfd": 0, **({"gate": 1} if caller_releases else {})}
         try:
-            channel.send({"parameters": {"pid": pid, "pidfd": 0}, "continues": True}, [pidfd])
+            channel.send({"parameters": answer, "continues": True}, [pidfd, gate] if caller_releases else [pidfd])
         except OSError:
             self.children[pid] = None
             os.close(gate)
@@ -144,7 +152,10 @@ class Spawner:
         finally:
             os.close(pidfd)
         self.children[pid] = channel
-        _release(gate)
+        if caller_releases:
+            os.close(gate)  # the caller's copy is the only one now
+        else:
+            S.release(gate)
         return True
 
     def _spawn(self, params: dict, fds: list[int]) -> tuple[int, int, int]:
@@ -317,10 +328,10 @@ class Spawner:
 def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | None = None) -> tuple[int, int, int]:
     """Fork a call's child (``core.background.fork_run_corral``), held until the call
     is answered: (its pid, a pidfd of it, the write end of its gate, which ``_answer``
-    releases once the caller has been told). A gate closed unreleased -- the holder
-    died first (SIGKILL), or the caller was gone or had given up waiting -- makes
-    the child exit at once without a run: a caller never answered starts the run
-    another way (its own front), so no run is started twice."""
+    releases once the caller has been told, or sends the caller to release). A gate
+    closed unreleased -- the holder died first (SIGKILL), or the caller was gone or
+    had given up waiting -- makes the child exit at once without a run: a caller
+    never answered starts the run another way (its own front), so no run is started twice."""
     from ..core.background import _say as say
     from ..core.background import fork_run_corral
     from ..kernel.gate import EXIT_NOT_RELEASED
@@ -348,15 +359,6 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
     except BaseException:
         os.close(gate_w)
         raise
-
-
-def _release(gate: int) -> None:
-    try:
-        os.write(gate, b"1")
-    except OSError:
-        pass  # the child is gone already
-    finally:
-        os.close(gate)
 
 
 def _pidfd_or_kill(pid: int) -> int:

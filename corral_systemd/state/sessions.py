@@ -67,6 +67,18 @@ END_METHOD = f"{INTERFACE}.End"
 FRONT_METHOD = f"{INTERFACE}.Front"
 
 
+def release(gate: int) -> None:
+    """Let a call's child go on (``ctl.session_spawner._fork_answered``): one byte
+    on its gate. ``Spawn``'s caller does so itself, with the gate its answer brought,
+    once it has that answer and will not start the run another way."""
+    try:
+        os.write(gate, b"1")
+    except OSError:
+        pass  # the child is gone already
+    finally:
+        os.close(gate)
+
+
 def holder_address(session_id: str, uid: int | None = None) -> str:
     """The holder's socket: an abstract name (Linux), per user and session. No
     file the runs could rename, remove or bind anew; the kernel refuses the name
