@@ -522,20 +522,18 @@ pid, pidfd, gate = session_spawner._fork_answered(os.open(os.devnull, os.O_WRONL
 holder = session_spawner.Spawner("/nonexistent", "x")
 mine, theirs = socket.socketpair()
 how = sys.argv[1]
-if how == "answered":  # Front's: the holder lets it go once the answer is sent
-    assert holder._answer(Channel(mine), pid, pidfd, gate) is True
-elif how == "died":
+if how == "died":
     os.close(gate)  # as the kernel closes a SIGKILLed holder's descriptors, unanswered
 elif how == "caller-gone":  # before its answer: the answer cannot be sent
     theirs.close()
     assert holder._answer(Channel(mine), pid, pidfd, gate) is False
-else:  # Spawn's: the gate goes with the answer, its caller lets the child go
-    assert holder._answer(Channel(mine), pid, pidfd, gate, caller_releases=True) is True
-    if how == "spawn-answered":  # as a Python front does once it has read the answer
+else:  # the gate goes with the answer: its caller lets the child go
+    assert holder._answer(Channel(mine), pid, pidfd, gate) is True
+    if how == "answered":  # as a Python front and the compiled client do once they have read it
         reply, fds = Channel(theirs).receive()
         assert reply["parameters"]["gate"] == 1 and len(fds) == 2, reply
         sessions.release(fds[reply["parameters"]["gate"]])
-    else:  # "spawn-given-up": the caller's timeout came as the answer landed: never read
+    else:  # "given-up": the caller's timeout came as the answer landed: never read
         theirs.close()
 os.close(w)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -543,19 +541,17 @@ print(json.dumps({"code": code, "ran": os.read(r, 16).decode()}))
 """
 
 
-@pytest.mark.parametrize("holder", ["answered", "died", "caller-gone", "spawn-answered", "spawn-given-up"])
+@pytest.mark.parametrize("holder", ["answered", "died", "caller-gone", "given-up"])
 def test_a_calls_child_runs_only_once_its_caller_was_answered(holder):
-    """Spawn's run corral and Front's front are held at a gate until the call is
-    answered: a holder killed before that, or a caller gone, leaves a child that exits
-    without a run, so no run is started twice. Spawn's caller (a Python front, which
-    gives up after a timeout and starts the run itself) lets its child go itself, with
-    the gate its answer brings: an answer that landed after it gave up is never read,
-    and that child exits without a run too."""
+    """Spawn's run corral and Front's front are held at a gate whose other end goes to
+    the caller with the answer: the caller lets the child go once it has read it. A
+    holder killed before answering, a caller gone, or one that gave up waiting as the
+    answer landed (a Python front's timeout: it then starts the run itself) leaves a
+    child that exits without a run, so no run is started twice."""
     r = subprocess.run([sys.executable, "-c", _GATE, holder], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     told = __import__("json").loads(r.stdout)
-    ran = holder in ("answered", "spawn-answered")
-    assert told == ({"code": 0, "ran": "ran"} if ran else {"code": 125, "ran": ""}), told
+    assert told == ({"code": 0, "ran": "ran"} if holder == "answered" else {"code": 125, "ran": ""}), told
 
 
 def test_a_foreground_run_inside_a_background_run_keeps_its_session_busy(agent):

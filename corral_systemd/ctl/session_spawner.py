@@ -50,7 +50,8 @@ front is corral in the client's place (``cli.served_front``: it forks the
 run's corral itself, with the request the holder read -- no ``Spawn``, no
 second reading; below the holder all the same, whose child it becomes when
 the front exits -- waits for readiness, prints the start record and the
-messages); the client relays its stop signals through the
+messages), held at its gate until the client has read the answer (as a Spawned
+corral until its front has); the client relays its stop signals through the
 front's pidfd (held back until it has it) and exits with its code. The
 client gone before the run is ready (its connection hung up) stops the run,
 as a served caller's does. What the holder reads of the client is of the
@@ -115,7 +116,7 @@ class Spawner:
         """Start the run's corral (``Spawn``), answer with its pid, a pidfd and its
         gate, which the front releases (``continues``); True if ``channel`` is kept
         to tell the front its exit code."""
-        return self._answer(channel, *self._spawn(params, fds), caller_releases=True)
+        return self._answer(channel, *self._spawn(params, fds))
 
     def front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> bool:
         """A compiled client's ``--background`` command line in this session
@@ -134,28 +135,23 @@ class Spawner:
         self.fronts.add(pid)
         return self._answer(channel, pid, pidfd, gate)
 
-    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int, caller_releases: bool = False) -> bool:
-        """Tell the caller the child's pid and pidfd, and let the child go on (its
-        gate, ``_fork_answered``): here, once the answer is sent, or, with
-        ``caller_releases``, by the caller, to whom the gate goes with the answer
-        (``state.sessions.release``; a caller with a timeout: one that gave up as
-        the answer landed never reads it, and the gate closes with its socket).
-        A caller gone by then is not answered, and the child, never let go, exits
+    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int) -> bool:
+        """Tell the caller the child's pid, a pidfd of it and its gate
+        (``_fork_answered``), which the caller releases once it has read the answer
+        (``state.sessions.release``; the compiled client so too). A caller gone by
+        then is not answered; one that gave up waiting as the answer landed (a
+        Python front's timeout: it starts the run itself) never reads it, and the
+        gate closes with its socket. Either way the child, never let go, exits
         without a run: reaped here."""
-        answer: dict = {"pid": pid, "pidfd": 0, **({"gate": 1} if caller_releases else {})}
         try:
-            channel.send({"parameters": answer, "continues": True}, [pidfd, gate] if caller_releases else [pidfd])
+            channel.send({"parameters": {"pid": pid, "pidfd": 0, "gate": 1}, "continues": True}, [pidfd, gate])
         except OSError:
             self.children[pid] = None
-            os.close(gate)
             return False
         finally:
             os.close(pidfd)
+            os.close(gate)  # the caller's copy, if it has one, is the only one now
         self.children[pid] = channel
-        if caller_releases:
-            os.close(gate)  # the caller's copy is the only one now
-        else:
-            S.release(gate)
         return True
 
     def _spawn(self, params: dict, fds: list[int]) -> tuple[int, int, int]:
@@ -328,7 +324,7 @@ class Spawner:
 def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | None = None) -> tuple[int, int, int]:
     """Fork a call's child (``core.background.fork_run_corral``), held until the call
     is answered: (its pid, a pidfd of it, the write end of its gate, which ``_answer``
-    releases once the caller has been told, or sends the caller to release). A gate
+    sends the caller to release once it has read the answer). A gate
     closed unreleased -- the holder died first (SIGKILL), or the caller was gone or
     had given up waiting -- makes the child exit at once without a run: a caller
     never answered starts the run another way (its own front), so no run is started twice."""

@@ -69,8 +69,8 @@ FRONT_METHOD = f"{INTERFACE}.Front"
 
 def release(gate: int) -> None:
     """Let a call's child go on (``ctl.session_spawner._fork_answered``): one byte
-    on its gate. ``Spawn``'s caller does so itself, with the gate its answer brought,
-    once it has that answer and will not start the run another way."""
+    on the gate the holder's answer brought (``Spawn``, ``Front``), written by the
+    caller once it has that answer and will not start the run another way."""
     try:
         os.write(gate, b"1")
     except OSError:

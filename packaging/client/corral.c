@@ -555,9 +555,9 @@ static int send_all(int fd, const char *data, size_t len, const int *fds, int nf
 
 /* The next NUL-terminated message into *msg (NUL replaced by the end of the
  * string); 1, or 0 at end of file between messages, or -1 with why set.
- * Descriptors that come with it are closed, but for the first one into *kept
- * when kept is not NULL (and *kept is still -1). */
-static int receive_keeping(int fd, struct buf *in, struct buf *msg, const char **why, int *kept) {
+ * Descriptors that come with it are closed, but for the first nkept ones,
+ * into the slots of kept still -1. */
+static int receive_keeping(int fd, struct buf *in, struct buf *msg, const char **why, int *kept, size_t nkept) {
     for (;;) {
         char *nul = in->len ? memchr(in->data, 0, in->len) : NULL;
         if (nul) {
@@ -595,8 +595,11 @@ static int receive_keeping(int fd, struct buf *in, struct buf *msg, const char *
                 for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
                     int got_fd;
                     memcpy(&got_fd, CMSG_DATA(c) + i * sizeof(int), sizeof got_fd);
-                    if (kept && *kept < 0)
-                        *kept = got_fd;
+                    size_t slot = 0;
+                    while (slot < nkept && kept[slot] >= 0)
+                        slot++;
+                    if (slot < nkept)
+                        kept[slot] = got_fd;
                     else
                         close(got_fd); /* none expected */
                 }
@@ -613,7 +616,7 @@ static int receive_keeping(int fd, struct buf *in, struct buf *msg, const char *
 }
 
 static int receive(int fd, struct buf *in, struct buf *msg, const char **why) {
-    return receive_keeping(fd, in, msg, why, NULL);
+    return receive_keeping(fd, in, msg, why, NULL, 0);
 }
 
 /* The descriptor a command line names with --json-fd (its last one before
@@ -1092,8 +1095,12 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
     int started = 0;
     for (;;) {
         const char *why = NULL;
-        int kept = -1;
-        int got = receive_keeping(sock, &in, &msg, &why, started ? NULL : &kept);
+        /* The answer brings the front's pidfd and its gate: the front starts only once
+         * this process, having read the answer, lets it (a gate closed unreleased, on
+         * any other way out of here, makes it exit without a run). */
+        int fds[2] = {-1, -1};
+        int got = receive_keeping(sock, &in, &msg, &why, fds, started ? 0 : 2);
+        int kept = fds[0], gate = fds[1];
         struct jvalue reply = {0};
         struct parser ps = {msg.data, msg.data + (msg.len ? msg.len - 1 : 0), 0};
         if (got == 1 && (!parse_value(&ps, &reply, 0) || (skip_space(&ps), ps.p != ps.end) || reply.type != J_OBJECT)) {
@@ -1105,6 +1112,8 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
         if (got <= 0 || (started && (error || member(&reply, "error")))) {
             if (kept >= 0)
                 close(kept);
+            if (gate >= 0)
+                close(gate);
             if (!started) {
                 sigprocmask(SIG_SETMASK, &before, NULL);
                 close(sock);
@@ -1123,6 +1132,8 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
         if (member(&reply, "error")) {
             if (kept >= 0)
                 close(kept);
+            if (gate >= 0)
+                close(gate);
             const char *text = member_string(parameters, "why");
             sigprocmask(SIG_SETMASK, &before, NULL);
             close(sock);
@@ -1136,10 +1147,12 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
         }
         if (!started) {
             struct jvalue *continues = member(&reply, "continues");
-            if (kept < 0 || !continues || continues->type != J_BOOL || !continues->boolean) {
+            if (kept < 0 || gate < 0 || !continues || continues->type != J_BOOL || !continues->boolean) {
                 /* A reply that is not the protocol's: whether a front started is not known,
                  * so nothing starts here either (a second front would start a second run);
                  * a front whose pidfd came is waited for, as when the holder ends early. */
+                if (gate >= 0)
+                    close(gate);
                 sigprocmask(SIG_SETMASK, &before, NULL);
                 if (kept >= 0) {
                     struct pollfd p = {kept, POLLIN, 0};
@@ -1161,6 +1174,11 @@ static enum outcome front_via_holder(const char *session, int argc, char **argv,
             for (size_t i = 0; i < sizeof front_signals / sizeof *front_signals; i++)
                 sigaction(front_signals[i], &sa, NULL);
             sigprocmask(SIG_SETMASK, &before, NULL); /* one held back meanwhile goes to the front now */
+            /* The answer is read: the front may go on. One gone already (its gate's
+             * other end closed) is told by its pidfd, its exit code by the holder. */
+            ssize_t released = write(gate, "1", 1);
+            (void)released;
+            close(gate);
             continue;
         }
         struct jvalue *code = member(parameters, "exit_code");
