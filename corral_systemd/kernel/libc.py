@@ -38,7 +38,7 @@ class c_ulong(_ctypes._SimpleCData):
     _type_ = "L"
 
 
-c_size_t = c_ulong  # Linux's ABIs: size_t is an unsigned long (ctypes picks the same)
+c_size_t = c_ulong  # Linux's ABIs: size_t is as wide as an unsigned long
 
 
 class c_uint32(_ctypes._SimpleCData):
@@ -75,9 +75,10 @@ class _Library:
         self._function = Function
 
     def __getattr__(self, name: str):
-        if name.startswith("_"):
+        if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         function = self._function((name, self))  # type: ignore[arg-type]  # any object with _handle
+        function.__name__ = name  # type: ignore[attr-defined]  # as ctypes names them
         setattr(self, name, function)
         return function
 

@@ -177,44 +177,37 @@ def _unescaped(field: bytes) -> bytes:
     return b"".join(out)
 
 
-class _CloneArgs(libc.Structure):
-    _fields_ = [
-        (name, libc.c_uint64)
-        for name in (
-            "flags",
-            "pidfd",
-            "child_tid",
-            "parent_tid",
-            "exit_signal",
-            "stack",
-            "stack_size",
-            "tls",
-            "set_tid",
-            "set_tid_size",
-            "cgroup",
-        )
-    ]
+#: struct clone_args (Linux 5.3): eleven 64-bit fields, of which these are set.
+#: An array, not a Structure: a Structure's fields make Python 3.14's _ctypes
+#: import the ctypes module (its layout code), at every run's start.
+_CLONE_ARGS_FIELDS = 11
+_FLAGS, _PIDFD, _EXIT_SIGNAL = 0, 1, 4
 
 
 def clone_into(flags: int) -> tuple[int, int]:
     """Fork into new namespaces (``CLONE_NEW*`` ``flags``): (pid, pidfd) in
     the parent, (0, -1) in the child. See the module's docstring."""
     pidfd = libc.c_int(-1)
-    args = _CloneArgs(flags=flags | _CLONE_PIDFD, pidfd=libc.addressof(pidfd), exit_signal=_signal.SIGCHLD)
+    args = (libc.c_uint64 * _CLONE_ARGS_FIELDS)()
+    args[_FLAGS], args[_PIDFD], args[_EXIT_SIGNAL] = flags | _CLONE_PIDFD, libc.addressof(pidfd), _signal.SIGCHLD
     api = libc.pythonapi()  # the GIL stays held across each call
     api.syscall.restype = libc.c_long
-    api.PyOS_BeforeFork()
-    pid = api.syscall(_SYS_CLONE3, libc.byref(args), libc.sizeof(args))
+    # Every symbol looked up before the clone: a lookup takes the loader's lock,
+    # which a raw clone (unlike fork) does not make usable again in the child.
+    syscall, before = api.syscall, api.PyOS_BeforeFork
+    child, parent = api.PyOS_AfterFork_Child, api.PyOS_AfterFork_Parent
+    before()
+    pid = syscall(_SYS_CLONE3, libc.byref(args), libc.sizeof(args))
     err = libc.get_errno() if pid < 0 else 0
     if pid < 0 and err == 38 and (number := _SYS_CLONE.get(os.uname().machine)) is not None:
         # ENOSYS: clone3 filtered (Docker's seccomp profile does), the old clone is allowed.
-        pid = api.syscall(number, libc.c_ulong(flags | _signal.SIGCHLD), None, None, None, None)
+        pid = syscall(number, libc.c_ulong(flags | _signal.SIGCHLD), None, None, None, None)
         err = libc.get_errno() if pid < 0 else 0
         pidfd.value = -2
     if pid == 0:
-        api.PyOS_AfterFork_Child()
+        child()
         return 0, -1
-    api.PyOS_AfterFork_Parent()
+    parent()
     if pid < 0:
         raise OSError(err, os.strerror(err))
     return pid, pidfd.value if pidfd.value >= 0 else os.pidfd_open(pid)
