@@ -560,6 +560,15 @@ def test_registration_prunes_a_few_stale_runs_at_most_once_per_interval(state, d
     assert files_of(state, again) == {".json", ".log"}  # the stamp is fresh again: no scan
 
 
+def test_a_prune_stops_at_its_time(state, dead_pid):
+    """Registration's look is bounded in time too (PRUNE_BUDGET: day-old entries may be
+    cold on a slow disk): one whose time is up removes nothing more."""
+    stale = make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid)
+    assert REG.prune_finished(str(state), limit=REG.PRUNE_BATCH, until=time.monotonic() - 1) == []
+    assert files_of(state, stale) == {".json", ".log"}
+    assert [row["run_id"] for row in REG.prune_finished(str(state), until=time.monotonic() + 60)] == [stale]
+
+
 # -- environment ----------------------------------------------------------------------------
 def test_env_clear_keep_path_only(state, tmp_path):
     rec = tmp_path / "r.json"

@@ -524,11 +524,15 @@ mine, theirs = socket.socketpair()
 how = sys.argv[1]
 if how == "died":
     os.close(gate)  # as the kernel closes a SIGKILLed holder's descriptors, unanswered
+elif how == "unasked":  # a front of an earlier version asks for no gate: let go once the answer is sent
+    assert holder._answer(Channel(mine), pid, pidfd, gate, caller_releases=False) is True
+    reply, fds = Channel(theirs).receive()
+    assert "gate" not in reply["parameters"] and len(fds) == 1, reply
 elif how == "caller-gone":  # before its answer: the answer cannot be sent
     theirs.close()
-    assert holder._answer(Channel(mine), pid, pidfd, gate) is False
+    assert holder._answer(Channel(mine), pid, pidfd, gate, caller_releases=True) is False
 else:  # the gate goes with the answer: its caller lets the child go
-    assert holder._answer(Channel(mine), pid, pidfd, gate) is True
+    assert holder._answer(Channel(mine), pid, pidfd, gate, caller_releases=True) is True
     if how == "answered":  # as a Python front and the compiled client do once they have read it
         reply, fds = Channel(theirs).receive()
         assert reply["parameters"]["gate"] == 1 and len(fds) == 2, reply
@@ -541,17 +545,44 @@ print(json.dumps({"code": code, "ran": os.read(r, 16).decode()}))
 """
 
 
-@pytest.mark.parametrize("holder", ["answered", "died", "caller-gone", "given-up"])
+@pytest.mark.parametrize("holder", ["answered", "unasked", "died", "caller-gone", "given-up"])
 def test_a_calls_child_runs_only_once_its_caller_was_answered(holder):
     """Spawn's run corral and Front's front are held at a gate whose other end goes to
     the caller with the answer: the caller lets the child go once it has read it. A
     holder killed before answering, a caller gone, or one that gave up waiting as the
     answer landed (a Python front's timeout: it then starts the run itself) leaves a
-    child that exits without a run, so no run is started twice."""
+    child that exits without a run, so no run is started twice. A caller of an earlier
+    version, which asks for no gate, has its child let go once the answer is sent."""
     r = subprocess.run([sys.executable, "-c", _GATE, holder], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     told = __import__("json").loads(r.stdout)
-    assert told == ({"code": 0, "ran": "ran"} if holder == "answered" else {"code": 125, "ran": ""}), told
+    ran = holder in ("answered", "unasked")
+    assert told == ({"code": 0, "ran": "ran"} if ran else {"code": 125, "ran": ""}), told
+
+
+def test_a_call_given_up_midway_closes_the_gate_half_an_answer_brought():
+    """A Python front's Spawn call that times out with half the holder's answer read
+    (its descriptors come with the first bytes) closes them with the connection: the
+    gate among them, unreleased, ends the holder's child instead of leaving it blocked."""
+    import socket
+
+    from corral_systemd.kernel.fdpass import rights
+    from corral_systemd.varlink.wire import Channel
+
+    r, w = os.pipe()
+    mine, theirs = socket.socketpair()
+    theirs.sendmsg([b'{"parameters": {"pid": 1, "pidfd": 0, '], rights([w]))
+    os.close(w)
+    mine.settimeout(0.1)
+    channel = Channel(mine)
+    with pytest.raises(TimeoutError):
+        channel.receive()
+    channel.close()
+    try:
+        assert select.select([r], [], [], 5)[0] and os.read(r, 1) == b"", "a write end of the gate is still open"
+    finally:
+        os.close(r)
+        theirs.close()
 
 
 def test_a_foreground_run_inside_a_background_run_keeps_its_session_busy(agent):

@@ -762,8 +762,8 @@ def _by_holder(
     # This process's own working directory as it is (renamed, or its path gone:
     # the same directory); a served caller's by its path (the service checked it is the same file system).
     cwd_fd = os.open("." if caller is None else context.cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    channel = Channel(sock)
     try:
-        channel = Channel(sock)
         parameters = {
             "default_mode": request.default_mode,
             "run_id": request.spec.run_id,
@@ -772,17 +772,20 @@ def _by_holder(
             "log": 0,
             "cwd": 1,
             "started": 2,
+            # The gate with the answer, released here once it is read (a holder of an
+            # earlier version, which ignores this, lets its child go itself).
+            "caller_releases": True,
         }
         reply, fds = channel.call(S.SPAWN_METHOD, parameters, fds=[log_fd, cwd_fd, started_fd])
         sock.settimeout(None)
     except VarlinkError as exc:
-        sock.close()
+        channel.close()
         if exc.name.endswith(".SessionEnding"):
             raise SetupError(f"session {session_id} is ending") from None
         warnings.append(f"started by this corral: session {session_id}'s holder refused ({exc.name})")
         return None
     except (OSError, ProtocolError) as exc:
-        sock.close()
+        channel.close()  # with a gate that came with half an answer: unreleased, no run there
         try:
             S.joinable(session_id, directory)  # refused because the session began to end?
         except S.NotJoinable as ended:
@@ -791,12 +794,14 @@ def _by_holder(
         return None
     finally:
         os.close(cwd_fd)
-    if len(fds) != 2 or type(reply.get("pid")) is not int or (reply.get("pidfd"), reply.get("gate")) != (0, 1):
+    gated = len(fds) == 2 and reply.get("gate") == 1
+    if type(reply.get("pid")) is not int or reply.get("pidfd") != 0 or len(fds) != (2 if gated else 1):
         for fd in fds:
             os.close(fd)
-        sock.close()  # a gate among them closed unreleased: no run of the holder's
+        channel.close()  # a gate among them closed unreleased: no run of the holder's
         raise SetupError(f"session {session_id}'s holder answered with no process")
-    S.release(fds[1])  # answered, so the run is the holder's: its corral may go on
+    if gated:
+        S.release(fds[1])  # answered, so the run is the holder's: its corral may go on
     return _HeldByHolder(channel, reply["pid"], fds[0])
 
 

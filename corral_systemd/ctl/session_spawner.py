@@ -116,7 +116,7 @@ class Spawner:
         """Start the run's corral (``Spawn``), answer with its pid, a pidfd and its
         gate, which the front releases (``continues``); True if ``channel`` is kept
         to tell the front its exit code."""
-        return self._answer(channel, *self._spawn(params, fds))
+        return self._answer(channel, *self._spawn(params, fds), caller_releases=params.get("caller_releases") is True)
 
     def front(self, channel: Channel, caller: int, pinned: int, params: dict, fds: list[int]) -> bool:
         """A compiled client's ``--background`` command line in this session
@@ -133,24 +133,34 @@ class Spawner:
         ``pinned``: a pidfd of the client (``caller``), alive after the last read of it."""
         pid, pidfd, gate = self._front(channel, caller, pinned, params, fds)
         self.fronts.add(pid)
-        return self._answer(channel, pid, pidfd, gate)
+        return self._answer(channel, pid, pidfd, gate, caller_releases=True)  # a client of this version
 
-    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int) -> bool:
+    def _answer(self, channel: Channel, pid: int, pidfd: int, gate: int, *, caller_releases: bool) -> bool:
         """Tell the caller the child's pid, a pidfd of it and its gate
         (``_fork_answered``), which the caller releases once it has read the answer
         (``state.sessions.release``; the compiled client so too). A caller gone by
         then is not answered; one that gave up waiting as the answer landed (a
         Python front's timeout: it starts the run itself) never reads it, and the
         gate closes with its socket. Either way the child, never let go, exits
-        without a run: reaped here."""
+        without a run: reaped here. A caller that did not ask for the gate (a
+        front of an earlier version) is not sent it: the child is let go here once
+        the answer is sent."""
+        answer: dict = {"pid": pid, "pidfd": 0, **({"gate": 1} if caller_releases else {})}
         try:
-            channel.send({"parameters": {"pid": pid, "pidfd": 0, "gate": 1}, "continues": True}, [pidfd, gate])
+            channel.send({"parameters": answer, "continues": True}, [pidfd, gate] if caller_releases else [pidfd])
         except OSError:
             self.children[pid] = None
+            os.close(gate)
             return False
+        except BaseException:
+            os.close(gate)
+            raise
         finally:
             os.close(pidfd)
-            os.close(gate)  # the caller's copy, if it has one, is the only one now
+        if caller_releases:
+            os.close(gate)  # the caller's copy is the only one now
+        else:
+            S.release(gate)
         self.children[pid] = channel
         return True
 

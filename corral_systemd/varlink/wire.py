@@ -105,6 +105,13 @@ class Channel:
         if data:
             self.sock.sendall(data)
 
+    def close(self) -> None:
+        """Close the connection, and the descriptors of a message not yet whole
+        (a call given up midway: its timeout), which no caller would see."""
+        close_fds(self._fds)
+        self._fds = []
+        self.sock.close()
+
     def buffered(self) -> bool:
         """A whole message is already read: ``receive()`` returns it without
         reading the socket (which may not poll readable for it)."""

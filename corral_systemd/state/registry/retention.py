@@ -17,6 +17,8 @@ KEEP_FINISHED = 24 * 3600.0
 PRUNE_INTERVAL = 3600.0
 #: ... and removes at most this many of them each time ...
 PRUNE_BATCH = 64
+#: ... within this many seconds (entries a day old may be cold: slow disks) ...
+PRUNE_BUDGET = 0.01
 #: ... and, when that left more, looks again this long after (not at the next
 #: registration: each look stats every entry, tens of ms with tens of thousands).
 PRUNE_AGAIN = 60.0
@@ -68,14 +70,16 @@ def prune_finished(
     dry_run: bool = False,
     limit: int | None = None,
     now: float | None = None,
+    until: float | None = None,
 ) -> list[dict]:
     """Remove finished runs (entry and log) that finished more than ``keep`` seconds ago.
 
     Returns one dict per run removed (or, with ``dry_run``, that would be):
     ``run_id``, ``finished_at``, ``age``, ``outcome``, ``exit_code``, and
-    ``error`` when removing failed. Stops after ``limit`` runs. Entries are
-    read only when their file is older than the cutoff: a scan of recent
-    runs costs one stat() per run.
+    ``error`` when removing failed. Stops after ``limit`` runs removed (those
+    it could not remove do not count), or once ``time.monotonic()`` passes
+    ``until``. Entries are read only when their file is older than the cutoff:
+    a scan of recent runs costs one stat() per run.
     """
     now = time.time() if now is None else now
     cutoff = now - keep
@@ -85,8 +89,9 @@ def prune_finished(
     except OSError:
         return out
     with scan:
+        removed = 0
         for item in scan:
-            if limit is not None and len(out) >= limit:
+            if limit is not None and removed >= limit or until is not None and time.monotonic() >= until:
                 break
             if not item.name.endswith(".json"):
                 continue
@@ -113,6 +118,7 @@ def prune_finished(
                     remove_run(directory, run_id)
                 except OSError as exc:
                     row["error"] = str(exc)
+            removed += "error" not in row
             out.append(row)
     return out
 
@@ -123,8 +129,9 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
     Costs one stat() while ``PRUNE_STAMP`` is younger than ``PRUNE_INTERVAL``.
     Otherwise it renews the stamp first (concurrent registrations then skip)
     and removes at most ``PRUNE_BATCH`` runs finished more than
-    ``KEEP_FINISHED`` ago; if it removed that many, more may be left, so it
-    dates the stamp for the next look ``PRUNE_AGAIN`` from now. A look stats
+    ``KEEP_FINISHED`` ago, for at most ``PRUNE_BUDGET`` seconds; if it
+    stopped at either, more may be left, so it dates the stamp for the next
+    look ``PRUNE_AGAIN`` from now. A look stats
     every entry (the runs of the last ``KEEP_FINISHED``), which is what a
     registration pays for it: a backlog of old runs (a day of heavy use)
     costs one look a minute, never one per run.
@@ -143,10 +150,12 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
             os.utime(fd, (now, now))
         finally:
             os.close(fd)
-        removed = prune_finished(directory, KEEP_FINISHED, limit=PRUNE_BATCH, now=now)
-        if len(removed) >= PRUNE_BATCH:
+        until = time.monotonic() + PRUNE_BUDGET
+        rows = prune_finished(directory, KEEP_FINISHED, limit=PRUNE_BATCH, now=now, until=until)
+        removed = sum("error" not in row for row in rows)
+        if removed >= PRUNE_BATCH or time.monotonic() >= until:
             again = now - PRUNE_INTERVAL + PRUNE_AGAIN
-            os.utime(stamp, (again, again))
-        return len(removed)
+            os.utime(stamp, (again, again), follow_symlinks=False)
+        return removed
     except Exception:  # noqa: BLE001 -- the run is registered; pruning must never stop it
         return 0
