@@ -82,7 +82,8 @@ import select
 # At the top, not in the functions: corral imports this module before it
 # clones the init (``PidNamespace``), so the init finds all of it loaded.
 from ..common.plainclass import plainclass
-from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, errno_error, map_self, mount_own_proc, set_dumpable
+from ..kernel.libc import errno_error
+from ..kernel.namespaces import CLONE_NEWNS, CLONE_NEWUSER, map_self, mount_own_proc, set_dumpable
 from ..kernel.prctl import set_parent_death_signal
 from ..kernel.signals import stop_signals
 from ..kernel.spawn import ExecError, fork_command

@@ -11,8 +11,6 @@ Only lowering is done here, which the kernel always allows: a set that asks
 for a bit this process lacks is refused (OSError EPERM), nothing changed.
 """
 
-import os
-
 from . import libc
 from .prctl import lower_ambient
 
@@ -40,7 +38,7 @@ def lower_to(inheritable: int, ambient: int, have_amb: int) -> None:
     lib = libc.library()
     header, data = _Header(_VERSION_3, 0), (_Data * 2)()
     if lib.capget(libc.byref(header), data) != 0:
-        _raise()
+        raise libc.errno_error()
     have_inh = data[0].inheritable | (data[1].inheritable << 32)
     if inheritable & ~have_inh or ambient & ~have_amb:
         raise OSError(1, f"capabilities {inheritable:#x}/{ambient:#x} are not a subset of this process's")
@@ -52,9 +50,4 @@ def lower_to(inheritable: int, ambient: int, have_amb: int) -> None:
     if inheritable != have_inh:
         data[0].inheritable, data[1].inheritable = inheritable & 0xFFFFFFFF, inheritable >> 32
         if lib.capset(libc.byref(header), data) != 0:
-            _raise()
-
-
-def _raise():
-    err = libc.get_errno()
-    raise OSError(err, os.strerror(err))
+            raise libc.errno_error()

@@ -36,11 +36,6 @@ IN_ONLYDIR = 0x01000000
 _EVENT = struct.Struct("iIII")
 
 
-def _error(what: str) -> OSError:
-    err = libc.get_errno()
-    return OSError(err, f"{what}: {os.strerror(err)}")
-
-
 class Inotify:
     """One inotify instance: ``watch`` paths, poll ``fileno()``, ``read()`` what came."""
 
@@ -48,7 +43,7 @@ class Inotify:
         self._libc = libc.library()
         self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if self.fd < 0:
-            raise _error("inotify_init1")
+            raise libc.errno_error("inotify_init1")
 
     def fileno(self) -> int:
         return self.fd
@@ -57,7 +52,7 @@ class Inotify:
         """Watch ``path`` (its inode, as it is now) for ``mask``; the watch descriptor."""
         wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
         if wd < 0:
-            raise _error(f"inotify_add_watch {path}")
+            raise libc.errno_error(f"inotify_add_watch {path}")
         return wd
 
     def read(self) -> list[tuple[int, int, bytes]]:

@@ -17,6 +17,7 @@ ctypes); a call's errors are its return value and ``get_errno()``.
 """
 
 import _ctypes
+import os
 
 _FLAGS = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
 get_errno = _ctypes.get_errno
@@ -55,6 +56,12 @@ class c_void_p(_ctypes._SimpleCData):
 
 class c_char(_ctypes._SimpleCData):
     _type_ = "c"
+
+
+def errno_error(what: str | None = None) -> OSError:
+    """The last call's errno (``get_errno``) as an OSError, naming ``what`` if given."""
+    err = get_errno()
+    return OSError(err, os.strerror(err) if what is None else f"{what}: {os.strerror(err)}")
 
 
 def string_buffer(size: int):

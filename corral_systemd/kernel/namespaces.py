@@ -50,17 +50,11 @@ def preloaded():
     return lib
 
 
-def errno_error(what: str) -> OSError:
-    """The last libc call's errno as an OSError naming ``what``."""
-    err = libc.get_errno()
-    return OSError(err, f"{what}: {os.strerror(err)}")
-
-
 def mount(lib, source, target, fstype, flags: int, data: str | None = None) -> None:
     """mount(2) through ``lib`` (``preloaded()``); OSError naming ``target`` if refused."""
     args = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
     if lib.mount(args[0], args[1], args[2], flags, args[3]) != 0:
-        raise errno_error(f"mount {target}")
+        raise libc.errno_error(f"mount {target}")
 
 
 def map_self(uid: int, gid: int) -> None:
@@ -109,7 +103,7 @@ def mount_own_proc(lib) -> None:
             try:
                 _detach_procs(lib)
                 if lib.syscall(_c(_SYS_MOVE_MOUNT), _c(fresh), b"", _c(_AT_FDCWD), b"/proc", _c(4)) != 0:
-                    raise errno_error("move_mount /proc")  # 4: MOVE_MOUNT_F_EMPTY_PATH
+                    raise libc.errno_error("move_mount /proc")  # 4: MOVE_MOUNT_F_EMPTY_PATH
             finally:
                 os.close(fresh)
     if os.readlink("/proc/self") != str(os.getpid()):
@@ -130,14 +124,14 @@ def _detached_proc(lib) -> int:
     the kernel checks a /proc is fully visible when it is made (``fsmount``)."""
     fs = lib.syscall(_c(_SYS_FSOPEN), b"proc", _c(1))  # FSOPEN_CLOEXEC
     if fs < 0:
-        raise errno_error("fsopen proc")
+        raise libc.errno_error("fsopen proc")
     try:
         if lib.syscall(_c(_SYS_FSCONFIG), _c(fs), _c(6), None, None, _c(0)) != 0:  # FSCONFIG_CMD_CREATE
-            raise errno_error("fsconfig proc")
+            raise libc.errno_error("fsconfig proc")
         # FSMOUNT_CLOEXEC; MOUNT_ATTR_NOSUID | NODEV | NOEXEC
         fresh = lib.syscall(_c(_SYS_FSMOUNT), _c(fs), _c(1), _c(0x2 | 0x4 | 0x8))
         if fresh < 0:
-            raise errno_error("fsmount proc")
+            raise libc.errno_error("fsmount proc")
         return fresh
     finally:
         os.close(fs)

@@ -1,7 +1,5 @@
 """prctl(2) calls Python does not expose."""
 
-import os
-
 from . import libc
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -12,8 +10,7 @@ _libc.prctl.argtypes = [libc.c_int, libc.c_ulong, libc.c_ulong, libc.c_ulong, li
 
 def _prctl(option: int, arg: int, arg3: int = 0) -> None:
     if _libc.prctl(option, arg, arg3, 0, 0) != 0:
-        err = libc.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise libc.errno_error()
 
 
 def set_child_subreaper(enable: bool = True) -> None:

@@ -40,10 +40,10 @@ systemd's ``PrivateUsers=``, ``BindReadOnlyPaths=``,
 import os
 import stat
 
+from . import libc, netns
 from . import namespaces as ns
-from . import netns
 from .handoff import Mask
-from .namespaces import errno_error, map_self, mount, preloaded, set_dumpable
+from .namespaces import map_self, mount, preloaded, set_dumpable
 
 #: The record's ``network`` for --network none made this way.
 HOW = "userns+netns"
@@ -118,7 +118,7 @@ class Seal:
 
     def _unshare(self, flags: int) -> None:
         if self._libc.unshare(flags) != 0:
-            raise errno_error("unshare")
+            raise libc.errno_error("unshare")
 
     def _mount(self, source, target, fstype, flags: int, data: str | None = None) -> None:
         mount(self._libc, source, target, fstype, flags, data)

@@ -24,7 +24,6 @@ once (a signal, and the wakeup fd of a ``_signal.set_wakeup_fd`` caller).
 import _signal  # not signal: the same numbers without enum's start-up cost
 
 from . import libc
-from .namespaces import errno_error
 
 _CLOCK_MONOTONIC = 1
 _SIGEV_SIGNAL = 0
@@ -57,7 +56,7 @@ def continue_every(seconds: float) -> None:
     event = _SigEvent(sigev_signo=int(_signal.SIGCONT), sigev_notify=_SIGEV_SIGNAL)
     timer = libc.c_void_p()
     if lib.timer_create(_CLOCK_MONOTONIC, libc.byref(event), libc.byref(timer)) != 0:
-        raise errno_error("timer_create")
+        raise libc.errno_error("timer_create")
     every = _Timespec(int(seconds), int(seconds % 1 * 1_000_000_000))
     if lib.timer_settime(timer, 0, libc.byref(_ITimerSpec(every, every)), None) != 0:
-        raise errno_error("timer_settime")
+        raise libc.errno_error("timer_settime")

@@ -32,8 +32,7 @@ def exited_with_usage(pid: int) -> tuple[int, int | None, int | None] | None:
     siginfo = libc.string_buffer(128)  # zeroed: si_pid stays 0 while the child runs
     rusage = libc.string_buffer(144)
     if libc.library().syscall(number, os.P_PID, pid, siginfo, os.WEXITED | os.WNOHANG | os.WNOWAIT, rusage) != 0:
-        err = libc.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise libc.errno_error()
     code, child, status = (int.from_bytes(siginfo.raw[at : at + 4], sys.byteorder, signed=True) for at in (8, 16, 24))
     if child == 0:
         return None
