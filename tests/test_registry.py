@@ -560,13 +560,24 @@ def test_registration_prunes_a_few_stale_runs_at_most_once_per_interval(state, d
     assert files_of(state, again) == {".json", ".log"}  # the stamp is fresh again: no scan
 
 
-def test_a_prune_stops_at_its_time(state, dead_pid):
-    """Registration's look is bounded in time too (PRUNE_BUDGET: day-old entries may be
-    cold on a slow disk): one whose time is up removes nothing more."""
-    stale = make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid)
-    assert REG.prune_finished(str(state), limit=REG.PRUNE_BATCH, until=time.monotonic() - 1) == []
-    assert files_of(state, stale) == {".json", ".log"}
-    assert [row["run_id"] for row in REG.prune_finished(str(state), until=time.monotonic() + 60)] == [stale]
+def test_a_prune_stops_at_its_time_and_looks_again_soon(state, dead_pid, monkeypatch):
+    """Registration's look is bounded in time too (PRUNE_BUDGET: reading and removing
+    day-old entries, which may be cold on a slow disk): one whose time is up removes
+    nothing more and dates the next look PRUNE_AGAIN from now."""
+    from corral_systemd.state.registry import retention
+
+    stale = {make_entry(state, "finished", age=3 * DAY, dead_pid=dead_pid) for _ in range(2)}
+    stamp = state / REG.PRUNE_STAMP
+    os.utime(stamp, (0, 0))
+    monkeypatch.setattr(retention, "PRUNE_BUDGET", 0.0)
+    now = time.time()
+    assert REG.maybe_prune(str(state), now=now) == 0
+    assert all(files_of(state, run_id) == {".json", ".log"} for run_id in stale)
+    assert stamp.stat().st_mtime == pytest.approx(now - REG.PRUNE_INTERVAL + REG.PRUNE_AGAIN, abs=1.0)
+    monkeypatch.setattr(retention, "PRUNE_BUDGET", 10.0)
+    os.utime(stamp, (0, 0))
+    assert REG.maybe_prune(str(state), now=now) == 2
+    assert stamp.stat().st_mtime == pytest.approx(now, abs=1.0)  # nothing left: the next look in an hour
 
 
 # -- environment ----------------------------------------------------------------------------

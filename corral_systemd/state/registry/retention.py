@@ -17,7 +17,8 @@ KEEP_FINISHED = 24 * 3600.0
 PRUNE_INTERVAL = 3600.0
 #: ... and removes at most this many of them each time ...
 PRUNE_BATCH = 64
-#: ... within this many seconds (entries a day old may be cold: slow disks) ...
+#: ... spending at most this many seconds reading and removing them (entries a
+#: day old may be cold on a slow disk) ...
 PRUNE_BUDGET = 0.01
 #: ... and, when that left more, looks again this long after (not at the next
 #: registration: each look stats every entry, tens of ms with tens of thousands).
@@ -63,36 +64,15 @@ def remove_run(directory: str, run_id: str) -> None:
             pass
 
 
-def prune_finished(
-    directory: str,
-    keep: float = KEEP_FINISHED,
-    *,
-    dry_run: bool = False,
-    limit: int | None = None,
-    now: float | None = None,
-    until: float | None = None,
-) -> list[dict]:
-    """Remove finished runs (entry and log) that finished more than ``keep`` seconds ago.
-
-    Returns one dict per run removed (or, with ``dry_run``, that would be):
-    ``run_id``, ``finished_at``, ``age``, ``outcome``, ``exit_code``, and
-    ``error`` when removing failed. Stops after ``limit`` runs removed (those
-    it could not remove do not count), or once ``time.monotonic()`` passes
-    ``until``. Entries are read only when their file is older than the cutoff:
-    a scan of recent runs costs one stat() per run.
-    """
-    now = time.time() if now is None else now
-    cutoff = now - keep
-    out: list[dict] = []
+def _old_entries(directory: str, cutoff: float):
+    """(run id, mtime) of each entry whose file is older than ``cutoff``: one
+    stat() per entry, none read (a scan of recent runs costs that alone)."""
     try:
         scan = os.scandir(directory)
     except OSError:
-        return out
+        return
     with scan:
-        removed = 0
         for item in scan:
-            if limit is not None and removed >= limit or until is not None and time.monotonic() >= until:
-                break
             if not item.name.endswith(".json"):
                 continue
             try:
@@ -100,25 +80,55 @@ def prune_finished(
             except OSError:
                 continue
             run_id = item.name[:-5]
-            if mtime >= cutoff or not valid_run_id(run_id):  # the cheap test first
-                continue
-            entry = read_entry(directory, run_id)
-            if not prunable(entry, mtime, cutoff):
-                continue
-            finished_at = finished_time(entry, mtime)
-            row = {
-                "run_id": run_id,
-                "finished_at": finished_at,
-                "age": now - finished_at,
-                "outcome": entry.get("outcome"),
-                "exit_code": entry.get("exit_code"),
-            }
-            if not dry_run:
-                try:
-                    remove_run(directory, run_id)
-                except OSError as exc:
-                    row["error"] = str(exc)
-            removed += "error" not in row
+            if mtime < cutoff and valid_run_id(run_id):
+                yield run_id, mtime
+
+
+def _remove_if_prunable(directory: str, run_id: str, mtime: float, cutoff: float, now: float, dry_run: bool):
+    """The run's row if it may go (removed unless ``dry_run``; ``error`` if that failed), else None."""
+    entry = read_entry(directory, run_id)
+    if not prunable(entry, mtime, cutoff):
+        return None
+    finished_at = finished_time(entry, mtime)
+    row = {
+        "run_id": run_id,
+        "finished_at": finished_at,
+        "age": now - finished_at,
+        "outcome": entry.get("outcome"),
+        "exit_code": entry.get("exit_code"),
+    }
+    if not dry_run:
+        try:
+            remove_run(directory, run_id)
+        except OSError as exc:
+            row["error"] = str(exc)
+    return row
+
+
+def prune_finished(
+    directory: str,
+    keep: float = KEEP_FINISHED,
+    *,
+    dry_run: bool = False,
+    limit: int | None = None,
+    now: float | None = None,
+) -> list[dict]:
+    """Remove finished runs (entry and log) that finished more than ``keep`` seconds ago.
+
+    Returns one dict per run removed (or, with ``dry_run``, that would be):
+    ``run_id``, ``finished_at``, ``age``, ``outcome``, ``exit_code``, and
+    ``error`` when removing failed. Stops after ``limit`` runs. Entries are
+    read only when their file is older than the cutoff: a scan of recent
+    runs costs one stat() per run.
+    """
+    now = time.time() if now is None else now
+    cutoff = now - keep
+    out: list[dict] = []
+    for run_id, mtime in _old_entries(directory, cutoff):
+        if limit is not None and len(out) >= limit:
+            break
+        row = _remove_if_prunable(directory, run_id, mtime, cutoff, now, dry_run)
+        if row is not None:
             out.append(row)
     return out
 
@@ -129,9 +139,11 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
     Costs one stat() while ``PRUNE_STAMP`` is younger than ``PRUNE_INTERVAL``.
     Otherwise it renews the stamp first (concurrent registrations then skip)
     and removes at most ``PRUNE_BATCH`` runs finished more than
-    ``KEEP_FINISHED`` ago, for at most ``PRUNE_BUDGET`` seconds; if it
-    stopped at either, more may be left, so it dates the stamp for the next
-    look ``PRUNE_AGAIN`` from now. A look stats
+    ``KEEP_FINISHED`` ago (those it could not remove do not count), reading
+    and removing for at most ``PRUNE_BUDGET`` seconds (the scan's stats do
+    not count: every look gets past the recent entries); if it stopped at
+    either, more may be left, so it dates the stamp for the next look
+    ``PRUNE_AGAIN`` from now. A look stats
     every entry (the runs of the last ``KEEP_FINISHED``), which is what a
     registration pays for it: a backlog of old runs (a day of heavy use)
     costs one look a minute, never one per run.
@@ -150,12 +162,16 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
             os.utime(fd, (now, now))
         finally:
             os.close(fd)
-        until = time.monotonic() + PRUNE_BUDGET
-        rows = prune_finished(directory, KEEP_FINISHED, limit=PRUNE_BATCH, now=now, until=until)
-        removed = sum("error" not in row for row in rows)
-        if removed >= PRUNE_BATCH or time.monotonic() >= until:
-            again = now - PRUNE_INTERVAL + PRUNE_AGAIN
-            os.utime(stamp, (again, again), follow_symlinks=False)
+        cutoff, removed, spent = now - KEEP_FINISHED, 0, 0.0
+        for run_id, mtime in _old_entries(directory, cutoff):
+            if removed >= PRUNE_BATCH or spent >= PRUNE_BUDGET:  # more may be left
+                again = now - PRUNE_INTERVAL + PRUNE_AGAIN
+                os.utime(stamp, (again, again), follow_symlinks=False)
+                break
+            began = time.monotonic()
+            row = _remove_if_prunable(directory, run_id, mtime, cutoff, now, dry_run=False)
+            spent += time.monotonic() - began
+            removed += row is not None and "error" not in row
         return removed
     except Exception:  # noqa: BLE001 -- the run is registered; pruning must never stop it
         return 0
