@@ -794,8 +794,12 @@ def _by_holder(
         return None
     finally:
         os.close(cwd_fd)
-    gated = len(fds) == 2 and reply.get("gate") == 1
-    if type(reply.get("pid")) is not int or reply.get("pidfd") != 0 or len(fds) != (2 if gated else 1):
+    gated = "gate" in reply  # a holder of an earlier version sends none: it lets its child go itself
+    if (
+        type(reply.get("pid")) is not int
+        or reply.get("pidfd") != 0
+        or (reply.get("gate"), len(fds)) != ((1, 2) if gated else (None, 1))
+    ):
         for fd in fds:
             os.close(fd)
         channel.close()  # a gate among them closed unreleased: no run of the holder's

@@ -125,8 +125,9 @@ class Spawner:
         with the client's stdin, stdout and stderr (``fds``), and runs the command
         line as corral would in the client's place (``cli.served_front``: the
         readiness wait, the start record, the messages, the exit code). Answered
-        as ``spawn``: the front's pid and pidfd (the client relays its stop
-        signals through it), then its exit code. ``NotServed`` (the client's own
+        as ``spawn``: the front's pid, a pidfd (the client relays its stop
+        signals through it) and its gate, which the client releases once it has
+        read the answer; then its exit code. ``NotServed`` (the client's own
         corral runs it) for anything that would be another run here: not a
         background run of this session, a context the holder cannot give, a
         client of another version; ``UsageError`` for a command line corral refuses.
@@ -338,7 +339,6 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
     closed unreleased -- the holder died first (SIGKILL), or the caller was gone or
     had given up waiting -- makes the child exit at once without a run: a caller
     never answered starts the run another way (its own front), so no run is started twice."""
-    from ..core.background import _say as say
     from ..core.background import fork_run_corral
     from ..kernel.gate import EXIT_NOT_RELEASED
 
@@ -347,9 +347,7 @@ def _fork_answered(log_fd: int, keep: "tuple[int, ...]", become, stderr: int | N
     def answered_then_become() -> int:
         told = os.read(gate_r, 1)
         os.close(gate_r)
-        if told != b"1":  # its caller was not answered: the run is the caller's to start, or nobody's
-            if stderr is not None:  # a client's (Front); a Spawned corral's is the run's log, which its caller reuses
-                say("corral: the session's holder did not answer for this run: it was not started\n")
+        if told != b"1":  # not let go: the run is its caller's to start (and say so), or nobody's
             os._exit(EXIT_NOT_RELEASED)
         return become()
 
