@@ -83,6 +83,20 @@ def test_a_run_loads_only_what_it_uses(tmp_path, tier):
     assert (tmp_path / "r.json").exists()
 
 
+def test_a_run_without_the_registry_loads_none_of_it(tmp_path):
+    """--no-registry: no entry, no token to answer in the run's waits, so none of the
+    registry's modules (a dozen, about a millisecond of the start) is loaded."""
+    script = (
+        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+        "from corral_systemd.client import main\n"
+        "code = main(['--guarantee', 'subreaper', '--quiet', '--no-registry', '--', 'true'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('corral_systemd.state')), code)"
+    )
+    env = {**os.environ, "CORRAL_SERVICE_SOCKET": str(tmp_path / "nobody-listens")}
+    out = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "[] 0", out
+
+
 @pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
 def test_a_closed_stdout_or_stderr_is_dev_null_not_a_traceback(tmp_path, closed):
     # The interpreter starts with sys.stdout (or sys.stderr) None for a closed

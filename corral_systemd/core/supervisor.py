@@ -29,6 +29,7 @@ pipe the loop polls ``signalwatch.py``.
 import _signal  # not signal: the same numbers without enum's start-up cost
 import os
 import select
+import sys
 import time
 
 from ..common import baton
@@ -42,6 +43,10 @@ from ..kernel.rlimits import OwnLimits, lowered_limit
 from ..kernel.spawn import ExecError
 from . import result as R
 from .signalwatch import STOP_SIGNALS, SignalWatch
+
+#: Where the sealed tokens this process holds are kept (``identity.serving``): no
+#: token exists unless the registry was loaded, which a --no-registry run never does.
+_TOKENS_MODULE = __name__.rsplit(".", 2)[0] + ".state.registry.identity"
 
 TYPE_CHECKING = False  # output.py and pty.py load only for a run that uses them (start-up)
 if TYPE_CHECKING:
@@ -465,9 +470,9 @@ class Supervisor:
             poller.register(self.signals.read_fd, select.POLLIN)
         if self.cancel_fd is not None:
             poller.register(self.cancel_fd, select.POLLIN)
-        from ..state.registry.identity import serving
-
-        watches = {**self.watches, **serving()}  # and the registry token's readers, answered here
+        tokens = sys.modules.get(_TOKENS_MODULE)
+        # And the registry token's readers, answered here.
+        watches = {**self.watches, **(tokens.serving() if tokens is not None else {})}
         for fd in (*self.ends_with, *watches):
             poller.register(fd, select.POLLIN)
         # poll() takes at most INT_MAX ms (~24 days): a longer wait is cut into
