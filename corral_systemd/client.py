@@ -80,6 +80,7 @@ def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None
         # Only once a service answers: where none listens (most runs without
         # one), the run goes on in-process without them.
         from .kernel.gate import fork_held
+        from .kernel.prctl import set_child_subreaper, set_dumpable
         from .kernel.signals import stop_signals
         from .varlink import wire
 
@@ -92,10 +93,13 @@ def run_via_service(args: list[str], prog: str, path: str, record_fd: int | None
             pipes += os.pipe2(os.O_CLOEXEC)
             pipes += os.pipe2(os.O_CLOEXEC)
             control_r, control_w, exit_r, exit_w = pipes
-            _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run's orphans become ours (the service finds them so)
+            set_child_subreaper()  # the run's orphans become ours (the service finds them so)
             kept = () if record_fd is None else (record_fd,)  # the command never has it
             child = fork_held(close_in_child=(sock.fileno(), *pipes, *kept))
-            _prctl(4, 0)  # PR_SET_DUMPABLE (startup.prepare did so already; its child made itself dumpable): see below
+            # Not dumpable (startup.prepare did so already; its child made itself dumpable): the
+            # command, which runs as this uid, cannot ptrace this process or open its descriptors
+            # through /proc (its exit pipe, its control pipe, its connection to the service).
+            set_dumpable(False)
             mask = os.umask(0o22)
             os.umask(mask)
             parameters = {
@@ -192,15 +196,6 @@ def _await_run(channel, child, exit_w: int, prog: str) -> int:
             continue
         child.discard()  # exited, or (a run that never started it) still at its gate
         return _finish(parameters, prog)
-
-
-def _prctl(option: int, value: int) -> None:
-    """prctl(2) on this process. PR_SET_DUMPABLE 0: the command, which runs
-    as this uid, cannot ptrace it or open its descriptors through /proc (its
-    exit pipe, its control pipe, its connection to the service)."""
-    from .kernel import libc
-
-    libc.library().prctl(option, value, 0, 0, 0)
 
 
 def _hello(channel, path: str) -> None:

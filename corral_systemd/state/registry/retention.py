@@ -143,10 +143,9 @@ def maybe_prune(directory: str, *, now: float | None = None) -> int:
     and removing for at most ``PRUNE_BUDGET`` seconds (the scan's stats do
     not count: every look gets past the recent entries); if it stopped at
     either, more may be left, so it dates the stamp for the next look
-    ``PRUNE_AGAIN`` from now. A look stats
-    every entry (the runs of the last ``KEEP_FINISHED``), which is what a
-    registration pays for it: a backlog of old runs (a day of heavy use)
-    costs one look a minute, never one per run.
+    ``PRUNE_AGAIN`` from now. A look stats every entry (the runs of the last
+    ``KEEP_FINISHED``), which is what a registration pays for it: a backlog
+    of old runs (a day of heavy use) costs one look a minute, never one per run.
     Returns how many runs it removed.
     """
     now = time.time() if now is None else now
