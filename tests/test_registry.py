@@ -959,3 +959,58 @@ def test_a_state_directory_of_ours_readable_by_others_is_made_private(tmp_path, 
     assert r.returncode == 0, r.stderr
     assert path.stat().st_mode & 0o777 == 0o700
     assert [p.stat().st_mode & 0o777 for p in path.glob("*.json")] == [0o600]
+
+
+_TOKEN_FORK_PROBE = """
+import gc, os, sys
+sys.path.insert(0, os.environ["CORRAL_SOURCE"])
+from corral_systemd.state.registry.identity import SealedToken, token_address
+import _socket
+token = SealedToken(sys.argv[1])
+token.write({"run_id": "x"})
+fd = token.fd
+pid = os.fork()
+if pid == 0:
+    gc.collect()
+    try:
+        os.fstat(fd)
+        open_in_child = True
+    except OSError:
+        open_in_child = False
+    print(token.fd, open_in_child, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+probe.connect(token_address(sys.argv[1]))  # still the parent's, which answers
+token.serve()
+print(len(probe.recv(4096)) > 0)
+probe.close()
+token.close()
+"""
+
+
+def test_a_forked_child_closes_its_parents_tokens_without_a_warning():
+    """A child forked by a token's owner closes its copy of the listening
+    socket (it never answers for the owner; the name stays the owner's), once
+    and through its object: dropped, its finalizer closed it with a
+    ResourceWarning, and the handler closed the freed number again."""
+    from tethers import ROOT
+
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-W",
+            "always::ResourceWarning",
+            "-c",
+            _TOKEN_FORK_PROBE,
+            f"test-fork-{os.getpid()}",
+        ],
+        env={**os.environ, "CORRAL_SOURCE": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.stderr == ""
+    assert run.stdout.split() == ["-1", "False", "True"]

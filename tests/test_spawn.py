@@ -218,3 +218,66 @@ def test_argv_is_the_commands_exactly(gate_kind, tmp_path):
     # one replaced gave the command the resolved absolute path instead).
     code, out = _run_gated(["cat", "/proc/self/cmdline"], None, tmp_path)
     assert (code, out) == (0, "cat\0/proc/self/cmdline\0")
+
+
+_EXEC_PROBE = """
+import os, sys
+sys.path.insert(0, os.environ["CORRAL_SOURCE"])
+from corral_systemd.kernel.gate import execvpe
+which, file, path, form = sys.argv[1:5]
+env = None if form == "inherited" else {"PATH": path, "MARK": "m"}
+if form == "inherited":
+    os.environ["PATH"] = path
+elif form == "bytes":
+    env = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+try:
+    if which == "os":
+        os.execvp(file, [file]) if env is None else os.execvpe(file, [file], env)
+    else:
+        execvpe(file, [file], env)
+except OSError as exc:
+    print(type(exc).__name__, exc.errno, "warnings" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("form", ["str", "bytes", "inherited"])
+@pytest.mark.parametrize(
+    "case", ["second-is-executable", "only-not-executable", "absent", "a-directory-first", "slash", "empty-path"]
+)
+def test_the_commands_exec_searches_path_as_os_does_without_loading_warnings(tmp_path, case, form):
+    """``kernel.gate.execvpe``, every child's exec: the same outcome as
+    ``os.execvpe``/``os.execvp`` (the program run, or the error raised), and a
+    failed search leaves the warnings module unloaded (os's loads it: half a
+    millisecond before every command's exec; -S: a site's .pth files may load it)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _tool(b, text="ran-b")
+    file, dirs = "mytool", [a, b]
+    if case == "second-is-executable":
+        _tool(a, text="ran-a").chmod(0o644)
+    elif case == "only-not-executable":
+        _tool(a, text="ran-a").chmod(0o644)
+        dirs = [a]
+    elif case == "absent":
+        file = "no-such-tool"
+    elif case == "a-directory-first":
+        (a / "mytool").mkdir(parents=True)
+    elif case == "slash":
+        file = str(b / "mytool")
+    path = "" if case == "empty-path" else ":".join(map(str, dirs))
+
+    def outcome(which):
+        run = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _EXEC_PROBE, which, file, path, form],
+            cwd=b if case == "empty-path" else tmp_path,
+            env={**os.environ, "CORRAL_SOURCE": str(ROOT)},
+            capture_output=True,
+            text=True,
+        )
+        assert run.stderr == ""
+        return run.stdout.split()
+
+    ours, theirs = outcome("ours"), outcome("os")
+    if theirs[0].endswith("Error"):
+        assert ours[:2] == theirs[:2] and ours[2] == "False"
+    else:
+        assert ours == theirs == ["ran-b"]

@@ -56,6 +56,32 @@ EXIT_NOT_RELEASED = 125
 EXIT_EXEC_FAILED = 127
 
 
+def execvpe(file, argv: list, env: dict | None) -> None:
+    """Execute ``argv`` as ``os.execvpe`` does (``os.execvp`` when ``env`` is
+    None): a ``file`` with a slash as it is, else each directory of ``env``'s
+    PATH (str or bytes keys; ``os.defpath`` if it has none) in turn. Raises the
+    first error other than ENOENT/ENOTDIR, else the last: os's own rule, which
+    ``kernel.spawn.exec_errno`` reads. Not os's function itself: its PATH
+    lookup imports the warnings module, half a millisecond in every command's
+    child between its release and its exec."""
+    name = os.fsencode(file)
+    if b"/" in name:
+        os.execv(file, argv) if env is None else os.execve(file, argv, env)
+    path = os.environ.get("PATH") if env is None else env.get("PATH", env.get(b"PATH"))
+    first: OSError | None = None
+    last: OSError = FileNotFoundError(2, "No such file or directory")
+    for directory in os.fsencode(os.defpath if path is None else path).split(b":"):
+        candidate = os.path.join(directory, name)
+        try:
+            os.execv(candidate, argv) if env is None else os.execve(candidate, argv, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            first = first or exc
+    raise first or last
+
+
 # -- the request ------------------------------------------------------------------
 
 
@@ -231,7 +257,7 @@ def _held_child(gate: int) -> None:  # pragma: no cover  (runs in the forked chi
             os.chdir(cwd)
         if umask is not None:
             os.umask(umask)
-        os.execvpe(argv[0], argv, env)  # bytes: exactly as sent
+        execvpe(argv[0], argv, env)  # bytes: exactly as sent
     except OSError as exc:
         from .spawn import exec_errno
 

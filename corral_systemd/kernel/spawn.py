@@ -22,6 +22,7 @@ import os
 
 from ..common import baton
 from ..common.errors import SetupError
+from .gate import execvpe
 from .signals import CHILD_DEFAULTS
 from .wait import exited_with_usage
 
@@ -238,10 +239,7 @@ def fork_command(
                 os.chdir(cwd)
             if umask is not None:
                 os.umask(umask)
-            if env_items is None:
-                os.execvp(argv[0], argv)
-            else:
-                os.execvpe(argv[0], argv, env_items)
+            execvpe(argv[0], argv, env_items)
         except OSError as exc:
             try:
                 err = exec_errno(argv[0], exc.errno or errno.EIO, env_items)
@@ -410,7 +408,7 @@ def spawn_held(
     ``engines.libexec.gate_program``) with its end of the gate as descriptor
     3; it is the held child every other path has (``kernel.gate``), so the
     command is executed, and its exec's failure reported, the one way:
-    Python's ``os.execvpe`` after chdir to ``cwd``, never /bin/sh for a file
+    ``kernel.gate.execvpe`` after chdir to ``cwd``, never /bin/sh for a file
     the kernel will not execute.
 
     SetupError where ``program`` cannot be started (the command never ran).

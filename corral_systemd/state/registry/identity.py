@@ -102,9 +102,11 @@ def _forget_in_child() -> None:
     """A forked child holds none of its parent's tokens: it closes their sockets
     (the name goes with the owner), and never answers for the owner."""
     for fd, token in list(_HELD.items()):
-        token.sock = None
+        sock, token.sock = token.sock, None
         try:
-            os.close(fd)
+            # Once, through its object: dropped, its finalizer would close it
+            # (with a ResourceWarning) and os.close then a number already freed.
+            sock.close() if sock is not None else os.close(fd)
         except OSError:
             pass
     _HELD.clear()
