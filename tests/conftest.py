@@ -32,6 +32,49 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The compiled programs an editable install built from this tree (setup.py), by their
+#: packaging/ recipe, as (the built file, the recipe's directory, the recipe's arguments
+#: after the output).
+_BUILT_FROM_TREE = (
+    (Path(sys.executable).parent / "corral", "client", ["corral-inprocess"]),
+    (Path(sys.executable).parent / "corral-enforced", "client", ["corral-inprocess"]),
+    (ROOT / "corral_systemd" / "libexec" / "corral-pidns-init", "pidns-init", []),
+    (ROOT / "corral_systemd" / "libexec" / "corral-tether", "tether", []),
+    (ROOT / "corral_systemd" / "libexec" / "corral-gate", "gate", []),
+)
+
+
+def pytest_configure(config):
+    """Once per run (not in xdist's workers): the compiled programs of an editable
+    install of this tree, built when it was installed, are built again where their
+    sources changed since, so the suite never tests a client or init older than
+    the code beside it (a clean clone's install is newer than its sources: nothing
+    to do). Where no compiler is found, or the package is not this tree's, as is."""
+    import corral_systemd
+
+    if hasattr(config, "workerinput") or Path(corral_systemd.__file__).resolve().parent != ROOT / "corral_systemd":
+        return
+    import shutil
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    for built, recipe, arguments in _BUILT_FROM_TREE:
+        sources = [*(ROOT / "packaging" / recipe).iterdir(), ROOT / "corral_systemd" / "common" / "version.py"]
+        if compiler is None or not built.exists() or built.read_bytes()[:4] != b"\x7fELF":
+            continue
+        if built.stat().st_mtime >= max(source.stat().st_mtime for source in sources):
+            continue
+        fresh = built.with_name(built.name + ".rebuilt")
+        subprocess.run(
+            ["sh", str(ROOT / "packaging" / recipe / "build"), str(fresh), *arguments],
+            env=dict(os.environ, CC=compiler),
+            check=True,
+            timeout=300,
+        )
+        os.replace(fresh, built)
+        print(f"conftest: {built} was older than packaging/{recipe}: built again", file=sys.stderr)
+
+
 FAULTS = ROOT / "faults"
 MANIFEST = json.loads((FAULTS / "manifest.json").read_text())
 CORRAL = [sys.executable, "-m", "corral_systemd"]
