@@ -10,6 +10,12 @@ Two figures (issue 27):
    rounds' ratios; and the front's voluntary context switches per start (its
    waits: issue 38's "a waiting run costs nothing"). Each server is stopped
    between rounds (the nohup one by its pid, corral's with corralctl stop), untimed.
+   Two servers, each timed on every side: one that says it listens at once
+   (``PYTHONUNBUFFERED=1``: its line reaches the log, which wakes corral's
+   front; ``start_to_ready``) and one that says nothing (its output buffered,
+   as a Python server's is unless told: only corral's timed looks find it;
+   ``start_to_ready_silent``). The environment's own ``PYTHONUNBUFFERED`` is
+   not what decides it.
 2. ``corralctl session end`` latency with N background runs (default 20), each a
    ``sleep`` and a TERM-ignoring ``setsid`` daemon, against ``kill``-ing as many
    ``nohup``'d pids by number (what the shell does, with no proof); the session's
@@ -100,9 +106,15 @@ def background(port: int, env: dict, corral: list[str], wakeups: list[int]) -> f
     return elapsed
 
 
-def start_to_ready(rounds: int, env: dict, session: str, also: list[str]) -> dict:
+def start_to_ready(rounds: int, env: dict, session: str, also: list[str], announcing: bool = True) -> dict:
     """``also``: other corral programs (another build: before and after a change) timed
-    in the same rounds, alone, as ``corral --background [PATH]``."""
+    in the same rounds, alone, as ``corral --background [PATH]``. ``announcing``: the
+    server's line reaches its log at once (else its output is buffered: it says nothing)."""
+    env = dict(env)
+    if announcing:
+        env["PYTHONUNBUFFERED"] = "1"
+    else:
+        env.pop("PYTHONUNBUFFERED", None)
     variants = {
         "corral --background": corral_argv(),
         "corral --background, in a session": [*corral_argv(), "--session", session],
@@ -292,6 +304,7 @@ def main() -> int:
         data = {"mode": mode, "environment": environment_info(env)}
         if not args.waiting_only:
             data["start_to_ready"] = start_to_ready(args.rounds, env, sid, args.also)
+            data["start_to_ready_silent"] = start_to_ready(args.rounds, env, sid, args.also, announcing=False)
         subprocess.run([*CTL, "session", "end", sid], capture_output=True, env=env, check=True)
         data["waiting"] = waiting(args.runs, env, args.window)
         if not args.no_session_end and not args.waiting_only:

@@ -260,3 +260,15 @@ def test_a_server_saying_it_listens_is_seen_at_once(env, tmp_path):
         finally:
             kill_marked(marker)
     assert sorted(lags)[2] < 0.06 * TIME_SCALE, lags
+
+
+def test_a_silent_target_is_looked_for_every_5_ms_at_first_and_rarely_later():
+    """The timed looks (what finds a server whose output is buffered: nothing in its
+    log says it listens): every 5 ms for the first 50 ms after the start, then 10 %
+    of the time since it, at most every 0.25 s. bench/session_bench.py measures what
+    that is worth (its silent server)."""
+    from corral_systemd.core.background import look_wait
+
+    assert [look_wait(t) for t in (0.0, 0.01, 0.049)] == [0.005, 0.005, 0.005]
+    assert look_wait(0.2) == pytest.approx(0.02)
+    assert look_wait(2.5) == look_wait(600) == 0.25

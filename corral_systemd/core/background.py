@@ -44,9 +44,10 @@ signals and a served caller's connection, with no timeout but the
 --ready-timeout. Then it looks for readiness each time the run's log grows
 (inotify: a server saying it listens, --ready-log's line) or --ready-file's
 directory changes, and else at waits growing with the time since the start
-(``LOOK_SHARE`` of it, from ``FIRST_LOOK`` up to ``LAST_LOOK``): a target
-nothing announces is seen at most 10 % of that time late (20 ms at least,
-0.25 s at most), and a long wait costs a few looks a second. The
+(``look_wait``): a target nothing announces (a server whose output is
+buffered says nothing until much later) is seen at most 10 % of that time
+late (5 ms at least, 0.25 s at most), and a long wait costs a few looks a
+second. The
 stop signals are blocked across the fork, so one sent to the run's corral
 before it has its own dispositions is not lost in the front's handlers.
 
@@ -70,9 +71,9 @@ if TYPE_CHECKING:
     from ..kernel.context import ProcessContext
 
 #: Once the command has started, the front looks for readiness after this share of the
-#: time since the start, at least FIRST_LOOK and at most LAST_LOOK seconds.
+#: time since the start, at least FIRST_LOOK and at most LAST_LOOK seconds (``look_wait``).
 LOOK_SHARE = 0.1
-FIRST_LOOK = 0.02
+FIRST_LOOK = 0.005
 LAST_LOOK = 0.25
 #: The longest single poll(2) wait (poll's own limit is INT_MAX ms; --ready-timeout can be longer).
 _LONGEST_POLL_MS = 3600 * 1000
@@ -474,7 +475,7 @@ def _await_ready(
                 )
             wait, fds = deadline - now, [corral.wait_fd(), *told.fds()]
             if started is not None:
-                wait = min(wait, max(FIRST_LOOK, min(LAST_LOOK, (now - told.at) * LOOK_SHARE)))
+                wait = min(wait, look_wait(now - told.at))
                 fds += [] if announced is None else [announced.fileno()]
             _sleep_until_woken(wait, fds, wake_r, hangup)
     finally:
@@ -482,6 +483,15 @@ def _await_ready(
             lines.close()
         if announced is not None:
             announced.close()
+
+
+def look_wait(since_start: float) -> float:
+    """Seconds until the front's next timed look for readiness, ``since_start``
+    seconds after the command started: ``LOOK_SHARE`` of that, from ``FIRST_LOOK``
+    up to ``LAST_LOOK``. A server that listens within 50 ms of its start and says
+    nothing is seen within 5 ms of it (the shell's ``until nc -z …; do sleep 0.01``
+    within 10 or so); one that takes minutes costs four looks a second."""
+    return max(FIRST_LOOK, min(LAST_LOOK, since_start * LOOK_SHARE))
 
 
 def _announcer(bg):
