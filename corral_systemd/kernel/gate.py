@@ -64,16 +64,22 @@ def execvpe(file, argv: list, env: dict | None) -> None:
     ``kernel.spawn.exec_errno`` reads. Not os's function itself: its PATH
     lookup imports the warnings module, half a millisecond in every command's
     child between its release and its exec."""
+
+    def execute(path) -> None:
+        if env is None:
+            os.execv(path, argv)  # this process's own environment, as exec gives it
+        else:
+            os.execve(path, argv, env)
+
     name = os.fsencode(file)
     if b"/" in name:
-        os.execv(file, argv) if env is None else os.execve(file, argv, env)
+        execute(file)
     path = os.environ.get("PATH") if env is None else env.get("PATH", env.get(b"PATH"))
     first: OSError | None = None
     last: OSError = FileNotFoundError(2, "No such file or directory")
     for directory in os.fsencode(os.defpath if path is None else path).split(b":"):
-        candidate = os.path.join(directory, name)
         try:
-            os.execv(candidate, argv) if env is None else os.execve(candidate, argv, env)
+            execute(os.path.join(directory, name))
         except (FileNotFoundError, NotADirectoryError) as exc:
             last = exc
         except OSError as exc:
