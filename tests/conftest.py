@@ -58,10 +58,12 @@ def pytest_configure(config):
     import shutil
 
     compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return
     for built, recipe, arguments in _BUILT_FROM_TREE:
-        sources = [*(ROOT / "packaging" / recipe).iterdir(), ROOT / "corral_systemd" / "common" / "version.py"]
-        if compiler is None or not built.exists() or built.read_bytes()[:4] != b"\x7fELF":
+        if not built.exists() or built.read_bytes()[:4] != b"\x7fELF":
             continue
+        sources = [*(ROOT / "packaging" / recipe).iterdir(), ROOT / "corral_systemd" / "common" / "version.py"]
         if built.stat().st_mtime >= max(source.stat().st_mtime for source in sources):
             continue
         fresh = built.with_name(built.name + ".rebuilt")

@@ -223,7 +223,7 @@ def test_argv_is_the_commands_exactly(gate_kind, tmp_path):
 _EXEC_PROBE = """
 import os, sys
 sys.path.insert(0, os.environ["CORRAL_SOURCE"])
-from corral_systemd.kernel.gate import execvpe
+from corral_systemd.kernel.pathexec import execvpe
 which, file, path, form = sys.argv[1:5]
 env = None if form == "inherited" else {"PATH": path, "MARK": "m"}
 if form == "inherited":
@@ -245,7 +245,7 @@ except OSError as exc:
     "case", ["second-is-executable", "only-not-executable", "absent", "a-directory-first", "slash", "empty-path"]
 )
 def test_the_commands_exec_searches_path_as_os_does_without_loading_warnings(tmp_path, case, form):
-    """``kernel.gate.execvpe``, every child's exec: the same outcome as
+    """``kernel.pathexec.execvpe``, every child's exec: the same outcome as
     ``os.execvpe``/``os.execvp`` (the program run, or the error raised), and a
     failed search leaves the warnings module unloaded (os's loads it: half a
     millisecond before every command's exec; -S: a site's .pth files may load it)."""

@@ -38,12 +38,13 @@ out), and ``\\n`` once the child has exited, read with ``waitid(WNOWAIT)``: the 
 stays a zombie, its pid and so its session id not reusable, until the
 caller has the run's last reply; then it reaps it.
 
-Imports only ``os`` and ``_socket`` for the caller's side (``fork_held``):
+Imports only ``os``, ``_socket`` and ``kernel.pathexec`` for the caller's side (``fork_held``):
 the Python client runs it on every served corral start.
 """
 
 import os
 
+from .pathexec import execvpe
 from .wait import exited_with_usage
 
 #: The request's payload may hold an argv and an environment: as large as exec takes.
@@ -54,38 +55,6 @@ READY = b"r"
 EXIT_NOT_RELEASED = 125
 #: Exit of a held child whose exec failed (the errno went to the service).
 EXIT_EXEC_FAILED = 127
-
-
-def execvpe(file, argv: list, env: dict | None) -> None:
-    """Execute ``argv`` as ``os.execvpe`` does (``os.execvp`` when ``env`` is
-    None): a ``file`` with a slash as it is, else each directory of ``env``'s
-    PATH (str or bytes keys; ``os.defpath`` if it has none) in turn. Raises the
-    first error other than ENOENT/ENOTDIR, else the last: os's own rule, which
-    ``kernel.spawn.exec_errno`` reads. Not os's function itself: its PATH
-    lookup imports the warnings module, half a millisecond in every command's
-    child between its release and its exec."""
-
-    def execute(path) -> None:
-        if env is None:
-            os.execv(path, argv)  # this process's own environment, as exec gives it
-        else:
-            os.execve(path, argv, env)
-
-    name = os.fsencode(file)
-    if b"/" in name:
-        execute(file)
-    path = os.environ.get("PATH") if env is None else env.get("PATH", env.get(b"PATH"))
-    first: OSError | None = None
-    last: OSError = FileNotFoundError(2, "No such file or directory")
-    for directory in os.fsencode(os.defpath if path is None else path).split(b":"):
-        try:
-            execute(os.path.join(directory, name))
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            last = exc
-        except OSError as exc:
-            last = exc
-            first = first or exc
-    raise first or last
 
 
 # -- the request ------------------------------------------------------------------

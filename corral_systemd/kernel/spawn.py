@@ -22,7 +22,7 @@ import os
 
 from ..common import baton
 from ..common.errors import SetupError
-from .gate import execvpe
+from .pathexec import execvpe
 from .signals import CHILD_DEFAULTS
 from .wait import exited_with_usage
 
@@ -408,7 +408,7 @@ def spawn_held(
     ``engines.libexec.gate_program``) with its end of the gate as descriptor
     3; it is the held child every other path has (``kernel.gate``), so the
     command is executed, and its exec's failure reported, the one way:
-    ``kernel.gate.execvpe`` after chdir to ``cwd``, never /bin/sh for a file
+    ``kernel.pathexec.execvpe`` after chdir to ``cwd``, never /bin/sh for a file
     the kernel will not execute.
 
     SetupError where ``program`` cannot be started (the command never ran).

@@ -101,12 +101,10 @@ def serving() -> dict:
 def _forget_in_child() -> None:
     """A forked child holds none of its parent's tokens: it closes their sockets
     (the name goes with the owner), and never answers for the owner."""
-    for fd, token in list(_HELD.items()):
+    for token in list(_HELD.values()):  # each holds its socket (``write``) until ``close`` drops it
         sock, token.sock = token.sock, None
         try:
-            # Once, through its object: dropped, its finalizer would close it
-            # (with a ResourceWarning) and os.close then a number already freed.
-            sock.close() if sock is not None else os.close(fd)
+            sock.close()  # through its object: dropped, its finalizer would close it, with a ResourceWarning
         except OSError:
             pass
     _HELD.clear()
